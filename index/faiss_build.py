@@ -1,0 +1,44 @@
+"""Build-time FAISS index construction for non-flat factory strings (IVF, HNSW, PQ...)."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from .errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
+    """Train (if needed) and fill a FAISS inner-product index; return its serialised bytes.
+
+    Args:
+        vectors: float32 (n, d) shard vectors.
+        factory: FAISS ``index_factory`` string, e.g. ``"IVF256,Flat"``, ``"HNSW32"``, ``"PQ48"``.
+
+    If the index needs training and the shard has too few vectors for it (FAISS requires at least
+    as many points as centroids), a flat index is built instead, with a warning.
+
+    Raises:
+        ConfigError: an invalid factory string (names it).
+    """
+    import faiss
+
+    n, d = vectors.shape
+    try:
+        index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        raise ConfigError(f"invalid FAISS factory string {factory!r}: {str(e).splitlines()[0]}") from None
+    if not index.is_trained:
+        nlist = getattr(faiss.extract_index_ivf(index), "nlist", 0) if "IVF" in factory else 0
+        need = max(nlist, 256 if "PQ" in factory else 1)
+        if n < need:
+            log.warning("shard has %d vectors, fewer than the %d that %r needs to train; using a flat index",
+                        n, need, factory)
+            index = faiss.IndexFlatIP(d)
+        else:
+            index.train(vectors)
+    index.add(vectors)
+    return faiss.serialize_index(index).tobytes()

@@ -1,0 +1,194 @@
+"""On-disk index format: Arrow IPC files, ``manifest.json``, checksums and validation.
+
+Layout of an index directory (all Arrow files are uncompressed IPC *file* format, memory-mappable,
+readable by plain pyarrow / DuckDB / Polars)::
+
+    manifest.json                 format version, build config, shard list, per-file size + SHA-256
+    vocab.arrow                   BM25 terms; row i is term id i (global across shards)
+    shards/NNNNN/docs.arrow       id, title, text, metadata (JSON string)
+    shards/NNNNN/bm25.arrow       CSR postings: offsets u64[T_s+1], doc_ids u32, tfs u32; doc_len u32
+    shards/NNNNN/dense.arrow      vector: fixed_size_list<float16|float32>[dim]
+    shards/NNNNN/dense.faiss      FAISS index (only for factory strings other than "Flat")
+
+"Array files" (``bm25.arrow``) hold one row whose columns are ``large_list`` arrays, one per
+named numpy array, so each array is read back zero-copy from the memory map.
+No pickle anywhere; loading executes no code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import IndexFormatError
+
+FORMAT_NAME = "retriever-index"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20
+
+DOCS_SCHEMA = pa.schema([
+    pa.field("id", pa.string(), nullable=False),
+    pa.field("title", pa.large_string()),
+    pa.field("text", pa.large_string()),
+    pa.field("metadata", pa.large_string()),
+])
+
+
+def write_table(path: Path, table: pa.Table) -> None:
+    """Write ``table`` as an uncompressed Arrow IPC file and fsync it."""
+    with open(path, "wb") as f:
+        with pa.ipc.new_file(f, table.schema) as w:
+            w.write_table(table)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_table(path: Path) -> pa.Table:
+    """Memory-map an Arrow IPC file (zero-copy).
+
+    Raises:
+        IndexFormatError: missing or unreadable file (names it).
+    """
+    try:
+        source = pa.memory_map(str(path), "r")
+        return pa.ipc.open_file(source).read_all()
+    except FileNotFoundError:
+        raise IndexFormatError(f"{path}: index file is missing") from None
+    except (pa.ArrowException, OSError, ValueError) as e:
+        raise IndexFormatError(f"{path}: not a valid Arrow IPC file ({e})") from None
+
+
+def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
+    """Store named 1-d numpy arrays as one Arrow row of ``large_list`` columns."""
+    cols = {}
+    for name, arr in arrays.items():
+        arr = np.ascontiguousarray(arr)
+        if arr.ndim != 1:
+            raise ValueError(f"array {name!r} must be 1-d, got shape {arr.shape}")
+        offsets = pa.array(np.array([0, len(arr)], dtype=np.int64))
+        cols[name] = pa.LargeListArray.from_arrays(offsets, pa.array(arr))
+    write_table(path, pa.table(cols))
+
+
+def read_arrays(path: Path, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:
+    """Read an array file written by :func:`write_arrays` as zero-copy read-only numpy views.
+
+    Args:
+        expected: ``{name: dtype}`` each array must have.
+
+    Raises:
+        IndexFormatError: missing column, wrong dtype, or malformed file (names the file).
+    """
+    table = read_table(path)
+    out = {}
+    for name, dtype in expected.items():
+        if name not in table.column_names:
+            raise IndexFormatError(f"{path}: missing array {name!r}")
+        col = table.column(name)
+        if col.num_chunks != 1 or len(col) != 1:
+            raise IndexFormatError(f"{path}: array {name!r} is malformed")
+        values = col.chunk(0).values
+        arr = values.to_numpy(zero_copy_only=True) if values.null_count == 0 else None
+        if arr is None or arr.dtype != np.dtype(dtype):
+            raise IndexFormatError(f"{path}: array {name!r} has dtype {values.type}, expected {np.dtype(dtype)}")
+        out[name] = arr
+    return out
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while True:
+            b = f.read(chunk)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def safe_join(root: Path, rel: str) -> Path:
+    """Resolve a manifest-relative path, refusing anything that leaves ``root``.
+
+    Raises:
+        IndexFormatError: absolute path, ``..`` component, or a symlink leading outside ``root``.
+    """
+    if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or os.path.isabs(rel):
+        raise IndexFormatError(f"{root / MANIFEST}: illegal path in manifest: {rel!r}")
+    parts = Path(rel).parts
+    if any(p in ("..", "") for p in parts):
+        raise IndexFormatError(f"{root / MANIFEST}: illegal path in manifest: {rel!r}")
+    p = root / rel
+    real_root = root.resolve()
+    try:
+        p.resolve().relative_to(real_root)
+    except ValueError:
+        raise IndexFormatError(f"{root / MANIFEST}: path {rel!r} leaves the index directory") from None
+    return p
+
+
+def read_manifest(root: Path) -> dict[str, Any]:
+    """Read and validate ``manifest.json`` of the index at ``root``.
+
+    Raises:
+        IndexFormatError: not an index, unknown version, malformed manifest, or listed files with
+            the wrong size (a fast truncation check; :func:`verify_checksums` checks content).
+    """
+    mpath = root / MANIFEST
+    if not root.is_dir():
+        raise IndexFormatError(f"{root}: index directory not found")
+    try:
+        size = mpath.stat().st_size
+    except FileNotFoundError:
+        raise IndexFormatError(f"{root}: not an index (no {MANIFEST})") from None
+    if size > MAX_MANIFEST_BYTES:
+        raise IndexFormatError(f"{mpath}: manifest is implausibly large ({size} bytes)")
+    try:
+        m = json.loads(mpath.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IndexFormatError(f"{mpath}: manifest is not valid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
+    if m.get("format_version") != FORMAT_VERSION:
+        raise IndexFormatError(f"{mpath}: unsupported format_version {m.get('format_version')!r} "
+                               f"(this build reads {FORMAT_VERSION})")
+    for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict)):
+        if not isinstance(m.get(key), typ):
+            raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
+    for rel, info in m["files"].items():
+        p = safe_join(root, rel)
+        if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
+            raise IndexFormatError(f"{mpath}: bad entry for file {rel!r}")
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            raise IndexFormatError(f"{p}: index file is missing") from None
+        if p.is_symlink():
+            raise IndexFormatError(f"{p}: index files may not be symlinks")
+        if st.st_size != info["bytes"]:
+            raise IndexFormatError(f"{p}: size {st.st_size} bytes, manifest says {info['bytes']} (truncated or modified)")
+    for i, s in enumerate(m["shards"]):
+        if not isinstance(s, dict) or not isinstance(s.get("dir"), str) or not isinstance(s.get("rows"), int) or s["rows"] < 0:
+            raise IndexFormatError(f"{mpath}: bad shard entry #{i}")
+        safe_join(root, s["dir"])
+    return m
+
+
+def verify_checksums(root: Path, manifest: Mapping[str, Any]) -> None:
+    """Recompute every file's SHA-256 and compare with the manifest.
+
+    Raises:
+        IndexFormatError: names the first file whose content does not match.
+    """
+    for rel, info in manifest["files"].items():
+        p = safe_join(root, rel)
+        digest = sha256_file(p)
+        if digest != info["sha256"]:
+            raise IndexFormatError(f"{p}: SHA-256 mismatch (file corrupted or modified)")

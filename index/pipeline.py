@@ -1,0 +1,184 @@
+"""``build_index``: corpus reader → analyzer and encoders → shard writer → atomic commit."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+from .analyzer import Analyzer
+from .bm25_build import PostingsBuilder
+from .config import BuildConfig, DenseConfig
+from .errors import ConfigError, CorpusError
+from .readers import Document, read_corpus
+from .writer import IndexWriter, check_target
+
+log = logging.getLogger(__name__)
+
+FLOAT16_MAX = 65504.0
+
+
+def _model_fingerprint(path: Path) -> dict[str, Any]:
+    from .format import sha256_file
+
+    weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+    return {"path": str(path), "name": path.name,
+            "sha256": {p.name: sha256_file(p) for p in weights}}
+
+
+def _dense_store(vectors: np.ndarray, dtype: str, first_id: str) -> np.ndarray:
+    if not np.isfinite(vectors).all():
+        raise ConfigError(f"dense encoder produced NaN/inf (batch starting at document {first_id!r})")
+    if dtype == "float16":
+        return vectors.astype(np.float16)
+    return vectors.astype(np.float32)
+
+
+def _batches(docs: Iterable[Document], config: BuildConfig):
+    """Yield lists of documents that never cross a shard boundary."""
+    batch: list[Document] = []
+    in_shard = 0
+    for d in docs:
+        batch.append(d)
+        in_shard += 1
+        if len(batch) >= config.batch_size or in_shard >= config.shard_size:
+            yield batch, in_shard >= config.shard_size
+            batch = []
+            if in_shard >= config.shard_size:
+                in_shard = 0
+    if batch:
+        yield batch, True
+
+
+def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
+                config: BuildConfig | None = None, *, overwrite: bool = False,
+                show_progress: bool = True, **overrides: Any) -> dict[str, Any]:
+    """Build an index directory from a corpus.
+
+    Args:
+        corpus: BEIR folder, JSONL(.gz) / Parquet / CSV file, or an iterable of dicts with
+            ``_id`` (or ``id``), ``text`` and optional ``title`` (other fields become metadata).
+        out: index directory to create (atomically).
+        config: build configuration; keyword ``overrides`` replace its top-level fields
+            (e.g. ``legs=("bm25",)``, ``shard_size=1000``, ``device="cuda"``).
+        overwrite: replace an existing index at ``out`` (atomic swap).
+        show_progress: tqdm progress bar on stderr.
+
+    Returns:
+        the manifest (dict) of the new index.
+
+    Raises:
+        CorpusError: bad record (names file, line, field), duplicate id, or empty corpus.
+        ModelError: dense model path missing or unloadable.
+        IndexExistsError: ``out`` exists and ``overwrite`` is False.
+        ConfigError: invalid configuration.
+    On any error nothing is left at ``out`` (an existing index there is untouched).
+    """
+    import dataclasses
+
+    config = config or BuildConfig()
+    if overrides:
+        try:
+            config = dataclasses.replace(config, **overrides)
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
+    out = Path(out)
+    check_target(out, overwrite)
+    t0 = time.perf_counter()
+
+    analyzer = Analyzer(config.analyzer) if "bm25" in config.legs else None
+    postings = PostingsBuilder(analyzer) if analyzer is not None else None
+    dense_enc = None
+    model_info: dict[str, Any] = {}
+    if "dense" in config.legs:
+        from .encoders.dense import DenseEncoder
+
+        dc: DenseConfig = config.dense
+        dense_enc = DenseEncoder(dc.model, max_length=dc.max_length, batch_size=dc.batch_size,
+                                 device=config.device, normalize=dc.normalize)
+        model_info["dense"] = {**_model_fingerprint(dense_enc.path), "dim": dense_enc.dim}
+    sparse_builder = None
+    if "sparse" in config.legs:
+        from .sparse_build import SparseBuilder  # provided by the learned-sparse leg
+
+        sparse_builder = SparseBuilder(config, device=config.device)
+        model_info["sparse"] = sparse_builder.model_info()
+
+    seen: set[str] = set()
+    n_docs = 0
+    dense_dtype = config.dense.dtype
+    shard_docs: dict[str, list] = {"ids": [], "titles": [], "texts": [], "metadata": []}
+    shard_dense: list[np.ndarray] = []
+    progress = None
+    if show_progress:
+        from tqdm import tqdm
+        progress = tqdm(desc="indexing", unit="doc")
+
+    with IndexWriter(out, overwrite=overwrite) as writer:
+        try:
+            for batch, end_of_shard in _batches(read_corpus(corpus), config):
+                for d in batch:
+                    if d.id in seen:
+                        raise CorpusError(f"duplicate document id {d.id!r}", path=d.path, line=d.line, field="_id")
+                    seen.add(d.id)
+                full = [f"{d.title} {d.text}" if d.title else d.text for d in batch]
+                shard_docs["ids"].extend(d.id for d in batch)
+                shard_docs["titles"].extend(d.title for d in batch)
+                shard_docs["texts"].extend(d.text for d in batch)
+                shard_docs["metadata"].extend(d.metadata for d in batch)
+                if postings is not None:
+                    postings.add(full)
+                if dense_enc is not None:
+                    docs_in = [config.dense.document_prefix + t for t in full]
+                    vecs = dense_enc.encode(docs_in)
+                    if dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
+                        log.warning("dense values exceed float16 range; storing float32")
+                        dense_dtype = "float32"
+                        shard_dense = [v.astype(np.float32) for v in shard_dense]
+                    shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
+                if sparse_builder is not None:
+                    sparse_builder.add(full)
+                n_docs += len(batch)
+                if progress is not None:
+                    progress.update(len(batch))
+                if end_of_shard:
+                    _flush(writer, shard_docs, postings, shard_dense, sparse_builder, config)
+                    shard_docs = {"ids": [], "titles": [], "texts": [], "metadata": []}
+                    shard_dense = []
+            if n_docs == 0:
+                raise CorpusError("corpus is empty (no documents)",
+                                  path=None if not isinstance(corpus, (str, Path)) else corpus)
+            stats: dict[str, Any] = {"n_docs": n_docs, "build_seconds": None}
+            if postings is not None:
+                writer.write_vocab(postings.terms)
+                stats.update(n_terms=len(postings.terms), sum_dl=postings.sum_dl)
+            if dense_enc is not None:
+                stats.update(dense_dim=dense_enc.dim, dense_dtype=dense_dtype,
+                             dense_truncated_docs=dense_enc.n_truncated)
+            if sparse_builder is not None:
+                stats.update(sparse_builder.stats())
+                sparse_builder.write_global(writer)
+            stats["build_seconds"] = round(time.perf_counter() - t0, 3)
+            cfg = config.to_dict()
+            cfg["dense"]["dtype"] = dense_dtype
+            return writer.commit(build_config=cfg, stats=stats, extra={"models": model_info})
+        finally:
+            if progress is not None:
+                progress.close()
+
+
+def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder | None,
+           dense: list[np.ndarray], sparse_builder: Any, config: BuildConfig) -> None:
+    vectors = np.concatenate(dense) if dense else None
+    faiss_bytes = None
+    if vectors is not None and config.dense.faiss_factory != "Flat":
+        from .faiss_build import build_faiss_index
+
+        faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
+    extra = sparse_builder.flush(writer) if sparse_builder is not None else None
+    writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"], metadata=docs["metadata"],
+                       bm25=postings.flush() if postings is not None else None, dense=vectors,
+                       dense_index=faiss_bytes, extra=extra)

@@ -1,0 +1,311 @@
+"""Corpus, query and qrels readers.
+
+Corpora stream as :class:`Document` records, each carrying its provenance (file and line) so that
+errors name where the bad input is. Supported: a BEIR folder (``corpus.jsonl`` or
+``corpus.jsonl.gz``), JSONL(.gz), Parquet, CSV/TSV (header row), and Python iterables of dicts.
+A record needs an id (``_id``, or ``id`` / ``docid``) and a text (``text``, or ``contents``);
+``title`` is optional; every other field is kept as JSON metadata.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import io
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from .errors import CorpusError
+
+ID_FIELDS = ("_id", "id", "docid")
+TEXT_FIELDS = ("text", "contents")
+
+
+@dataclass(frozen=True, slots=True)
+class Document:
+    """One corpus record. ``metadata`` is a JSON object string (``"{}"`` when there is none)."""
+
+    id: str
+    title: str
+    text: str
+    metadata: str
+    path: str | None
+    line: int
+
+
+def _json_default(v: Any) -> Any:
+    if hasattr(v, "isoformat"):
+        return v.isoformat()
+    if isinstance(v, (bytes, bytearray)):
+        return v.decode("utf-8", errors="replace")
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return str(v)
+
+
+def to_document(rec: Any, path: str | None, line: int) -> Document:
+    """Validate one raw record (a mapping) and turn it into a :class:`Document`.
+
+    Raises:
+        CorpusError: not a mapping; missing/empty/non-string id; missing text; non-string
+            title or text; metadata that cannot be written as JSON (NaN included).
+    """
+    if not isinstance(rec, Mapping):
+        raise CorpusError(f"expected a JSON object / dict, got {type(rec).__name__}", path=path, line=line)
+    id_key = next((k for k in ID_FIELDS if k in rec), None)
+    if id_key is None:
+        raise CorpusError("missing document id (expected one of '_id', 'id', 'docid')", path=path,
+                          line=line, field="_id")
+    doc_id = rec[id_key]
+    if isinstance(doc_id, bool) or not isinstance(doc_id, (str, int)):
+        raise CorpusError(f"document id must be a string, got {doc_id!r}", path=path, line=line, field=id_key)
+    doc_id = str(doc_id)
+    if not doc_id.strip():
+        raise CorpusError(f"document id is empty: {doc_id!r}", path=path, line=line, field=id_key)
+    text_key = next((k for k in TEXT_FIELDS if k in rec), None)
+    if text_key is None:
+        raise CorpusError(f"document {doc_id!r} has no 'text' field", path=path, line=line, field="text")
+    text = rec[text_key]
+    if text is None:
+        text = ""
+    if not isinstance(text, str):
+        raise CorpusError(f"document {doc_id!r}: text must be a string, got {type(text).__name__}",
+                          path=path, line=line, field=text_key)
+    title = rec.get("title", "")
+    if title is None or (isinstance(title, float) and math.isnan(title)):
+        title = ""
+    if not isinstance(title, str):
+        raise CorpusError(f"document {doc_id!r}: title must be a string, got {type(title).__name__}",
+                          path=path, line=line, field="title")
+    for name, value in ((id_key, doc_id), (text_key, text), ("title", title)):
+        if "\x00" in value:
+            raise CorpusError(f"document {doc_id!r}: NUL character in {name}", path=path, line=line, field=name)
+    extra = {k: v for k, v in rec.items() if k not in (id_key, text_key, "title")}
+    try:
+        metadata = json.dumps(extra, ensure_ascii=False, allow_nan=False, default=_json_default) if extra else "{}"
+    except (ValueError, TypeError) as e:
+        raise CorpusError(f"document {doc_id!r}: metadata is not JSON-serialisable ({e})", path=path,
+                          line=line, field="metadata") from None
+    return Document(doc_id, title, text, metadata, path, line)
+
+
+def _open_binary(path: Path) -> io.BufferedIOBase:
+    if path.suffix == ".gz":
+        return gzip.open(path, "rb")  # type: ignore[return-value]
+    return open(path, "rb")
+
+
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
+    """Yield ``(line_number, parsed_object)`` for each non-blank line of a JSONL(.gz) file.
+
+    Raises:
+        CorpusError: a line that is not UTF-8 or not JSON (names the file and line).
+    """
+    path = Path(path)
+    spath = str(path)
+    try:
+        with _open_binary(path) as f:
+            for lineno, raw in enumerate(f, start=1):
+                try:
+                    s = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    raise CorpusError(f"not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {e.start + 1})",
+                                      path=spath, line=lineno) from None
+                if not s.strip():
+                    continue
+                try:
+                    yield lineno, json.loads(s)
+                except json.JSONDecodeError as e:
+                    raise CorpusError(f"not valid JSON ({e.msg} at column {e.colno}): {s[:80]!r}",
+                                      path=spath, line=lineno) from None
+    except (OSError, EOFError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise CorpusError("file not found", path=spath) from None
+        raise CorpusError(f"cannot read file: {e}", path=spath) from None
+
+
+def read_jsonl(path: str | Path) -> Iterator[Document]:
+    """Stream documents from a JSONL(.gz) corpus."""
+    spath = str(path)
+    for lineno, obj in iter_jsonl(path):
+        yield to_document(obj, spath, lineno)
+
+
+def read_csv(path: str | Path) -> Iterator[Document]:
+    """Stream documents from a CSV (``,``) or TSV (``.tsv``) file with a header row."""
+    path = Path(path)
+    spath = str(path)
+    delim = "\t" if ".tsv" in path.suffixes else ","
+    try:
+        raw = _open_binary(path)
+    except FileNotFoundError:
+        raise CorpusError("file not found", path=spath) from None
+    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="") as f:
+        reader = csv.DictReader(f, delimiter=delim)
+        try:
+            for row in reader:
+                if None in row:
+                    raise CorpusError(f"row has more fields than the header ({len(reader.fieldnames or [])})",
+                                      path=spath, line=reader.line_num)
+                yield to_document(row, spath, reader.line_num)
+        except UnicodeDecodeError:
+            raise CorpusError("not valid UTF-8", path=spath, line=reader.line_num + 1) from None
+        except csv.Error as e:
+            raise CorpusError(f"malformed CSV: {e}", path=spath, line=reader.line_num) from None
+
+
+def read_parquet(path: str | Path, batch_size: int = 4096) -> Iterator[Document]:
+    """Stream documents from a Parquet file (row numbers are 1-based)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    spath = str(path)
+    try:
+        pf = pq.ParquetFile(path)
+    except FileNotFoundError:
+        raise CorpusError("file not found", path=spath) from None
+    except (pa.ArrowException, OSError) as e:
+        raise CorpusError(f"not a readable Parquet file: {e}", path=spath) from None
+    row = 0
+    for batch in pf.iter_batches(batch_size=batch_size):
+        for rec in batch.to_pylist():
+            row += 1
+            yield to_document(rec, spath, row)
+
+
+def read_iterable(records: Iterable[Mapping[str, Any]]) -> Iterator[Document]:
+    """Stream documents from Python dicts (``line`` is the 1-based position)."""
+    for i, rec in enumerate(records, start=1):
+        yield to_document(rec, None, i)
+
+
+def find_beir_file(folder: Path, names: tuple[str, ...]) -> Path | None:
+    for n in names:
+        p = folder / n
+        if p.is_file():
+            return p
+    return None
+
+
+def read_corpus(source: str | Path | Iterable[Mapping[str, Any]]) -> Iterator[Document]:
+    """Stream documents from any supported source.
+
+    Args:
+        source: a BEIR folder, a ``.jsonl``/``.jsonl.gz``/``.json``, ``.parquet``, ``.csv``/``.tsv``
+            file, or an iterable of dicts.
+
+    Raises:
+        CorpusError: unknown format, missing file, or a bad record (names file and line).
+    """
+    if not isinstance(source, (str, Path)):
+        return read_iterable(source)
+    path = Path(source)
+    if path.is_dir():
+        corpus = find_beir_file(path, ("corpus.jsonl", "corpus.jsonl.gz"))
+        if corpus is None:
+            raise CorpusError("folder has no corpus.jsonl or corpus.jsonl.gz (BEIR layout)", path=path)
+        return read_jsonl(corpus)
+    if not path.exists():
+        raise CorpusError("corpus not found", path=path)
+    name = path.name.lower()
+    if name.endswith((".jsonl", ".jsonl.gz", ".json", ".ndjson")):
+        return read_jsonl(path)
+    if name.endswith(".parquet"):
+        return read_parquet(path)
+    if name.endswith((".csv", ".tsv", ".csv.gz", ".tsv.gz")):
+        return read_csv(path)
+    raise CorpusError("unknown corpus format (expected a BEIR folder, .jsonl[.gz], .parquet, .csv or .tsv)",
+                      path=path)
+
+
+def read_queries(path: str | Path) -> dict[str, str]:
+    """Read queries: BEIR ``queries.jsonl`` (``_id``, ``text``) or a TSV ``qid<TAB>text`` file.
+
+    Returns:
+        ``{query_id: text}`` in file order.
+
+    Raises:
+        CorpusError: missing file, bad line, duplicate query id.
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = find_beir_file(path, ("queries.jsonl", "queries.jsonl.gz"))
+        if found is None:
+            raise CorpusError("folder has no queries.jsonl", path=path)
+        path = found
+    out: dict[str, str] = {}
+    if path.name.endswith((".tsv", ".txt")):
+        try:
+            lines = path.read_bytes().splitlines()
+        except FileNotFoundError:
+            raise CorpusError("queries file not found", path=path) from None
+        for lineno, raw in enumerate(lines, start=1):
+            try:
+                s = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
+            if not s.strip():
+                continue
+            qid, sep, text = s.partition("\t")
+            if not sep:
+                raise CorpusError("expected 'query_id<TAB>text'", path=path, line=lineno)
+            if qid in out:
+                raise CorpusError(f"duplicate query id {qid!r}", path=path, line=lineno, field="_id")
+            out[qid] = text
+        return out
+    for lineno, obj in iter_jsonl(path):
+        doc = to_document(obj, str(path), lineno)
+        if doc.id in out:
+            raise CorpusError(f"duplicate query id {doc.id!r}", path=path, line=lineno, field="_id")
+        out[doc.id] = doc.text
+    return out
+
+
+def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
+    """Read relevance judgements: BEIR TSV (``query-id corpus-id score`` with a header) or TREC
+    qrels (``qid 0 docid rel``, whitespace-separated). A folder means BEIR ``qrels.tsv`` or
+    ``qrels/test.tsv``.
+
+    Returns:
+        ``{query_id: {doc_id: relevance}}``.
+
+    Raises:
+        CorpusError: missing file, or a line with the wrong number of columns or a non-integer grade.
+    """
+    path = Path(path)
+    if path.is_dir():
+        found = find_beir_file(path, ("qrels.tsv", "qrels/test.tsv"))
+        if found is None:
+            raise CorpusError("folder has no qrels.tsv or qrels/test.tsv", path=path)
+        path = found
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CorpusError("qrels file not found", path=path) from None
+    out: dict[str, dict[str, int]] = {}
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        try:
+            s = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
+        parts = s.split()
+        if not parts:
+            continue
+        if lineno == 1 and parts[0] in ("query-id", "query_id", "qid"):
+            continue
+        if len(parts) == 3:
+            qid, did, rel = parts
+        elif len(parts) == 4:
+            qid, _, did, rel = parts
+        else:
+            raise CorpusError(f"expected 3 (BEIR) or 4 (TREC) columns, got {len(parts)}: {s[:80]!r}",
+                              path=path, line=lineno)
+        try:
+            grade = int(rel)
+        except ValueError:
+            raise CorpusError(f"relevance grade is not an integer: {rel!r}", path=path, line=lineno) from None
+        out.setdefault(qid, {})[did] = grade
+    return out

@@ -1,0 +1,209 @@
+"""Index writer: shards into a temporary directory, then one atomic rename (or swap) into place.
+
+A build never exposes a partial index: everything is written under a hidden sibling directory
+``.<name>.tmp-<random>``, every file is fsynced, the manifest (with each file's size and SHA-256)
+is written last, and the directory is renamed onto the target. With ``overwrite=True`` an existing
+index is swapped atomically (Linux ``renameat2(RENAME_EXCHANGE)``) and the old one deleted after;
+without it, an existing non-empty target is refused before any work starts.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import datetime as _dt
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import IndexExistsError, IndexFormatError
+from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, sha256_file, write_arrays,
+                     write_table)
+
+_RENAME_EXCHANGE = 2
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two directory entries; False where the OS cannot."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    AT_FDCWD = -100
+    rc = fn(AT_FDCWD, os.fsencode(str(a)), AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE)
+    return rc == 0
+
+
+def check_target(out: Path, overwrite: bool) -> None:
+    """Refuse an existing non-empty ``out`` unless ``overwrite``; refuse a non-directory always.
+
+    Raises:
+        IndexExistsError: ``out`` exists and is not empty, and ``overwrite`` is False.
+        IndexFormatError: ``out`` exists and is a file, or ``overwrite`` would replace a
+            non-empty directory that is not an index.
+    """
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise IndexFormatError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise IndexExistsError(f"{out}: already exists and is not empty (use --overwrite to replace it)")
+        if not (out / MANIFEST).is_file():
+            raise IndexFormatError(f"{out}: refusing to overwrite a non-empty directory that is not an index")
+
+
+class IndexWriter:
+    """Writes shards and the manifest of one index build.
+
+    Args:
+        out: final index directory.
+        overwrite: replace an existing index at ``out`` (atomically).
+
+    Use as a context manager: leaving the block with an exception removes the temporary
+    directory and leaves ``out`` untouched.
+    """
+
+    def __init__(self, out: str | Path, *, overwrite: bool = False) -> None:
+        self.out = Path(out)
+        self.overwrite = overwrite
+        check_target(self.out, overwrite)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:12]}"
+        self.tmp.mkdir()
+        self.files: dict[str, dict[str, Any]] = {}
+        self.shards: list[dict[str, Any]] = []
+        self._committed = False
+
+    def __enter__(self) -> "IndexWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._committed:
+            self.abort()
+
+    def _record(self, path: Path) -> None:
+        rel = path.relative_to(self.tmp).as_posix()
+        self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+
+    def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str], metadata: list[str],
+                    bm25: dict[str, np.ndarray] | None = None, dense: np.ndarray | None = None,
+                    dense_index: bytes | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write one immutable shard.
+
+        Args:
+            ids, titles, texts, metadata: n documents' columns (metadata as JSON strings).
+            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n].
+            dense: (n, dim) float16 or float32 vectors.
+            dense_index: serialised FAISS index bytes (``faiss.serialize_index``), if any.
+            extra: more fields for the shard's manifest entry.
+
+        Returns:
+            the shard's manifest entry.
+        """
+        sdir = self.tmp / "shards" / f"{len(self.shards):05d}"
+        sdir.mkdir(parents=True)
+        n = len(ids)
+        table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(titles, pa.large_string()),
+                                      pa.array(texts, pa.large_string()), pa.array(metadata, pa.large_string())],
+                                     schema=DOCS_SCHEMA)
+        write_table(sdir / "docs.arrow", table)
+        self._record(sdir / "docs.arrow")
+        entry: dict[str, Any] = {"dir": sdir.relative_to(self.tmp).as_posix(), "rows": n}
+        if bm25 is not None:
+            write_arrays(sdir / "bm25.arrow", bm25)
+            self._record(sdir / "bm25.arrow")
+            entry["n_terms"] = int(len(bm25["offsets"]) - 1)
+            entry["nnz"] = int(len(bm25["doc_ids"]))
+        if dense is not None:
+            if dense.ndim != 2 or dense.shape[0] != n:
+                raise ValueError(f"dense vectors have shape {dense.shape}, expected ({n}, dim)")
+            dim = dense.shape[1]
+            flat = pa.array(np.ascontiguousarray(dense).reshape(-1))
+            vec = pa.FixedSizeListArray.from_arrays(flat, dim)
+            write_table(sdir / "dense.arrow", pa.table({"vector": vec}))
+            self._record(sdir / "dense.arrow")
+        if dense_index is not None:
+            p = sdir / "dense.faiss"
+            with open(p, "wb") as f:
+                f.write(dense_index)
+                f.flush()
+                os.fsync(f.fileno())
+            self._record(p)
+        if extra:
+            entry.update(extra)
+        _fsync_dir(sdir)
+        self.shards.append(entry)
+        return entry
+
+    def write_file_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> None:
+        """Write an index-level array file (e.g. the Matryoshka rotation)."""
+        p = self.tmp / rel
+        write_arrays(p, arrays)
+        self._record(p)
+
+    def write_vocab(self, terms: list[str]) -> None:
+        """Write the global BM25 vocabulary (row i = term id i)."""
+        p = self.tmp / "vocab.arrow"
+        write_table(p, pa.table({"term": pa.array(terms, pa.large_string())}))
+        self._record(p)
+
+    def commit(self, *, build_config: dict[str, Any], stats: dict[str, Any],
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Write the manifest and move the index into place atomically.
+
+        Returns:
+            the manifest dict.
+        """
+        manifest: dict[str, Any] = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "build_config": build_config,
+            "stats": stats,
+            "shards": self.shards,
+            "files": self.files,
+        }
+        if extra:
+            manifest.update(extra)
+        mpath = self.tmp / MANIFEST
+        with open(mpath, "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1, sort_keys=False)
+            f.flush()
+            os.fsync(f.fileno())
+        _fsync_dir(self.tmp)
+        if self.out.exists():
+            check_target(self.out, self.overwrite)
+            if self.out.is_dir() and not any(self.out.iterdir()):
+                os.rmdir(self.out)
+        if self.out.exists():
+            if _exchange(self.tmp, self.out):
+                old = self.tmp  # after the swap, tmp names the old index
+            else:
+                old = self.out.parent / f".{self.out.name}.old-{uuid.uuid4().hex[:12]}"
+                os.rename(self.out, old)
+                os.rename(self.tmp, self.out)
+            _fsync_dir(self.out.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(self.tmp, self.out)
+            _fsync_dir(self.out.parent)
+        self._committed = True
+        return manifest
+
+    def abort(self) -> None:
+        """Remove the temporary directory; ``out`` is untouched."""
+        shutil.rmtree(self.tmp, ignore_errors=True)

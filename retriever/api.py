@@ -1,0 +1,173 @@
+"""Public library API: :class:`Retriever` (open / search / search_batch / search_arrays / info)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from index.errors import QueryError
+
+from .engine import Engine
+from .fusion import RRF, Linear, parse_fusion
+from .results import BatchResult, Hit, LegHit
+from .shards import IndexReader
+
+DEFAULT_DEPTH = 100
+
+
+class Retriever:
+    """A searchable index (thread-safe for concurrent searches: all parameters are per call).
+
+    Open with :meth:`Retriever.open`. Search modes: ``"hybrid"`` (every leg the index has, fused),
+    ``"bm25"``, ``"dense"``, ``"sparse"``.
+
+    Example:
+        >>> r = Retriever.open("idx/scifact")
+        >>> hits = r.search("vitamin D and fracture risk", k=5)
+        >>> hits[0].id, hits[0].score, hits[0].legs["bm25"].rank
+    """
+
+    def __init__(self, reader: IndexReader, engine: Engine, n_threads: int | None) -> None:
+        self.reader = reader
+        self.engine = engine
+        self.n_threads = n_threads or os.cpu_count() or 1
+
+    @classmethod
+    def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
+             device: str = "cpu", n_threads: int | None = None) -> "Retriever":
+        """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
+
+        Args:
+            path: index directory made by :func:`build_index` or ``retriever index build``.
+            verify: also check every file's SHA-256 against the manifest (slow on big indexes).
+            use_gpu: FAISS on GPU (``None`` = when a GPU is present).
+            device: torch device for query encoders.
+            n_threads: default threads for compiled kernels (``None`` = all cores).
+
+        Raises:
+            IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
+        """
+        reader = IndexReader(path, verify=verify)
+        return cls(reader, Engine(reader, use_gpu=use_gpu, device=device), n_threads)
+
+    def __enter__(self) -> "Retriever":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop references to the memory-mapped shards."""
+        self.engine = None  # type: ignore[assignment]
+
+    @property
+    def legs(self) -> tuple[str, ...]:
+        return self.reader.legs
+
+    def info(self) -> dict[str, Any]:
+        """Index summary (see :meth:`IndexReader.info`)."""
+        return self.reader.info()
+
+    def _check(self, queries: Sequence[str], k: int, depth: int | None, n_threads: int | None
+               ) -> tuple[list[str], int, int]:
+        if isinstance(queries, str):
+            raise QueryError("queries must be a list of strings, not one string (use search())")
+        qs = list(queries)
+        for i, q in enumerate(qs):
+            if not isinstance(q, str):
+                raise QueryError(f"query #{i} is {type(q).__name__}, expected str")
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise QueryError(f"k must be an integer >= 1, got {k!r}")
+        if depth is None:
+            depth = DEFAULT_DEPTH
+        if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
+            raise QueryError(f"depth must be an integer >= 1, got {depth!r}")
+        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+            raise QueryError(f"n_threads must be an integer >= 1, got {n_threads!r}")
+        if self.engine is None:
+            raise QueryError("this Retriever is closed")
+        k = int(min(k, max(self.reader.n_docs, 1)))
+        return qs, k, int(depth)
+
+    def search_arrays(self, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
+                      fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
+                      n_threads: int | None = None, query_vectors: np.ndarray | None = None,
+                      leg_params: dict[str, dict[str, Any]] | None = None) -> BatchResult:
+        """Search a batch and return arrays (no per-hit Python objects).
+
+        Args:
+            queries: nq query strings. A blank query yields no hits.
+            k: hits per query (>= 1; more than the corpus size returns every matching document).
+            mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
+            fusion: ``"rrf"`` (default, k = 60), ``"linear"``/``"linear:zscore"``/``"linear:none"``,
+                or an :class:`RRF` / :class:`Linear` object with per-leg weights.
+            depth: candidates per leg before fusion (default 100, at least k). Results for
+                every k <= depth are prefixes of one another.
+            n_threads: kernel threads for this call (default: the Retriever's).
+            query_vectors: float32 (nq, dim) dense query vectors to use instead of encoding.
+            leg_params: per-leg search options, e.g. ``{"bm25": {"algorithm": "exhaustive"}}``.
+
+        Returns:
+            :class:`BatchResult` with ids as global ordinals (see :meth:`doc_ids`).
+
+        Raises:
+            QueryError: bad k, depth, mode, fusion, or query vectors.
+        """
+        qs, k, depth = self._check(queries, k, depth, n_threads)
+        fz = parse_fusion(fusion)
+        prepared = None
+        if query_vectors is not None:
+            if "dense" not in self.engine.legs:
+                raise QueryError("query_vectors given but this index has no dense leg")
+            qv = self.engine.legs["dense"].check_vectors(query_vectors)
+            if qv.shape[0] != len(qs):
+                raise QueryError(f"query_vectors has {qv.shape[0]} rows for {len(qs)} queries")
+            prepared = {"dense": qv}
+        return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth,
+                                  n_threads=n_threads or self.n_threads, prepared=prepared,
+                                  leg_params=leg_params)
+
+    def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
+        """Map global ordinals (from :class:`BatchResult`) to document id strings."""
+        return self.reader.doc_ids()[np.asarray(ordinals, dtype=np.int64)]
+
+    def to_hits(self, result: BatchResult) -> list[list[Hit]]:
+        """Turn a :class:`BatchResult` into per-query lists of :class:`Hit` (the only place
+        per-hit Python objects are made)."""
+        out: list[list[Hit]] = []
+        leg_items = list(result.legs.items())
+        for q in range(result.ids.shape[0]):
+            n = int(result.n_found[q])
+            ords = result.ids[q, :n].tolist()
+            docs = self.reader.fetch(ords)
+            hits = []
+            for j, d in enumerate(docs):
+                legs = {name: LegHit(float(la.scores[q, j]), int(la.ranks[q, j]))
+                        for name, la in leg_items if la.ranks[q, j] > 0}
+                hits.append(Hit(d["id"], float(result.scores[q, j]), j + 1, d["title"], d["text"],
+                                d["metadata"], legs))
+            out.append(hits)
+        return out
+
+    def search_batch(self, queries: Sequence[str], k: int = 10, **kwargs: Any) -> list[list[Hit]]:
+        """Search many queries; same arguments as :meth:`search_arrays`.
+
+        Returns:
+            one list of :class:`Hit` per query, best first.
+        """
+        return self.to_hits(self.search_arrays(queries, k, **kwargs))
+
+    def search(self, query: str, k: int = 10, **kwargs: Any) -> list[Hit]:
+        """Search one query; same arguments as :meth:`search_arrays`.
+
+        Returns:
+            list of :class:`Hit`, best first (empty for a blank query).
+        """
+        if not isinstance(query, str):
+            raise QueryError(f"query must be a string, got {type(query).__name__}")
+        if "query_vectors" in kwargs and kwargs["query_vectors"] is not None:
+            kwargs["query_vectors"] = np.asarray(kwargs["query_vectors"], dtype=np.float32).reshape(1, -1)
+        return self.search_batch([query], k, **kwargs)[0]

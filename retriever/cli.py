@@ -1,0 +1,221 @@
+"""Command line: ``retriever index build|info|verify``, ``retriever search``, ``retriever eval``.
+
+A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
+1 bad input or index (one-line error on stderr), 2 usage error (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from index.config import BuildConfig, DenseConfig
+from index.errors import RetrieverError
+
+
+def _legs(s: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in s.split(",") if x.strip())
+
+
+def _positive_int(s: str) -> int:
+    try:
+        v = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {s!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {v}")
+    return v
+
+
+def _search_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
+    p.add_argument("--rrf-k", type=float, default=60.0, help="RRF constant k (default 60)")
+    p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
+    p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
+    p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="retriever", description="Hybrid BM25 + dense + learned-sparse retrieval.")
+    ap.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    idx = sub.add_parser("index", help="build or inspect an index").add_subparsers(dest="index_command", required=True)
+    b = idx.add_parser("build", help="build an index from a corpus")
+    b.add_argument("--corpus", required=True, help="BEIR folder, .jsonl[.gz], .parquet, .csv or .tsv")
+    b.add_argument("--out", required=True, help="index directory to create")
+    b.add_argument("--legs", type=_legs, default=("bm25", "dense"), help="comma list of bm25,dense,sparse (default bm25,dense)")
+    b.add_argument("--dense-model", default=None, help="local Hugging Face checkpoint (default: bundled all-MiniLM-L6-v2)")
+    b.add_argument("--dense-dtype", choices=("float16", "float32"), default="float16")
+    b.add_argument("--faiss-factory", default="Flat", help="FAISS index_factory string (default Flat)")
+    b.add_argument("--shard-size", type=_positive_int, default=100_000, help="documents per shard")
+    b.add_argument("--batch-size", type=_positive_int, default=1024, help="documents per pipeline batch")
+    b.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
+    b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out (atomic swap)")
+    b.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    i = idx.add_parser("info", help="print an index summary")
+    i.add_argument("dir")
+    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest")
+    v.add_argument("dir")
+
+    s = sub.add_parser("search", help="search an index")
+    s.add_argument("dir")
+    s.add_argument("query")
+    s.add_argument("-k", type=_positive_int, default=10)
+    s.add_argument("--mode", default="hybrid", choices=("hybrid", "bm25", "dense", "sparse"))
+    s.add_argument("--json", action="store_true", help="print JSON")
+    _search_options(s)
+
+    e = sub.add_parser("eval", help="evaluate against qrels (nDCG@10, Recall@100, MRR@10)")
+    e.add_argument("dir")
+    e.add_argument("--queries", required=True, help="queries.jsonl (BEIR) or qid<TAB>text .tsv")
+    e.add_argument("--qrels", required=True, help="qrels .tsv (BEIR) or TREC qrels")
+    e.add_argument("--mode", action="append", choices=("hybrid", "bm25", "dense", "sparse"),
+                   help="repeatable; default: every leg of the index and hybrid")
+    e.add_argument("-k", type=_positive_int, default=100, help="hits per query in the run (default 100)")
+    e.add_argument("--run-out", default=None, help="write the TREC run here (FILE.<mode> when several modes)")
+    e.add_argument("--json", action="store_true", help="one JSON object per mode")
+    _search_options(e)
+    return ap
+
+
+def _fusion(args: argparse.Namespace):
+    from .fusion import RRF, Linear
+    from index.errors import QueryError
+
+    weights: dict[str, float] = {}
+    if args.weights:
+        for part in args.weights.split(","):
+            leg, sep, val = part.partition("=")
+            try:
+                weights[leg.strip()] = float(val)
+            except ValueError:
+                raise QueryError(f"--weights: expected leg=number, got {part!r}") from None
+            if not sep:
+                raise QueryError(f"--weights: expected leg=number, got {part!r}")
+    if args.fusion == "rrf":
+        return RRF(k=args.rrf_k, weights=weights)
+    if args.fusion.startswith("linear"):
+        _, _, norm = args.fusion.partition(":")
+        return Linear(norm=norm or "minmax", weights=weights)
+    raise QueryError(f"--fusion: unknown fusion {args.fusion!r} (rrf, linear, linear:zscore, linear:none)")
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from index.pipeline import build_index
+
+    cfg = BuildConfig(legs=args.legs, shard_size=args.shard_size, batch_size=args.batch_size, device=args.device,
+                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory))
+    m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
+    st = m["stats"]
+    print(f"built {args.out}: {st['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
+          f"{st['build_seconds']:.1f} s")
+    if st.get("dense_truncated_docs"):
+        print(f"note: {st['dense_truncated_docs']} documents were longer than the dense model's "
+              f"max_length ({cfg.dense.max_length} tokens) and were truncated for the dense leg")
+    return 0
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .shards import IndexReader
+
+    print(json.dumps(IndexReader(args.dir).info(), indent=2))
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .shards import IndexReader
+
+    r = IndexReader(args.dir, verify=True)
+    print(f"ok: {len(r.manifest['files'])} files verified (SHA-256)")
+    return 0
+
+
+def _hit_dict(h) -> dict[str, Any]:
+    return {"id": h.id, "rank": h.rank, "score": h.score, "title": h.title,
+            "legs": {k: {"score": v.score, "rank": v.rank} for k, v in h.legs.items()}}
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from .api import Retriever
+
+    r = Retriever.open(args.dir, n_threads=args.threads)
+    hits = r.search(args.query, k=args.k, mode=args.mode, fusion=_fusion(args), depth=args.depth)
+    if args.json:
+        print(json.dumps({"query": args.query, "mode": args.mode, "hits": [_hit_dict(h) for h in hits]},
+                         ensure_ascii=False))
+        return 0
+    for h in hits:
+        legs = " ".join(f"{k}={v.score:.4f}(#{v.rank})" for k, v in h.legs.items())
+        title = (h.title or h.text or "")[:70].replace("\n", " ")
+        print(f"{h.rank:>3}  {h.score:10.4f}  {h.id:<20} {title}  [{legs}]")
+    if not hits:
+        print("no hits", file=sys.stderr)
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from index.readers import read_qrels, read_queries
+
+    from .api import Retriever
+    from .evaluation import evaluate, make_run, write_trec_run
+
+    queries = read_queries(args.queries)
+    qrels = read_qrels(args.qrels)
+    r = Retriever.open(args.dir, n_threads=args.threads)
+    modes = args.mode or ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
+    qids = list(queries)
+    texts = [queries[q] for q in qids]
+    fusion = _fusion(args)
+    for mode in modes:
+        t0 = time.perf_counter()
+        res = r.search_arrays(texts, k=args.k, mode=mode, fusion=fusion, depth=args.depth)
+        secs = time.perf_counter() - t0
+        ids = r.reader.doc_ids()
+        docs = [ids[res.ids[q, :res.n_found[q]]].tolist() for q in range(len(qids))]
+        scores = [res.scores[q, :res.n_found[q]].tolist() for q in range(len(qids))]
+        run = make_run(qids, docs, scores)
+        m = evaluate(run, qrels, qids=qids)
+        if args.run_out:
+            path = Path(args.run_out if len(modes) == 1 else f"{args.run_out}.{mode}")
+            write_trec_run(path, run, tag=f"retriever-{mode}")
+        row = {"mode": mode, "ndcg@10": round(m["ndcg@10"], 4), "recall@100": round(m["recall@100"], 4),
+               "mrr@10": round(m["mrr@10"], 4), "queries": m["queries"], "seconds": round(secs, 3)}
+        if res.fusion:
+            row["fusion"] = res.fusion
+        if args.json:
+            print(json.dumps(row))
+        else:
+            print(f"{mode:<8} nDCG@10 {row['ndcg@10']:.4f}  Recall@100 {row['recall@100']:.4f}  "
+                  f"MRR@10 {row['mrr@10']:.4f}  ({row['queries']} queries, {secs:.1f} s)")
+    return 0
+
+
+COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
+            ("search", None): cmd_search, ("eval", None): cmd_eval}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    fn = COMMANDS[(args.command, getattr(args, "index_command", None))]
+    try:
+        return fn(args)
+    except RetrieverError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

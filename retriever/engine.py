@@ -1,0 +1,129 @@
+"""Runs one batch: prepare queries per leg, search every shard, merge, fuse once."""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from index.errors import QueryError
+
+from .fusion import RRF, Linear, fuse, tie_ranks
+from .results import BatchResult, LegArrays
+from .shards import IndexReader
+from .topk import merge_topk
+
+MODES = ("hybrid", "bm25", "dense", "sparse")
+
+
+def _load_bm25(reader: IndexReader, **kw: Any):
+    from .legs.bm25 import BM25Leg
+    return BM25Leg(reader)
+
+
+def _load_dense(reader: IndexReader, **kw: Any):
+    from .legs.dense import DenseLeg
+    return DenseLeg(reader, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"))
+
+
+def _load_sparse(reader: IndexReader, **kw: Any):
+    from .legs.sparse import SparseLeg
+    return SparseLeg(reader, device=kw.get("device", "cpu"))
+
+
+#: leg name → loader(reader, **options); the library, the CLI and the benchmarks read this table.
+LEG_LOADERS: dict[str, Callable[..., Any]] = {"bm25": _load_bm25, "dense": _load_dense, "sparse": _load_sparse}
+
+
+def _empty(nq: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32), np.zeros(nq, np.int32)
+
+
+class Engine:
+    """Query engine over an opened index: holds one object per leg (loaded at open).
+
+    Args:
+        reader: the opened index.
+        leg_options: passed to the leg loaders (``use_gpu``, ``device``).
+    """
+
+    def __init__(self, reader: IndexReader, **leg_options: Any) -> None:
+        self.reader = reader
+        self.legs = {name: LEG_LOADERS[name](reader, **leg_options) for name in reader.legs}
+
+    def legs_for(self, mode: str) -> list[str]:
+        """Legs used by ``mode``.
+
+        Raises:
+            QueryError: unknown mode, or a leg this index was not built with.
+        """
+        if mode not in MODES:
+            raise QueryError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
+        if mode == "hybrid":
+            return list(self.legs)
+        if mode not in self.legs:
+            raise QueryError(f"mode {mode!r} is not available: this index has legs {', '.join(self.legs)}")
+        return [mode]
+
+    def search(self, queries: Sequence[str], *, k: int, mode: str, fusion: "RRF | Linear",
+               depth: int, n_threads: int, prepared: Mapping[str, Any] | None = None,
+               leg_params: Mapping[str, Mapping[str, Any]] | None = None) -> BatchResult:
+        """Search a batch (arguments already validated by the API layer).
+
+        Args:
+            queries: nq query strings (an empty/blank string yields no hits).
+            prepared: per-leg inputs that replace encoding (e.g. user query vectors).
+            leg_params: per-leg keyword options for the leg's ``search``.
+        """
+        names = self.legs_for(mode)
+        nq = len(queries)
+        blank = np.array([not q.strip() for q in queries], dtype=bool)
+        live = [q for q, b in zip(queries, blank) if not b]
+        timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
+        leg_depth = k if len(names) == 1 else max(depth, k)
+        per_leg: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for name in names:
+            leg = self.legs[name]
+            t0 = time.perf_counter()
+            if prepared and name in prepared:
+                inp = prepared[name]  # covers all nq queries, blank text or not
+            else:
+                inp = leg.prepare(live) if live else None
+            t1 = time.perf_counter()
+            if inp is None:
+                merged = _empty(len(live), leg_depth)
+            else:
+                parts = leg.search(inp, leg_depth, n_threads, **(leg_params or {}).get(name, {}))
+                merged = merge_topk(parts, leg_depth)
+            t2 = time.perf_counter()
+            timings["encode"] += (t1 - t0) * 1e3
+            timings["search"] += (t2 - t1) * 1e3
+            if prepared and name in prepared:
+                per_leg[name] = merged
+            else:
+                per_leg[name] = _scatter(merged, blank, leg_depth)
+        t3 = time.perf_counter()
+        if len(names) == 1:
+            name = names[0]
+            ids, scores, n_found = per_leg[name]
+            ranks = np.zeros(ids.shape, np.int32)
+            for q in range(nq):
+                ranks[q, :n_found[q]] = tie_ranks(scores[q], int(n_found[q]))
+            legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
+            fusion_cfg = None
+        else:
+            ids, scores, n_found, legs = fuse(per_leg, k, fusion)
+            fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
+        timings["fuse"] = (time.perf_counter() - t3) * 1e3
+        return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
+
+
+def _scatter(res: tuple[np.ndarray, np.ndarray, np.ndarray], blank: np.ndarray, k: int):
+    if not blank.any():
+        return res
+    nq = len(blank)
+    ids, scores, n_found = _empty(nq, k)
+    live = ~blank
+    ids[live], scores[live], n_found[live] = res
+    return ids, scores, n_found

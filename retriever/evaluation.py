@@ -1,0 +1,80 @@
+"""Evaluation against qrels (nDCG@10, Recall@100, MRR@10) through ir-measures / pytrec_eval,
+and TREC run files.
+
+Conventions (trec_eval's): nDCG uses linear gain; only judged queries are evaluated; a judged
+query that returned no hits counts 0 (``trec_eval -c``). Run files list documents with strictly
+decreasing scores (equal scores are nudged down by one float64 ulp, in our rank order), so an
+evaluator's own tie rule cannot reorder them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+
+DEFAULT_METRICS = {"ndcg@10": "nDCG@10", "recall@100": "R@100", "mrr@10": "RR@10"}
+
+
+def strictly_decreasing(scores: Sequence[float]) -> list[float]:
+    """Copy of a descending score list where each score is strictly below the previous one."""
+    out: list[float] = []
+    prev = np.inf
+    for s in scores:
+        s = float(s)
+        if not s < prev:
+            s = float(np.nextafter(prev, -np.inf))
+        out.append(s)
+        prev = s
+    return out
+
+
+def make_run(qids: Sequence[str], doc_ids: Sequence[Sequence[str]], scores: Sequence[Sequence[float]]
+             ) -> dict[str, dict[str, float]]:
+    """``{qid: {doc_id: score}}`` with strictly decreasing scores per query."""
+    return {q: dict(zip(d, strictly_decreasing(s))) for q, d, s in zip(qids, doc_ids, scores)}
+
+
+def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], tag: str = "retriever") -> None:
+    """Write a TREC run file (``qid Q0 docid rank score tag``), ranks from 1."""
+    with open(path, "w", encoding="utf-8") as f:
+        for qid, docs in run.items():
+            for rank, (did, s) in enumerate(sorted(docs.items(), key=lambda x: -x[1]), start=1):
+                f.write(f"{qid} Q0 {did} {rank} {s!r} {tag}\n")
+
+
+def evaluate(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping[str, int]],
+             metrics: Mapping[str, str] = DEFAULT_METRICS, qids: Iterable[str] | None = None
+             ) -> dict[str, float]:
+    """Mean metrics over judged queries.
+
+    Args:
+        run: ``{qid: {doc_id: score}}``.
+        qrels: ``{qid: {doc_id: grade}}``.
+        metrics: ``{our_name: ir_measures_name}``.
+        qids: the queries that were run (default: the run's keys); judged ones are evaluated,
+            a judged query absent from ``run`` or with no hits scores 0.
+
+    Returns:
+        ``{our_name: mean, ..., "queries": number of evaluated queries}``.
+    """
+    import ir_measures
+
+    measures = {name: ir_measures.parse_measure(m) for name, m in metrics.items()}
+    asked = list(run) if qids is None else list(qids)
+    judged = [q for q in asked if q in qrels]
+    out: dict[str, float] = {name: 0.0 for name in measures}
+    out["queries"] = len(judged)
+    if not judged:
+        return out
+    sub_qrels = {q: dict(qrels[q]) for q in judged}
+    sub_run = {q: dict(run[q]) for q in judged if run.get(q)}
+    per_query: dict[str, dict[str, float]] = {name: {} for name in measures}
+    by_measure = {m: name for name, m in measures.items()}
+    if sub_run:
+        for r in ir_measures.iter_calc(list(measures.values()), sub_qrels, sub_run):
+            per_query[by_measure[r.measure]][r.query_id] = float(r.value)
+    for name in measures:
+        out[name] = float(sum(per_query[name].get(q, 0.0) for q in judged) / len(judged))
+    return out

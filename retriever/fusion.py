@@ -1,0 +1,167 @@
+"""Rank fusion over per-leg candidate lists (pure numpy, no I/O).
+
+- RRF (Cormack, Clarke & Büttcher, SIGIR 2009): score(d) = Σ_legs w_leg / (k + rank_leg(d)),
+  ranks start at 1; documents with exactly equal scores in a leg share that leg's rank (the best
+  of their positions); a document absent from a leg adds nothing for that leg.
+- Linear: score(d) = Σ_legs w_leg · norm(score_leg(d)) with ``minmax``, ``zscore`` or ``none``
+  normalisation computed over the leg's candidate list; a degenerate list (max == min, or zero
+  standard deviation) normalises to 1.0, never NaN; absent legs contribute nothing.
+
+Ties in the fused score go to the smaller global document ordinal (corpus order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from index.errors import QueryError
+
+from .results import LegArrays
+
+
+@dataclass(frozen=True)
+class RRF:
+    """Reciprocal rank fusion parameters (``k`` = 60 as in the paper)."""
+
+    k: float = 60.0
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.k, (int, float)) and self.k >= 0 and np.isfinite(self.k)):
+            raise QueryError(f"RRF k must be a finite number >= 0, got {self.k!r}")
+        _check_weights(self.weights)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": "rrf", "k": self.k, "weights": dict(self.weights)}
+
+
+@dataclass(frozen=True)
+class Linear:
+    """Linear (convex) combination of normalised leg scores."""
+
+    norm: str = "minmax"
+    weights: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.norm not in NORMALISERS:
+            raise QueryError(f"unknown normalisation {self.norm!r}; expected one of {', '.join(NORMALISERS)}")
+        _check_weights(self.weights)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": "linear", "norm": self.norm, "weights": dict(self.weights)}
+
+
+def _check_weights(w: Mapping[str, float]) -> None:
+    for leg, v in w.items():
+        if not isinstance(v, (int, float)) or not np.isfinite(v):
+            raise QueryError(f"fusion weight for leg {leg!r} must be a finite number, got {v!r}")
+
+
+def parse_fusion(spec: "str | RRF | Linear | None") -> "RRF | Linear":
+    """``"rrf"`` / ``"linear"`` / ``"linear:zscore"`` / an object → fusion object.
+
+    Raises:
+        QueryError: unknown name.
+    """
+    if spec is None or spec == "rrf":
+        return RRF()
+    if isinstance(spec, (RRF, Linear)):
+        return spec
+    if isinstance(spec, str) and spec.startswith("linear"):
+        _, _, norm = spec.partition(":")
+        return Linear(norm=norm or "minmax")
+    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:minmax|zscore|none]'")
+
+
+def tie_ranks(scores: np.ndarray, n: int) -> np.ndarray:
+    """1-based ranks of a descending score list where equal scores share the best position."""
+    s = scores[:n]
+    neg = -s.astype(np.float64)
+    return (np.searchsorted(neg, neg, side="left") + 1).astype(np.int32)
+
+
+def _minmax(s: np.ndarray) -> np.ndarray:
+    lo, hi = s.min(), s.max()
+    if hi == lo:
+        return np.ones_like(s)
+    return (s - lo) / (hi - lo)
+
+
+def _zscore(s: np.ndarray) -> np.ndarray:
+    sd = s.std()
+    if sd == 0 or not np.isfinite(sd):
+        return np.ones_like(s)
+    return (s - s.mean()) / sd
+
+
+NORMALISERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "minmax": _minmax,
+    "zscore": _zscore,
+    "none": lambda s: s,
+}
+
+
+def fuse(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+         fusion: "RRF | Linear") -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, LegArrays]]:
+    """Fuse per-leg candidate lists into one top-k list per query.
+
+    Args:
+        legs: ``{leg: (ids int64 (nq, depth), scores float32 (nq, depth), n_found int32 (nq,))}``;
+            each row sorted by score descending (ties by smaller id), padded with -1 / -inf.
+        k: fused list length (>= 1).
+        fusion: :class:`RRF` or :class:`Linear`.
+
+    Returns:
+        ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,), {leg: LegArrays})``.
+    """
+    names = list(legs)
+    nq = next(iter(legs.values()))[0].shape[0]
+    out_ids = np.full((nq, k), -1, dtype=np.int64)
+    out_scores = np.full((nq, k), -np.inf, dtype=np.float32)
+    n_found = np.zeros(nq, dtype=np.int32)
+    leg_scores = {n: np.full((nq, k), np.nan, dtype=np.float32) for n in names}
+    leg_ranks = {n: np.zeros((nq, k), dtype=np.int32) for n in names}
+    weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
+    for q in range(nq):
+        all_ids, contrib, per_leg = [], [], []
+        for n in names:
+            ids, scores, nf = legs[n]
+            m = int(nf[q])
+            li = ids[q, :m]
+            ls = scores[q, :m].astype(np.float64)
+            ranks = tie_ranks(scores[q], m)
+            if isinstance(fusion, RRF):
+                c = weights[n] / (fusion.k + ranks)
+            else:
+                c = weights[n] * NORMALISERS[fusion.norm](ls) if m else ls
+            all_ids.append(li)
+            contrib.append(c)
+            per_leg.append((li, scores[q, :m], ranks))
+        cat_ids = np.concatenate(all_ids)
+        if cat_ids.size == 0:
+            continue
+        uniq, inv = np.unique(cat_ids, return_inverse=True)
+        total = np.zeros(len(uniq), dtype=np.float64)
+        # Sum in a fixed leg order so results are identical across runs.
+        start = 0
+        for c in contrib:
+            np.add.at(total, inv[start:start + len(c)], c)
+            start += len(c)
+        order = np.lexsort((uniq, -total))[:k]
+        m = len(order)
+        out_ids[q, :m] = uniq[order]
+        out_scores[q, :m] = total[order]
+        n_found[q] = m
+        pos = {int(d): j for j, d in enumerate(uniq[order])}
+        for n, (li, ls, ranks) in zip(names, per_leg):
+            for d, s, r in zip(li.tolist(), ls.tolist(), ranks.tolist()):
+                j = pos.get(d)
+                if j is not None:
+                    leg_scores[n][q, j] = s
+                    leg_ranks[n][q, j] = r
+    return out_ids, out_scores, n_found, {n: LegArrays(leg_scores[n], leg_ranks[n]) for n in names}
+
+

@@ -1,0 +1,1 @@
+"""Retrieval legs: each turns a batch of queries into per-leg top-depth candidate arrays."""

@@ -1,0 +1,166 @@
+"""BM25 leg: query analysis, corpus-wide idf and length norms, compiled top-k per shard.
+
+Scoring is Lucene's BM25 (``BM25Similarity``, Lucene ≥ 8):
+score(q, d) = Σ_{t ∈ q} n_q(t) · idf(t) · tf / (tf + k1·(1 − b + b·dl/avgdl)),
+idf(t) = ln(1 + (N − df + 0.5)/(df + 0.5)), where N, df and avgdl are corpus-wide (summed over
+shards when the index is opened) and n_q(t) is how often t occurs in the analysed query.
+With ``BM25Params.lucene_norms`` (the default, as in Anserini/Pyserini) dl is the document length
+after Lucene's one-byte norm encoding (``SmallFloat.intToByte4``; exact below 24 terms);
+otherwise the exact length. avgdl is always the exact mean length.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Sequence
+
+import numpy as np
+
+from index.analyzer import Analyzer
+from index.format import read_table
+
+from .. import _kernels
+from ..shards import IndexReader
+
+BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
+
+
+def _long_to_int4(i: np.ndarray) -> np.ndarray:
+    nbits = np.zeros_like(i)
+    nz = i > 0
+    nbits[nz] = np.floor(np.log2(i[nz])).astype(np.int64) + 1
+    shift = nbits - 4
+    enc = ((i >> np.maximum(shift, 0)) & 0x07) | ((shift + 1) << 3)
+    return np.where(nbits < 4, i, enc)
+
+
+def _int4_to_long(i: np.ndarray) -> np.ndarray:
+    bits = i & 0x07
+    shift = (i >> 3) - 1
+    return np.where(shift == -1, bits, (bits | 0x08) << np.maximum(shift, 0))
+
+
+_NUM_FREE = 255 - int(_long_to_int4(np.array([2**31 - 1], dtype=np.int64))[0])
+
+
+def lucene_norm_length(dl: np.ndarray) -> np.ndarray:
+    """Document lengths as Lucene decodes them from its one-byte norms
+    (``SmallFloat.byte4ToInt(SmallFloat.intToByte4(dl))``); int64 array, same shape."""
+    dl = dl.astype(np.int64)
+    out = dl.copy()
+    big = dl >= _NUM_FREE
+    out[big] = _NUM_FREE + _int4_to_long(_long_to_int4(dl[big] - _NUM_FREE))
+    return out
+
+
+class BM25Leg:
+    """The BM25 leg of an opened index.
+
+    Args:
+        reader: the opened index.
+        n_threads: default worker threads for batches (``None`` = all cores).
+    """
+
+    name = "bm25"
+
+    def __init__(self, reader: IndexReader) -> None:
+        cfg = reader.config
+        self.params = cfg.bm25
+        self.analyzer = Analyzer(cfg.analyzer)
+        vocab = read_table(reader.path / "vocab.arrow").column("term").to_pylist()
+        self.vocab = {t: i for i, t in enumerate(vocab)}
+        n_terms = len(vocab)
+        df = np.zeros(n_terms, dtype=np.int64)
+        self.shards = []
+        sum_dl = 0
+        lens = []
+        for s in reader.shards:
+            a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
+            t_s = len(a["offsets"]) - 1
+            if t_s > n_terms or len(a["doc_len"]) != s.rows:
+                raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
+            _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+            if len(a["tfs"]) != len(a["doc_ids"]):
+                raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
+            df[:t_s] += np.diff(a["offsets"]).astype(np.int64)
+            sum_dl += int(a["doc_len"].sum(dtype=np.int64))
+            lens.append(a["doc_len"])
+            self.shards.append((s, a))
+        self.N = reader.n_docs
+        self.avgdl = sum_dl / self.N if self.N else 0.0
+        self.df = df
+        self.idf = np.log1p((self.N - df + 0.5) / (df + 0.5)).astype(np.float32)
+        k1, b = self.params.k1, self.params.b
+        self.kernel_shards = []
+        for (s, a) in self.shards:
+            dl = a["doc_len"].astype(np.int64)
+            if self.params.lucene_norms:
+                dl = lucene_norm_length(dl)
+            avg = self.avgdl if self.avgdl > 0 else 1.0
+            norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
+            term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
+                a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
+            self.kernel_shards.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
+                                       "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
+                                       "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub})
+
+    def prepare(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Leg interface: analyse the batch (see :meth:`query_terms`)."""
+        return self.query_terms(queries)
+
+    def query_terms(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Analyse queries into a ragged batch.
+
+        Returns:
+            ``(q_offsets u64[nq+1], q_terms u32[m], q_weights f32[m])``: unique known terms per
+            query in first-occurrence order, weight = occurrences · idf.
+        """
+        offsets = [0]
+        terms: list[int] = []
+        weights: list[float] = []
+        vocab, idf = self.vocab, self.idf
+        for q in queries:
+            counts = Counter(self.analyzer.analyze(q))
+            for t, c in counts.items():
+                i = vocab.get(t)
+                if i is not None:
+                    terms.append(i)
+                    weights.append(c * float(idf[i]))
+            offsets.append(len(terms))
+        return (np.asarray(offsets, dtype=np.uint64), np.asarray(terms, dtype=np.uint32),
+                np.asarray(weights, dtype=np.float32))
+
+    def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
+               allow: list[np.ndarray | None] | None = None, algorithm: str = "maxscore"):
+        """Top-``depth`` per query from every shard (global ordinals), one list per shard."""
+        q_offsets, q_terms, q_weights = batch
+        parts = []
+        for si, ks in enumerate(self.kernel_shards):
+            if len(q_terms) and q_terms.max() >= ks["n_terms"]:
+                keep = q_terms < ks["n_terms"]
+                counts = np.add.reduceat(keep.astype(np.int64), q_offsets[:-1].astype(np.int64)) \
+                    if len(q_terms) else np.zeros(len(q_offsets) - 1, np.int64)
+                empty = q_offsets[1:] == q_offsets[:-1]
+                counts[empty] = 0
+                offs = np.zeros(len(q_offsets), dtype=np.uint64)
+                np.cumsum(counts, out=offs[1:])
+                terms, weights = q_terms[keep], q_weights[keep]
+            else:
+                offs, terms, weights = q_offsets, q_terms, q_weights
+            ids, scores, n_found = _kernels.bm25_topk(
+                ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
+                n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algorithm,
+                term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"])
+            ids = np.where(ids >= 0, ids + ks["base"], -1)
+            parts.append((ids, scores, n_found))
+        return parts
+
+
+def _fmt_error(path, msg):
+    from index.errors import IndexFormatError
+    return IndexFormatError(f"{path}: {msg}")
+
+
+def default_threads() -> int:
+    return os.cpu_count() or 1

@@ -1,0 +1,80 @@
+"""Result types: per-hit objects for users, and array results for evaluation and benchmarks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class LegHit:
+    """One leg's view of a hit.
+
+    Attributes:
+        score: the leg's raw score (BM25 score, impact dot product, inner product).
+        rank: 1-based rank in that leg's merged candidate list; documents with exactly equal
+            scores share the best of their positions (the rank RRF uses).
+    """
+
+    score: float
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    """One search result.
+
+    Attributes:
+        id: document id from the corpus.
+        score: fused score in hybrid mode, otherwise the leg's raw score.
+        rank: 1-based position in the result list.
+        title, text: stored document fields.
+        metadata: the record's other fields (parsed JSON object).
+        legs: ``{leg: LegHit}`` for the legs that returned this document.
+    """
+
+    id: str
+    score: float
+    rank: int
+    title: str | None
+    text: str | None
+    metadata: Mapping[str, Any]
+    legs: Mapping[str, LegHit]
+
+
+@dataclass(frozen=True)
+class LegArrays:
+    """Per-leg scores and ranks aligned with a :class:`BatchResult`'s ``ids``.
+
+    Attributes:
+        scores: float32 (nq, k); NaN where the leg did not return that document.
+        ranks: int32 (nq, k); 1-based tie-shared rank, 0 where absent.
+    """
+
+    scores: np.ndarray
+    ranks: np.ndarray
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Array form of a batch of searches.
+
+    Attributes:
+        ids: int64 (nq, k) global document ordinals (corpus order), padded with -1 past ``n_found``.
+        scores: float32 (nq, k), padded with -inf past ``n_found``.
+        n_found: int32 (nq,) number of real hits per query.
+        legs: ``{leg: LegArrays}`` for every leg that ran.
+        mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
+        fusion: the fusion configuration used (``None`` for a single leg).
+        timings_ms: wall time per stage in milliseconds (``encode``, ``search``, ``fuse``).
+    """
+
+    ids: np.ndarray
+    scores: np.ndarray
+    n_found: np.ndarray
+    legs: Mapping[str, LegArrays]
+    mode: str
+    fusion: Mapping[str, Any] | None = None
+    timings_ms: Mapping[str, float] = field(default_factory=dict)

@@ -1,0 +1,142 @@
+"""BM25 leg: scores against an independent computation of Lucene's formula, exact top-k against
+brute force, shard-layout independence, and save → open in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, random_corpus
+from index.analyzer import Analyzer
+from retriever import BM25Params, BuildConfig, Retriever, build_index
+
+
+def lucene_len(dl: int) -> int:
+    """Lucene's SmallFloat.intToByte4 / byte4ToInt round trip, written from its definition."""
+    def long_to_int4(i: int) -> int:
+        nbits = i.bit_length()
+        if nbits < 4:
+            return i
+        shift = nbits - 4
+        return ((i >> shift) & 0x07) | ((shift + 1) << 3)
+
+    def int4_to_long(i: int) -> int:
+        bits, shift = i & 0x07, (i >> 3) - 1
+        return bits if shift == -1 else (bits | 0x08) << shift
+
+    free = 255 - long_to_int4(2**31 - 1)
+    return dl if dl < free else free + int4_to_long(long_to_int4(dl - free))
+
+
+def brute_force(docs: list[dict], query: str, k1=0.9, b=0.4, lucene_norms=True) -> dict[str, float]:
+    """Score every document with the formula in plain Python (float64)."""
+    an = Analyzer()
+    toks = [an.analyze(f"{d['title']} {d['text']}" if d.get("title") else d["text"]) for d in docs]
+    N = len(docs)
+    avgdl = sum(len(t) for t in toks) / N
+    df = Counter(t for ts in toks for t in set(ts))
+    q = Counter(an.analyze(query))
+    out = {}
+    for d, ts in zip(docs, toks):
+        tf = Counter(ts)
+        dl = lucene_len(len(ts)) if lucene_norms else len(ts)
+        s, hit = 0.0, False
+        for t, c in q.items():
+            if tf[t]:
+                hit = True
+                idf = math.log(1 + (N - df[t] + 0.5) / (df[t] + 0.5))
+                s += c * idf * tf[t] / (tf[t] + k1 * (1 - b + b * dl / avgdl))
+        if hit:
+            out[d["_id"]] = s
+    return out
+
+
+QUERIES = ["vitamin bone fracture risk", "gene gene therapy", "heart", "insulin liver kidney virus immune sugar",
+           "nothingmatches", "the of and", "Patient's BLOOD pressure!"]
+
+
+@pytest.mark.parametrize("lucene_norms", [True, False])
+def test_scores_equal_formula_and_topk_equals_brute_force(tmp_path, lucene_norms):
+    docs = random_corpus(400, seed=3, max_len=80)
+    cfg = BuildConfig(legs=("bm25",), bm25=BM25Params(lucene_norms=lucene_norms))
+    build_index(docs, tmp_path / "i", cfg, show_progress=False)
+    r = Retriever.open(tmp_path / "i")
+    for q in QUERIES:
+        ref = brute_force(docs, q, lucene_norms=lucene_norms)
+        hits = r.search(q, k=len(docs), mode="bm25")
+        assert {h.id for h in hits} == set(ref), q
+        for h in hits:
+            assert h.score == pytest.approx(ref[h.id], rel=1e-5)
+        # top-10 equals brute force up to exact ties at the boundary
+        k = 10
+        top = r.search(q, k=k, mode="bm25")
+        want = sorted(ref.items(), key=lambda x: -x[1])[:k]
+        if want:
+            kth = want[-1][1]
+            strictly_above = {d for d, s in ref.items() if s > kth * (1 + 1e-6)}
+            assert strictly_above <= {h.id for h in top}
+            assert [h.score for h in top] == pytest.approx([s for _, s in want], rel=1e-5)
+
+
+def test_algorithms_identical(bm25_index):
+    r = Retriever.open(bm25_index)
+    for algo in ("maxscore", "bmw"):
+        a = r.search_arrays(QUERIES, k=7, mode="bm25", leg_params={"bm25": {"algorithm": "exhaustive"}})
+        b = r.search_arrays(QUERIES, k=7, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.scores, b.scores)
+
+
+def test_ties_broken_by_corpus_order(tmp_path):
+    docs = [{"_id": f"x{i}", "text": "alpha beta"} for i in range(5)] + [{"_id": "y", "text": "alpha"}]
+    build_index(docs, tmp_path / "i", legs=("bm25",), show_progress=False)
+    hits = Retriever.open(tmp_path / "i").search("alpha beta", k=3, mode="bm25")
+    assert [h.id for h in hits] == ["x0", "x1", "x2"]
+    assert hits[0].score == hits[1].score == hits[2].score
+    assert [h.legs["bm25"].rank for h in hits] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("shard_size", [1, 7, 64])
+def test_shard_layout_does_not_change_results(tmp_path, small_corpus, bm25_index, shard_size):
+    build_index(small_corpus, tmp_path / "s", legs=("bm25",), shard_size=shard_size, show_progress=False)
+    a = Retriever.open(bm25_index).search_arrays(QUERIES, k=20, mode="bm25")
+    b = Retriever.open(tmp_path / "s").search_arrays(QUERIES, k=20, mode="bm25")
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_array_equal(a.scores, b.scores)
+    np.testing.assert_array_equal(a.n_found, b.n_found)
+
+
+def test_thread_counts_and_batching_identical(bm25_index):
+    r = Retriever.open(bm25_index)
+    one = r.search_arrays(QUERIES * 5, k=10, mode="bm25", n_threads=1)
+    four = r.search_arrays(QUERIES * 5, k=10, mode="bm25", n_threads=4)
+    np.testing.assert_array_equal(one.ids, four.ids)
+    np.testing.assert_array_equal(one.scores, four.scores)
+    for i, q in enumerate(QUERIES):
+        single = r.search_arrays([q], k=10, mode="bm25")
+        np.testing.assert_array_equal(single.ids[0], one.ids[i])
+
+
+def test_topk_is_prefix(bm25_index):
+    r = Retriever.open(bm25_index)
+    big = r.search_arrays(QUERIES, k=50, mode="bm25")
+    small = r.search_arrays(QUERIES, k=5, mode="bm25")
+    np.testing.assert_array_equal(big.ids[:, :5], small.ids)
+
+
+def test_save_open_in_fresh_process_identical(bm25_index):
+    r = Retriever.open(bm25_index)
+    here = [[(h.id, h.score) for h in hits] for hits in r.search_batch(QUERIES, k=15, mode="bm25")]
+    code = ("import json,sys; from retriever import Retriever; r=Retriever.open(sys.argv[1]);"
+            "q=json.loads(sys.argv[2]);"
+            "print(json.dumps([[(h.id,h.score) for h in hs] for hs in r.search_batch(q,k=15,mode='bm25')]))")
+    out = subprocess.run([sys.executable, "-c", code, str(bm25_index), json.dumps(QUERIES)], cwd=ROOT,
+                         capture_output=True, text=True, check=True)
+    there = json.loads(out.stdout)
+    assert [[tuple(x) for x in hs] for hs in there] == here
