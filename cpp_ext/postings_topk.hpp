@@ -1,0 +1,131 @@
+// Query-time top-k over CSR postings: BM25 (exhaustive, MaxScore, block-max
+// WAND, block-max MaxScore) and learned-sparse impacts (exhaustive).
+//
+// Plain C++ over raw pointers and sizes; no pybind11 here (module.cpp is the
+// only binding file). All functions throw std::invalid_argument on bad input,
+// with a message naming the argument and the offending value.
+//
+// Split after PISA: posting access (cursors), the formula (bm25_tf_part), the
+// algorithm (one function each in postings_topk.cpp) and the top-k collector
+// (topk.hpp) are separate pieces.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace retriever {
+
+/// Sentinel doc id of an exhausted cursor; valid doc ids are < kMaxDocs.
+constexpr uint32_t kEndDoc = 0xFFFFFFFFu;
+/// Largest supported number of documents per shard.
+constexpr uint64_t kMaxDocs = 0xFFFFFFFFull;
+
+/// The BM25 term-frequency part, tf / (tf + doc_norm), in float32.
+/// EVERY code path (all algorithms and the upper bounds) uses exactly this
+/// expression, which together with -ffp-contract=off makes scores bit-identical
+/// across algorithms.
+inline float bm25_tf_part(uint32_t tf, float doc_norm) {
+    const float f = static_cast<float>(tf);
+    return f / (f + doc_norm);
+}
+
+/// One query term's contribution to a document score.
+inline float bm25_contribution(float weight, uint32_t tf, float doc_norm) {
+    return weight * bm25_tf_part(tf, doc_norm);
+}
+
+/// CSR postings of one shard: term t owns doc_ids[offsets[t] : offsets[t+1]],
+/// strictly increasing.
+struct csr_view {
+    const uint64_t* offsets = nullptr;  // n_terms + 1
+    size_t n_terms = 0;
+    const uint32_t* doc_ids = nullptr;  // nnz
+    size_t nnz = 0;
+};
+
+struct bm25_view {
+    csr_view csr;
+    const uint32_t* tfs = nullptr;      // nnz, parallel to csr.doc_ids
+    const float* doc_norm = nullptr;    // n_docs
+    size_t n_docs = 0;
+};
+
+/// Per-term and per-block upper bounds of bm25_tf_part (see bm25_upper_bounds).
+struct bm25_bounds_view {
+    const float* term_ub = nullptr;        // n_terms
+    const uint64_t* block_offsets = nullptr;  // n_terms + 1; term t's blocks start at block_offsets[t]
+    const float* block_ub = nullptr;       // n_blocks
+    size_t n_blocks = 0;
+    uint32_t block_size = 128;
+};
+
+/// A ragged query batch: query q is q_terms/q_weights[q_offsets[q] : q_offsets[q+1]].
+struct query_batch_view {
+    const uint64_t* q_offsets = nullptr;  // nq + 1
+    size_t nq = 0;
+    const uint32_t* q_terms = nullptr;    // m
+    const float* q_weights = nullptr;     // m
+    size_t m = 0;
+};
+
+/// Caller-allocated outputs: ids (nq, k), scores (nq, k), n_found (nq).
+struct topk_out {
+    int64_t* ids = nullptr;
+    float* scores = nullptr;
+    int32_t* n_found = nullptr;
+    size_t k = 0;
+};
+
+enum class bm25_algorithm { exhaustive, maxscore, block_max_wand, block_max_maxscore };
+
+/// Parses "exhaustive" | "maxscore" | "bmw" | "bmm"; throws otherwise.
+bm25_algorithm parse_bm25_algorithm(const std::string& name);
+
+// ---- validation (throw std::invalid_argument) -------------------------------
+
+/// O(nnz) structural check, meant to run once when an index is opened:
+/// offsets[0] == 0, offsets non-decreasing, offsets[n_terms] == nnz, doc ids
+/// strictly increasing within each term and < n_docs.
+void check_csr(const csr_view& csr, uint64_t n_docs);
+
+/// O(nq + m) per-call check: q_offsets[0] == 0, non-decreasing, last == m;
+/// every q_terms value < n_terms; every q_weights value finite.
+void check_query_batch(const query_batch_view& q, size_t n_terms);
+
+/// O(m) per-call check of the bounds of the terms a batch uses: term_ub finite
+/// and >= 0, block ranges consistent with the posting lengths and in range
+/// (block checks skipped when b.block_offsets is null).
+void check_bounds_for_queries(const csr_view& csr, const bm25_bounds_view& b,
+                              const query_batch_view& q);
+
+// ---- kernels -----------------------------------------------------------------
+
+/// Fills block_offsets (n_terms + 1) for blocks of block_size postings and
+/// returns the total number of blocks. O(n_terms).
+uint64_t bm25_block_offsets(const csr_view& csr, uint32_t block_size, uint64_t* block_offsets);
+
+/// term_ub[t] = max over t's postings of bm25_tf_part(tf, doc_norm[d]) (0 for
+/// an empty list); block_ub[b] likewise over each block. block_offsets must
+/// come from bm25_block_offsets with the same block_size. Parallel over terms.
+/// Requires doc_norm finite and >= 0 and doc ids < n_docs (checked).
+void bm25_upper_bounds(const bm25_view& data, uint32_t block_size,
+                       const uint64_t* block_offsets, int n_threads, float* term_ub,
+                       float* block_ub);
+
+/// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
+/// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.
+void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
+               const query_batch_view& queries, const uint8_t* allow,
+               bm25_algorithm algorithm, int n_threads, const topk_out& out);
+
+/// Exact learned-sparse top-k with float32 impacts:
+/// score = sum over query terms (query order) of q_weight * impact, in float32.
+/// The number of documents is not needed: the accumulator grows to the largest
+/// doc id seen. If `allow` is given (allow_len bytes), a doc id >= allow_len
+/// throws.
+void impact_topk_f32(const csr_view& csr, const float* impacts,
+                     const query_batch_view& queries, const uint8_t* allow, size_t allow_len,
+                     int n_threads, const topk_out& out);
+
+}  // namespace retriever

@@ -1,0 +1,569 @@
+"""Tests of the C++ kernels in retriever._kernels against their numpy twins.
+
+Every kernel is compared with the brute-force oracle in tests/reference.py:
+bit for bit against the float32 twin (same operation order), and with a
+tolerance plus a tie-tolerant id check against the float64 twin. BM25
+algorithms ("exhaustive", "maxscore", "bmw", "bmm") must agree bit for bit with
+each other and across thread counts.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:
+    from reference import (
+        assert_topk_close,
+        bm25_topk_ref,
+        bm25_upper_bounds_ref,
+        check_csr_ref,
+        impact_topk_ref,
+    )
+except ImportError:  # tests/ imported as a package
+    from tests.reference import (
+        assert_topk_close,
+        bm25_topk_ref,
+        bm25_upper_bounds_ref,
+        check_csr_ref,
+        impact_topk_ref,
+    )
+
+try:
+    from retriever import _kernels as K
+except ImportError:  # the package __init__ may need deps that are not installed yet
+    import importlib.util
+    import pathlib
+    import sys
+
+    _so = sorted(pathlib.Path(__file__).resolve().parents[1].glob("retriever/_kernels*.so"))
+    if not _so:
+        raise
+    _spec = importlib.util.spec_from_file_location("retriever._kernels", _so[0])
+    K = importlib.util.module_from_spec(_spec)
+    sys.modules["retriever._kernels"] = K
+    _spec.loader.exec_module(K)
+
+ALGORITHMS = ("exhaustive", "maxscore", "bmw", "bmm")
+PRUNING = ("maxscore", "bmw", "bmm")
+
+
+# ---------------------------------------------------------------------------
+# Data builders
+# ---------------------------------------------------------------------------
+
+
+def make_corpus(rng, n_docs, n_terms, density=0.3, ties=False, zipf=False):
+    """Random CSR postings: dict(offsets, doc_ids, tfs, doc_norm)."""
+    lists_d, lists_tf = [], []
+    for t in range(n_terms):
+        if zipf:
+            p = min(1.0, density / (t + 1) ** 0.8)
+        else:
+            p = density * rng.random()
+        docs = np.flatnonzero(rng.random(n_docs) < p).astype(np.uint32)
+        if ties:
+            tf = rng.choice(np.array([1, 2, 3], dtype=np.uint32), size=len(docs))
+        else:
+            tf = (1 + rng.geometric(0.4, size=len(docs)) - 1).astype(np.uint32)
+        lists_d.append(docs)
+        lists_tf.append(tf)
+    lengths = np.array([len(d) for d in lists_d], dtype=np.uint64)
+    offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    offsets[1:] = np.cumsum(lengths)
+    doc_ids = np.concatenate(lists_d) if n_terms else np.zeros(0, np.uint32)
+    tfs = np.concatenate(lists_tf) if n_terms else np.zeros(0, np.uint32)
+    if ties:
+        doc_norm = rng.choice(np.array([0.0, 0.5, 1.0, 1.5], dtype=np.float32), size=n_docs)
+    else:
+        doc_norm = rng.uniform(0.0, 3.0, size=n_docs).astype(np.float32)
+    return dict(offsets=offsets, doc_ids=doc_ids.astype(np.uint32), tfs=tfs.astype(np.uint32),
+                doc_norm=doc_norm.astype(np.float32))
+
+
+def make_queries(rng, n_terms, nq, max_len, ties=False, negative=False, repeats=True):
+    """Ragged query batch: (q_offsets u64, q_terms u32, q_weights f32)."""
+    lens = rng.integers(0, max_len + 1, size=nq) if n_terms else np.zeros(nq, dtype=np.int64)
+    terms, weights = [], []
+    for n in lens:
+        if repeats:
+            tq = rng.integers(0, n_terms, size=n)
+        else:
+            n = min(n, n_terms)
+            tq = rng.choice(n_terms, size=n, replace=False)
+        if ties:
+            w = rng.choice(np.array([0.0, 0.5, 1.0, 2.0], dtype=np.float32), size=len(tq))
+        else:
+            w = rng.uniform(0.0, 10.0, size=len(tq)).astype(np.float32)
+        if negative:
+            w = np.where(rng.random(len(tq)) < 0.4, -w, w).astype(np.float32)
+        terms.append(tq)
+        weights.append(w)
+    q_offsets = np.zeros(nq + 1, dtype=np.uint64)
+    q_offsets[1:] = np.cumsum([len(t) for t in terms])
+    q_terms = np.concatenate(terms).astype(np.uint32) if nq else np.zeros(0, np.uint32)
+    q_weights = np.concatenate(weights).astype(np.float32) if nq else np.zeros(0, np.float32)
+    return q_offsets, q_terms, q_weights
+
+
+def make_allow(rng, n_docs, mode):
+    if mode == "none":
+        return None
+    if mode == "all":
+        return np.ones(n_docs, dtype=np.uint8)
+    if mode == "nothing":
+        return np.zeros(n_docs, dtype=np.uint8)
+    return (rng.random(n_docs) < 0.5).astype(np.uint8) * rng.integers(1, 256, size=n_docs).astype(
+        np.uint8)
+
+
+def bounds_for(c, block_size):
+    return K.bm25_upper_bounds(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"],
+                               block_size=block_size)
+
+
+def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128):
+    kw = {}
+    if algorithm != "exhaustive":
+        term_ub, block_offsets, block_ub = bounds
+        kw = dict(term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub,
+                  block_size=block_size)
+    return K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
+                       n_threads=n_threads, allow=allow, algorithm=algorithm, **kw)
+
+
+def assert_same(a, b):
+    for x, y in zip(a, b):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+
+
+def check_all_bm25(c, q, k, allow, block_size, threads=(1, 4), algorithms=ALGORITHMS):
+    """Every algorithm and thread count must equal the exact float32 twin bit for bit."""
+    ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow)
+    ref64 = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow,
+                          exact=False)
+    bounds = bounds_for(c, block_size)
+    first = None
+    for algorithm in algorithms:
+        for n_threads in threads:
+            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size)
+            ids, scores, n_found = got
+            assert ids.shape == (len(q[0]) - 1, k) and ids.dtype == np.int64
+            assert scores.shape == ids.shape and scores.dtype == np.float32
+            assert n_found.shape == (len(q[0]) - 1,) and n_found.dtype == np.int32
+            assert_same(got, ref)
+            if first is None:
+                first = got
+                assert_topk_close(*got, *ref64)
+            else:
+                assert_same(got, first)
+    return first
+
+
+# ---------------------------------------------------------------------------
+# BM25 vs oracle
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_docs=st.integers(1, 60),
+    n_terms=st.integers(0, 12),
+    density=st.floats(0.0, 1.0),
+    ties=st.booleans(),
+    nq=st.integers(0, 6),
+    max_len=st.integers(0, 7),
+    k_extra=st.integers(0, 70),
+    allow_mode=st.sampled_from(["none", "all", "nothing", "random"]),
+    block_size=st.sampled_from([1, 2, 3, 5, 128]),
+)
+def test_bm25_matches_reference(seed, n_docs, n_terms, density, ties, nq, max_len, k_extra,
+                                allow_mode, block_size):
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, density, ties)
+    q = make_queries(rng, n_terms, nq, max_len, ties=ties)
+    k = 1 + k_extra % (n_docs + 5)  # covers k > n_docs
+    allow = make_allow(rng, n_docs, allow_mode)
+    check_all_bm25(c, q, k, allow, block_size)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_docs=st.integers(1, 40), n_terms=st.integers(1, 8),
+       ties=st.booleans(), k=st.integers(1, 50))
+def test_bm25_negative_and_zero_weights(seed, n_docs, n_terms, ties, k):
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, 0.5, ties)
+    q = make_queries(rng, n_terms, 5, 6, ties=ties, negative=True)
+    # Pruning algorithms fall back to exhaustive for queries with a negative weight.
+    check_all_bm25(c, q, k, None, 2)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("ties", [False, True])
+def test_bm25_pruning_zipf(seed, ties):
+    """Larger Zipfian corpora where MaxScore / block-max actually prune."""
+    rng = np.random.default_rng(100 + seed)
+    c = make_corpus(rng, 4000, 120, density=0.6, ties=ties, zipf=True)
+    q = make_queries(rng, 120, 80, 6, ties=ties, repeats=(seed == 2))
+    for k, block_size, allow_mode in [(1, 8, "none"), (10, 64, "random"), (100, 16, "none"),
+                                      (10, 128, "all")]:
+        allow = make_allow(rng, 4000, allow_mode)
+        check_all_bm25(c, q, k, allow, block_size, threads=(1, 4))
+
+
+def test_bm25_hand_example():
+    # term 0: docs 0, 2; term 1: docs 1, 2; doc 3 has no posting.
+    c = dict(offsets=np.array([0, 2, 4], np.uint64), doc_ids=np.array([0, 2, 1, 2], np.uint32),
+             tfs=np.array([1, 3, 2, 1], np.uint32),
+             doc_norm=np.array([1.0, 1.0, 0.5, 2.0], np.float32))
+    q = (np.array([0, 2, 2, 4], np.uint64), np.array([0, 1, 1, 1], np.uint32),
+         np.array([2.0, 1.0, 1.0, 1.0], np.float32))
+    ids, scores, n_found = check_all_bm25(c, q, 5, None, 1)
+    s0 = np.float32(2.0) * (np.float32(1) / np.float32(2))
+    s2 = np.float32(2.0) * (np.float32(3) / np.float32(3.5))
+    s2 = s2 + np.float32(1.0) * (np.float32(1) / np.float32(1.5))
+    assert n_found.tolist() == [3, 0, 2]
+    assert ids[0].tolist() == [2, 0, 1, -1, -1]
+    assert scores[0, 0] == s2 and scores[0, 1] == s0
+    assert ids[1].tolist() == [-1] * 5 and np.all(np.isneginf(scores[1]))
+    # repeated term counts twice: doc 1 = 2 * (2 / 3), doc 2 = 2 * (1 / 1.5)
+    one = np.float32(1.0) * (np.float32(2) / np.float32(3.0))
+    two = np.float32(1.0) * (np.float32(1) / np.float32(1.5))
+    assert ids[2, :2].tolist() == [1, 2]
+    assert scores[2, 0] == one + one and scores[2, 1] == two + two
+
+
+def test_bm25_ties_break_by_doc_id():
+    n_docs = 50
+    c = dict(offsets=np.array([0, n_docs], np.uint64),
+             doc_ids=np.arange(n_docs, dtype=np.uint32), tfs=np.ones(n_docs, np.uint32),
+             doc_norm=np.ones(n_docs, np.float32))
+    q = (np.array([0, 1], np.uint64), np.array([0], np.uint32), np.array([1.0], np.float32))
+    ids, scores, n_found = check_all_bm25(c, q, 7, None, 4)
+    assert ids[0].tolist() == list(range(7))
+    allow = np.zeros(n_docs, np.uint8)
+    allow[[3, 40, 41]] = 1
+    ids, scores, n_found = check_all_bm25(c, q, 7, allow, 4)
+    assert ids[0].tolist() == [3, 40, 41, -1, -1, -1, -1] and n_found[0] == 3
+
+
+def test_bm25_empty_batch_and_empty_index():
+    c = dict(offsets=np.zeros(1, np.uint64), doc_ids=np.zeros(0, np.uint32),
+             tfs=np.zeros(0, np.uint32), doc_norm=np.zeros(3, np.float32))
+    q = (np.zeros(1, np.uint64), np.zeros(0, np.uint32), np.zeros(0, np.float32))
+    for algorithm in ALGORITHMS:
+        ids, scores, n_found = run_bm25(c, q, 4, algorithm, 2, None, bounds_for(c, 128))
+        assert ids.shape == (0, 4) and scores.shape == (0, 4) and n_found.shape == (0,)
+
+
+# ---------------------------------------------------------------------------
+# Upper bounds
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_docs=st.integers(1, 80), n_terms=st.integers(0, 10),
+       block_size=st.integers(1, 9), n_threads=st.sampled_from([1, 3]))
+def test_upper_bounds_match_reference(seed, n_docs, n_terms, block_size, n_threads):
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, 0.7)
+    got = K.bm25_upper_bounds(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"],
+                              block_size=block_size, n_threads=n_threads)
+    ref = bm25_upper_bounds_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], block_size)
+    assert [a.dtype for a in got] == [np.float32, np.uint64, np.float32]
+    assert_same(got, ref)
+
+
+def test_upper_bounds_reject_bad_doc_norm():
+    rng = np.random.default_rng(0)
+    c = make_corpus(rng, 10, 3, 0.5)
+    for bad in (-1.0, np.nan, np.inf):
+        dn = c["doc_norm"].copy()
+        dn[4] = bad
+        with pytest.raises(ValueError, match=r"doc_norm\[4\]"):
+            K.bm25_upper_bounds(c["offsets"], c["doc_ids"], c["tfs"], dn)
+    with pytest.raises(ValueError, match="block_size"):
+        K.bm25_upper_bounds(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], block_size=0)
+
+
+# ---------------------------------------------------------------------------
+# Impacts
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_docs=st.integers(1, 60), n_terms=st.integers(0, 10),
+       ties=st.booleans(), negative=st.booleans(), nq=st.integers(0, 5),
+       k_extra=st.integers(0, 70),
+       allow_mode=st.sampled_from(["none", "all", "nothing", "random"]))
+def test_impact_matches_reference(seed, n_docs, n_terms, ties, negative, nq, k_extra, allow_mode):
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, 0.5, ties)
+    if ties:
+        impacts = rng.choice(np.array([0.0, 0.25, 1.0, 3.0], np.float32), size=len(c["doc_ids"]))
+    else:
+        impacts = rng.uniform(0.0, 5.0, size=len(c["doc_ids"])).astype(np.float32)
+    if negative:
+        impacts = np.where(rng.random(len(impacts)) < 0.3, -impacts, impacts)
+    impacts = impacts.astype(np.float32)
+    q = make_queries(rng, n_terms, nq, 6, ties=ties, negative=negative)
+    k = 1 + k_extra % (n_docs + 5)
+    allow = make_allow(rng, n_docs, allow_mode)
+    ref = impact_topk_ref(c["offsets"], c["doc_ids"], impacts, *q, k, allow, n_docs=n_docs)
+    ref64 = impact_topk_ref(c["offsets"], c["doc_ids"], impacts, *q, k, allow, n_docs=n_docs,
+                            exact=False)
+    first = None
+    for n_threads in (1, 4):
+        got = K.impact_topk(c["offsets"], c["doc_ids"], impacts, *q, k, n_threads=n_threads,
+                            allow=allow)
+        assert_same(got, ref)
+        if first is None:
+            first = got
+            assert_topk_close(*got, *ref64)
+
+
+def test_impact_allow_shorter_than_doc_ids_raises():
+    offsets = np.array([0, 2], np.uint64)
+    doc_ids = np.array([1, 9], np.uint32)
+    impacts = np.ones(2, np.float32)
+    q = (np.array([0, 1], np.uint64), np.array([0], np.uint32), np.ones(1, np.float32))
+    ids, scores, n_found = K.impact_topk(offsets, doc_ids, impacts, *q, 3)
+    assert ids[0].tolist() == [1, 9, -1]
+    with pytest.raises(ValueError, match="allow"):
+        K.impact_topk(offsets, doc_ids, impacts, *q, 3, allow=np.ones(5, np.uint8))
+
+
+# ---------------------------------------------------------------------------
+# CSR validation
+# ---------------------------------------------------------------------------
+
+
+def test_check_csr():
+    offsets = np.array([0, 2, 2, 5], np.uint64)
+    doc_ids = np.array([0, 4, 1, 2, 3], np.uint32)
+    K.check_csr(offsets, doc_ids, 5)
+    check_csr_ref(offsets, doc_ids, 5)
+    K.check_csr(np.zeros(1, np.uint64), np.zeros(0, np.uint32), 0)
+    cases = [
+        (np.array([1, 2, 2, 5], np.uint64), doc_ids, 5, r"offsets\[0\]"),
+        (np.array([0, 3, 2, 5], np.uint64), doc_ids, 5, "non-decreasing"),
+        (np.array([0, 2, 2, 4], np.uint64), doc_ids, 5, r"offsets\[-1\]"),
+        (offsets, np.array([0, 4, 1, 2, 9], np.uint32), 5, "n_docs"),
+        (offsets, np.array([0, 4, 2, 2, 3], np.uint32), 5, "strictly increasing"),
+        (offsets, np.array([4, 0, 1, 2, 3], np.uint32), 5, "strictly increasing"),
+        (offsets, doc_ids, 4, "n_docs"),
+    ]
+    for off, docs, n_docs, pattern in cases:
+        with pytest.raises(ValueError, match=pattern):
+            K.check_csr(off, docs, n_docs)
+        with pytest.raises(ValueError):
+            check_csr_ref(off, docs, n_docs)
+    with pytest.raises(ValueError, match="n_docs"):
+        K.check_csr(offsets, doc_ids, -1)
+    with pytest.raises(TypeError):
+        K.check_csr(offsets.astype(np.int64), doc_ids, 5)
+
+
+# ---------------------------------------------------------------------------
+# Bad inputs
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small():
+    rng = np.random.default_rng(7)
+    c = make_corpus(rng, 30, 6, 0.5)
+    q = make_queries(rng, 6, 3, 4, repeats=False)
+    bounds = bounds_for(c, 4)
+    return c, q, bounds
+
+
+def call(small, **over):
+    c, q, (term_ub, block_offsets, block_ub) = small
+    args = dict(offsets=c["offsets"], doc_ids=c["doc_ids"], tfs=c["tfs"], doc_norm=c["doc_norm"],
+                q_offsets=q[0], q_terms=q[1], q_weights=q[2], k=5, algorithm="bmw",
+                term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub, block_size=4)
+    args.update(over)
+    return K.bm25_topk(**args)
+
+
+@pytest.mark.parametrize("name,dtype", [
+    ("offsets", np.int64), ("doc_ids", np.int32), ("doc_ids", np.uint64), ("tfs", np.uint16),
+    ("tfs", np.float32), ("doc_norm", np.float64), ("q_offsets", np.int64),
+    ("q_terms", np.int64), ("q_weights", np.float64), ("allow", np.bool_), ("allow", np.int8),
+    ("term_ub", np.float64), ("block_offsets", np.int64), ("block_ub", np.float64),
+])
+def test_wrong_dtype_is_type_error(small, name, dtype):
+    c, q, b = small
+    base = dict(offsets=c["offsets"], doc_ids=c["doc_ids"], tfs=c["tfs"], doc_norm=c["doc_norm"],
+                q_offsets=q[0], q_terms=q[1], q_weights=q[2], allow=np.ones(30, np.uint8),
+                term_ub=b[0], block_offsets=b[1], block_ub=b[2])
+    with pytest.raises(TypeError):
+        call(small, **{name: base[name].astype(dtype)})
+
+
+def test_non_contiguous_and_lists_are_type_errors(small):
+    c, q, b = small
+    with pytest.raises(TypeError):
+        call(small, doc_norm=np.repeat(c["doc_norm"], 2)[::2])
+    with pytest.raises(TypeError):
+        call(small, q_terms=q[1].tolist())
+
+
+def test_read_only_inputs_are_accepted(small):
+    c, q, b = small
+    ro = {}
+    for name, arr in [("offsets", c["offsets"]), ("doc_ids", c["doc_ids"]), ("tfs", c["tfs"]),
+                      ("doc_norm", c["doc_norm"])]:
+        a = arr.copy()
+        a.setflags(write=False)
+        ro[name] = a
+    assert_same(call(small, **ro), call(small))
+
+
+@pytest.mark.parametrize("k", [0, -3])
+def test_bad_k(small, k):
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        call(small, k=k)
+    c, q, _ = small
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        K.impact_topk(c["offsets"], c["doc_ids"], np.ones(len(c["doc_ids"]), np.float32), *q, k)
+
+
+def test_q_terms_out_of_range(small):
+    c, q, _ = small
+    terms = q[1].copy()
+    terms[-1] = 6
+    with pytest.raises(ValueError, match=r"q_terms\[\d+\] = 6"):
+        call(small, q_terms=terms)
+    impacts = np.ones(len(c["doc_ids"]), np.float32)
+    with pytest.raises(ValueError, match=r"= 6"):
+        K.impact_topk(c["offsets"], c["doc_ids"], impacts, q[0], terms, q[2], 3)
+
+
+def test_mismatched_lengths(small):
+    c, q, b = small
+    with pytest.raises(ValueError, match="len\\(tfs\\)"):
+        call(small, tfs=c["tfs"][:-1].copy())
+    with pytest.raises(ValueError, match="offsets\\[-1\\]"):
+        call(small, doc_ids=c["doc_ids"][:-1].copy())
+    with pytest.raises(ValueError, match="len\\(q_weights\\)"):
+        call(small, q_weights=q[2][:-1].copy())
+    with pytest.raises(ValueError, match="q_offsets\\[-1\\]"):
+        call(small, q_offsets=np.array([0, 1], np.uint64))
+    with pytest.raises(ValueError, match="q_offsets\\[0\\]"):
+        call(small, q_offsets=np.array([1, len(q[1])], np.uint64))
+    bad = q[0].copy()
+    bad[1], bad[2] = bad[2] + 1, bad[1]
+    if bad[1] > bad[2]:
+        with pytest.raises(ValueError, match="non-decreasing"):
+            call(small, q_offsets=bad)
+    with pytest.raises(ValueError, match="len\\(allow\\)"):
+        call(small, allow=np.ones(29, np.uint8))
+    with pytest.raises(ValueError, match="len\\(term_ub\\)"):
+        call(small, term_ub=b[0][:-1].copy())
+    with pytest.raises(ValueError, match="len\\(block_offsets\\)"):
+        call(small, block_offsets=b[1][:-1].copy())
+    with pytest.raises(ValueError, match="block_offsets\\[-1\\]"):
+        call(small, block_ub=b[2][:-1].copy())
+    with pytest.raises(ValueError, match="block_offsets"):
+        call(small, block_size=8)  # bounds were built with block_size 4
+    with pytest.raises(ValueError, match="1-dimensional"):
+        call(small, doc_norm=c["doc_norm"].reshape(-1, 1))
+    with pytest.raises(ValueError, match="len\\(impacts\\)"):
+        K.impact_topk(c["offsets"], c["doc_ids"], np.ones(2, np.float32), *q, 3)
+
+
+def test_bad_algorithm_bounds_and_weights(small):
+    c, q, b = small
+    with pytest.raises(ValueError, match="algorithm"):
+        call(small, algorithm="wand2")
+    for algorithm in PRUNING:
+        with pytest.raises(ValueError, match="term_ub"):
+            call(small, algorithm=algorithm, term_ub=None)
+    for algorithm in ("bmw", "bmm"):
+        with pytest.raises(ValueError, match="block_offsets"):
+            call(small, algorithm=algorithm, block_ub=None)
+    # maxscore needs only term_ub; exhaustive needs nothing
+    assert_same(call(small, algorithm="maxscore", block_offsets=None, block_ub=None),
+                call(small, algorithm="exhaustive", term_ub=None, block_offsets=None,
+                     block_ub=None))
+    bad_ub = b[0].copy()
+    bad_ub[q[1][0]] = np.nan
+    with pytest.raises(ValueError, match="term_ub"):
+        call(small, term_ub=bad_ub)
+    w = q[2].copy()
+    w[0] = np.inf
+    with pytest.raises(ValueError, match=r"q_weights\[0\]"):
+        call(small, q_weights=w)
+
+
+# ---------------------------------------------------------------------------
+# Threads and the GIL
+# ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def big():
+    rng = np.random.default_rng(11)
+    c = make_corpus(rng, 60000, 40, density=0.5, zipf=True)
+    return c, bounds_for(c, 128)
+
+
+def test_thread_pool_matches_serial(big):
+    c, bounds = big
+    rng = np.random.default_rng(12)
+    batches = [make_queries(rng, 40, 20, 5, repeats=False) for _ in range(8)]
+    jobs = [(q, alg) for q in batches for alg in ALGORITHMS]
+    serial = [run_bm25(c, q, 10, alg, 1, None, bounds) for q, alg in jobs]
+    with ThreadPoolExecutor(max_workers=4) as ex:
+        par = list(ex.map(lambda j: run_bm25(c, j[0], 10, j[1], 2, None, bounds), jobs))
+    for a, b in zip(serial, par):
+        assert_same(a, b)
+
+
+def test_gil_is_released(big):
+    c, bounds = big
+    rng = np.random.default_rng(13)
+    q = make_queries(rng, 40, 64, 5, repeats=False)
+    while True:  # grow the batch until one call takes >= 0.2 s
+        t0 = time.perf_counter()
+        run_bm25(c, q, 10, "exhaustive", 1)
+        elapsed = time.perf_counter() - t0
+        if elapsed >= 0.2:
+            break
+        q = (np.concatenate([q[0], q[0][1:] + q[0][-1]]), np.concatenate([q[1], q[1]]),
+             np.concatenate([q[2], q[2]]))
+    worker = threading.Thread(target=run_bm25, args=(c, q, 10, "exhaustive", 1))
+    last = time.perf_counter()
+    max_gap = 0.0
+    worker.start()
+    while worker.is_alive():
+        now = time.perf_counter()
+        max_gap = max(max_gap, now - last)
+        last = now
+    worker.join()
+    # With the GIL held for the whole call this thread would stall for ~elapsed.
+    assert max_gap < 0.5 * elapsed, (max_gap, elapsed)
+
+
+def test_worker_exception_reaches_caller():
+    # doc id >= n_docs (what check_csr would reject) must raise, not crash,
+    # from any worker thread.
+    offsets = np.array([0, 3], np.uint64)
+    doc_ids = np.array([0, 1, 7], np.uint32)
+    tfs = np.ones(3, np.uint32)
+    doc_norm = np.ones(4, np.float32)
+    q = (np.arange(9, dtype=np.uint64), np.zeros(8, np.uint32), np.ones(8, np.float32))
+    with pytest.raises(ValueError, match="doc id 7"):
+        K.bm25_topk(offsets, doc_ids, tfs, doc_norm, *q, 2, n_threads=4, algorithm="exhaustive")
+    with pytest.raises(ValueError, match="doc_ids"):
+        K.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm)
