@@ -32,7 +32,7 @@ _TOKEN_RE = re.compile(
     rf"[{_IDEO}]"
     rf"|(?:[^\W{_IDEO}]+(?:(?:[.'\u2019]|(?<=\d),(?=\d))[^\W{_IDEO}]+)*)"
 )
-_POSSESSIVE_RE = re.compile(r"['\u2019][sS]$")
+_POSSESSIVE_RE = re.compile(r"(?<=\w)['\u2019][sS]\b")
 
 
 class Analyzer:
@@ -58,27 +58,28 @@ class Analyzer:
         return self._stemmer.stemWord(token) if self._stemmer is not None else token
 
     def tokenize(self, text: str) -> list[str]:
-        """Split ``text`` into tokens (before stop words and stemming), case-folded."""
-        maxlen = self.config.max_token_length
-        out = []
-        for tok in _TOKEN_RE.findall(text):
-            if len(tok) > maxlen:
-                continue
-            if "'" in tok or "\u2019" in tok:
-                tok = _POSSESSIVE_RE.sub("", tok)
-            if self.config.lowercase:
-                tok = tok.casefold()
-            out.append(tok)
-        return out
+        """Split ``text`` into tokens (before stop words and stemming), case-folded and with
+        possessive ``'s`` removed. Over-long tokens are kept here and dropped by :meth:`term`."""
+        if self.config.lowercase:
+            text = text.casefold()
+        if "'" in text or "\u2019" in text:
+            text = _POSSESSIVE_RE.sub("", text)
+        return _TOKEN_RE.findall(text)
+
+    def term(self, token: str) -> str | None:
+        """The index term of one token, or ``None`` for a stop word or an over-long token."""
+        if token in self._stop or len(token) > self.config.max_token_length:
+            return None
+        return self._stem_one(token)
 
     def analyze(self, text: str) -> list[str]:
         """Terms of ``text`` in order, repeats kept (a term occurring n times counts n times)."""
-        stop = self._stop
-        toks = [t for t in self.tokenize(text) if t not in stop]
-        if self._stemmer is None:
-            return toks
-        stem = self._stem_one
-        return [stem(t) for t in toks]
+        out = []
+        for tok in self.tokenize(text):
+            t = self.term(tok)
+            if t is not None:
+                out.append(t)
+        return out
 
     def analyze_batch(self, texts: Sequence[str] | Iterable[str]) -> list[list[str]]:
         """:meth:`analyze` over many texts."""

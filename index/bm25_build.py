@@ -25,6 +25,7 @@ class PostingsBuilder:
     def __init__(self, analyzer: Analyzer) -> None:
         self.analyzer = analyzer
         self.vocab: dict[str, int] = {}
+        self._token_ids: dict[str, int] = {}
         self.terms: list[str] = []
         self._docs: list[np.ndarray] = []
         self._term_ids: list[np.ndarray] = []
@@ -35,29 +36,45 @@ class PostingsBuilder:
 
     def add(self, texts: Sequence[str]) -> None:
         """Analyse and add a batch of documents (in shard order)."""
-        vocab, terms = self.vocab, self.terms
-        flat: list[int] = []
-        lens = np.empty(len(texts), dtype=np.int64)
-        for j, toks in enumerate(self.analyzer.analyze_batch(texts)):
-            lens[j] = len(toks)
-            for t in toks:
-                i = vocab.get(t)
-                if i is None:
-                    i = len(terms)
-                    vocab[t] = i
-                    terms.append(t)
-                flat.append(i)
-        tid = np.asarray(flat, dtype=np.int64)
-        doc = np.repeat(np.arange(self._n, self._n + len(texts), dtype=np.int64), lens)
-        key = doc * len(terms) + tid if len(terms) else doc
-        uniq, counts = np.unique(key, return_counts=True)
-        if len(terms):
-            self._docs.append((uniq // len(terms)).astype(np.uint32))
-            self._term_ids.append((uniq % len(terms)).astype(np.uint32))
-        self._tfs.append(counts.astype(np.uint32))
+        cache = self._token_ids
+        get = cache.get
+        flat: list[int | None] = []
+        counts = np.empty(len(texts), dtype=np.int64)
+        for j, text in enumerate(texts):
+            toks = self.analyzer.tokenize(text)
+            counts[j] = len(toks)
+            ids = list(map(get, toks))
+            if None in ids:
+                ids = [self._token_id(t) if i is None else i for t, i in zip(toks, ids)]
+            flat.extend(ids)
+        tok = np.asarray(flat, dtype=np.int64)
+        keep = tok >= 0
+        doc = np.repeat(np.arange(self._n, self._n + len(texts), dtype=np.int64), counts)[keep]
+        tid = tok[keep]
+        lens = np.bincount(doc - self._n, minlength=len(texts)).astype(np.int64)
+        n_terms = len(self.terms)
+        key = doc * max(n_terms, 1) + tid
+        uniq, tf = np.unique(key, return_counts=True)
+        self._docs.append((uniq // max(n_terms, 1)).astype(np.uint32))
+        self._term_ids.append((uniq % max(n_terms, 1)).astype(np.uint32))
+        self._tfs.append(tf.astype(np.uint32))
         self._lens.append(lens.astype(np.uint32))
         self._n += len(texts)
         self.sum_dl += int(lens.sum())
+
+    def _token_id(self, token: str) -> int:
+        """Term id of a token not seen before (-1 for stop words / over-long tokens); cached."""
+        term = self.analyzer.term(token)
+        if term is None:
+            i = -1
+        else:
+            i = self.vocab.get(term)
+            if i is None:
+                i = len(self.terms)
+                self.vocab[term] = i
+                self.terms.append(term)
+        self._token_ids[token] = i
+        return i
 
     def flush(self) -> dict[str, np.ndarray]:
         """Return the current shard's arrays and reset for the next shard.

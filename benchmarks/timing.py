@@ -1,0 +1,54 @@
+"""Timing helpers: an untimed warm-up pass, then repeated timed passes; medians reported.
+
+Follows PISA's ``extract_times``: the first run is not timed, latency is per query, and QPS and
+percentiles come from several passes so one noisy pass does not decide the figure.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from typing import Any, Callable
+
+
+def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> list[float]:
+    """Wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def qps(n_queries: int, seconds: list[float]) -> dict[str, float]:
+    """Median QPS over runs, plus min/max for the spread."""
+    rates = [n_queries / s for s in seconds]
+    return {"qps_median": statistics.median(rates), "qps_min": min(rates), "qps_max": max(rates),
+            "runs": len(rates)}
+
+
+def machine() -> dict[str, Any]:
+    """A short description of the machine the figures came from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process (bytes)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024

@@ -1,0 +1,66 @@
+"""Smoke run of the main job through the CLI on a real collection (MED, 1,033 docs):
+build a hybrid index (sharded), query it, evaluate it, write a run file."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from retriever.cli import main
+
+
+def test_index_info(medline_index, capsys):
+    assert main(["index", "info", str(medline_index)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["n_docs"] == 1033 and info["legs"] == ["bm25", "dense"] and info["n_shards"] == 3
+    assert main(["index", "verify", str(medline_index)]) == 0
+
+
+def test_search_json(medline_index, capsys):
+    assert main(["search", str(medline_index), "cancer of the lung in smokers", "-k", "5", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    hits = out["hits"]
+    assert len(hits) == 5 and [h["rank"] for h in hits] == [1, 2, 3, 4, 5]
+    assert all(hits[i]["score"] >= hits[i + 1]["score"] for i in range(4))
+    assert all(set(h["legs"]) <= {"bm25", "dense"} and h["legs"] for h in hits)
+
+
+def test_search_modes_text(medline_index, capsys):
+    for mode in ("bm25", "dense", "hybrid"):
+        assert main(["search", str(medline_index), "kidney disease", "--mode", mode, "-k", "3"]) == 0
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len(lines) == 3
+
+
+def test_eval_json_and_run_file(medline_index, data_dir, tmp_path, capsys):
+    run = tmp_path / "run.txt"
+    rc = main(["eval", str(medline_index), "--queries", str(data_dir / "medline" / "queries.jsonl"),
+               "--qrels", str(data_dir / "medline" / "qrels.tsv"), "--mode", "bm25", "--mode", "dense",
+               "--mode", "hybrid", "--json", "--run-out", str(run)])
+    assert rc == 0
+    rows = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [r["mode"] for r in rows] == ["bm25", "dense", "hybrid"]
+    for r in rows:
+        assert set(r) >= {"mode", "ndcg@10", "recall@100", "mrr@10", "queries"}
+        assert r["queries"] == 30 and 0.3 < r["ndcg@10"] <= 1
+    by = {r["mode"]: r for r in rows}
+    assert by["bm25"]["ndcg@10"] == pytest.approx(0.66, abs=0.02)
+    for mode in ("bm25", "dense", "hybrid"):
+        lines = (tmp_path / f"run.txt.{mode}").read_text().splitlines()
+        per_q: dict[str, list[float]] = {}
+        for line in lines:
+            qid, q0, did, rank, score, tag = line.split()
+            per_q.setdefault(qid, []).append(float(score))
+        assert len(per_q) == 30
+        for scores in per_q.values():
+            assert all(a > b for a, b in zip(scores, scores[1:]))
+
+
+def test_bad_input_exit_codes(tmp_path, capsys):
+    assert main(["search", str(tmp_path / "nope"), "x"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "nope" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:
+        main(["search", str(tmp_path), "x", "-k", "0"])
+    assert e.value.code == 2

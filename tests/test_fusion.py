@@ -1,0 +1,106 @@
+"""Fusion semantics (DESIGN.md): RRF with tie-shared ranks, linear with min-max / z-score / none,
+absent legs contribute nothing, degenerate lists normalise to 1.0, deterministic tie order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from retriever.fusion import RRF, Linear, fuse, parse_fusion, tie_ranks
+from retriever import QueryError
+
+
+def leg(rows):
+    """rows: list of [(id, score), ...] per query, already sorted desc → padded arrays."""
+    depth = max(len(r) for r in rows) or 1
+    ids = np.full((len(rows), depth), -1, np.int64)
+    scores = np.full((len(rows), depth), -np.inf, np.float32)
+    for i, r in enumerate(rows):
+        for j, (d, s) in enumerate(r):
+            ids[i, j], scores[i, j] = d, s
+    return ids, scores, np.array([len(r) for r in rows], np.int32)
+
+
+def test_tie_ranks_share_best_position():
+    s = np.array([5, 4, 4, 4, 1, -np.inf], np.float32)
+    assert tie_ranks(s, 5).tolist() == [1, 2, 2, 2, 5]
+
+
+def test_rrf_formula_and_absent_legs():
+    a = leg([[(10, 3.0), (11, 2.0), (12, 1.0)]])
+    b = leg([[(12, 0.9), (13, 0.8)]])
+    ids, scores, n, legs = fuse({"bm25": a, "dense": b}, 10, RRF(k=60))
+    expect = {10: 1 / 61, 11: 1 / 62, 12: 1 / 63 + 1 / 61, 13: 1 / 62}
+    got = dict(zip(ids[0, :n[0]].tolist(), scores[0, :n[0]].tolist()))
+    assert got.keys() == expect.keys()
+    for d in expect:
+        assert got[d] == pytest.approx(expect[d], rel=1e-6)
+    assert ids[0, 0] == 12
+    # 11 and 13 tie at 1/62: smaller ordinal first
+    assert ids[0, 1:4].tolist() == [10, 11, 13]
+    j13 = ids[0].tolist().index(13)
+    assert np.isnan(legs["bm25"].scores[0, j13]) and legs["bm25"].ranks[0, j13] == 0
+    assert legs["dense"].ranks[0, j13] == 2
+
+
+def test_rrf_ties_share_rank_and_weights():
+    a = leg([[(1, 2.0), (2, 2.0), (3, 1.0)]])
+    ids, scores, n, legs = fuse({"bm25": a}, 3, RRF(k=10, weights={"bm25": 2.0}))
+    assert scores[0].tolist() == pytest.approx([2 / 11, 2 / 11, 2 / 13])
+    assert legs["bm25"].ranks[0].tolist() == [1, 1, 3]
+
+
+def test_linear_minmax_zscore_none():
+    a = leg([[(1, 10.0), (2, 5.0), (3, 0.0)]])
+    b = leg([[(3, 0.5), (4, 0.25)]])
+    ids, scores, n, _ = fuse({"a": a, "b": b}, 4, Linear("minmax"))
+    got = dict(zip(ids[0].tolist(), scores[0].tolist()))
+    assert got == pytest.approx({1: 1.0, 2: 0.5, 3: 0.0 + 1.0, 4: 0.0})
+    ids, scores, n, _ = fuse({"a": a}, 3, Linear("zscore"))
+    z = (np.array([10, 5, 0]) - 5) / np.std([10, 5, 0])
+    assert scores[0].tolist() == pytest.approx(z.tolist(), rel=1e-6)
+    ids, scores, n, _ = fuse({"a": a, "b": b}, 4, Linear("none", weights={"b": 10}))
+    got = dict(zip(ids[0].tolist(), scores[0].tolist()))
+    assert got == pytest.approx({1: 10.0, 2: 5.0, 3: 5.0, 4: 2.5})
+
+
+def test_degenerate_list_normalises_to_one_never_nan():
+    a = leg([[(1, 3.0), (2, 3.0)], [(5, 7.0)]])
+    for norm in ("minmax", "zscore"):
+        ids, scores, n, _ = fuse({"a": a}, 2, Linear(norm))
+        assert np.all(np.isfinite(scores[0, :2])) and scores[0, :2].tolist() == [1.0, 1.0]
+        assert scores[1, 0] == 1.0 and n.tolist() == [2, 1]
+
+
+def test_empty_legs_and_padding():
+    a = leg([[], [(3, 1.0)]])
+    b = leg([[], []])
+    ids, scores, n, _ = fuse({"a": a, "b": b}, 5, RRF())
+    assert n.tolist() == [0, 1]
+    assert ids[0].tolist() == [-1] * 5 and np.all(np.isneginf(scores[0]))
+    assert ids[1, 1:].tolist() == [-1] * 4
+
+
+def test_prefix_property_and_determinism():
+    rng = np.random.default_rng(0)
+    rows_a = [[(int(d), float(s)) for d, s in zip(rng.permutation(50)[:30], sorted(rng.integers(0, 5, 30), reverse=True))]]
+    rows_b = [[(int(d), float(s)) for d, s in zip(rng.permutation(50)[:30], sorted(rng.random(30), reverse=True))]]
+    legs_in = {"a": leg(rows_a), "b": leg(rows_b)}
+    big = fuse(legs_in, 40, RRF())
+    for k in (1, 5, 17):
+        small = fuse(legs_in, k, RRF())
+        np.testing.assert_array_equal(small[0][0], big[0][0, :k])
+    again = fuse(legs_in, 40, RRF())
+    np.testing.assert_array_equal(again[0], big[0])
+
+
+def test_parse_fusion_errors():
+    assert isinstance(parse_fusion("linear:zscore"), Linear)
+    with pytest.raises(QueryError, match="unknown fusion"):
+        parse_fusion("borda")
+    with pytest.raises(QueryError, match="normalisation"):
+        Linear("softmax")
+    with pytest.raises(QueryError, match="RRF k"):
+        RRF(k=-1)
+    with pytest.raises(QueryError, match="weight"):
+        RRF(weights={"bm25": float("nan")})
