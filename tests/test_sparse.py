@@ -147,3 +147,57 @@ def test_kernel_boundary_errors():
     with pytest.raises(TypeError):
         _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"].astype(np.int32), scale, 100,
                                    qo, qt, qw, 5)
+
+
+def test_exact_is_shard_layout_independent():
+    """Same vectors, one shard vs three (global impact scale): identical merged top-k."""
+    from retriever.topk import merge_topk
+
+    vocab = 400
+    docs, queries = synthetic(900, vocab, seed=11)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    qb = csr_batch(queries, vocab)
+
+    def run(lo, hi):
+        ip = indptr[lo:hi + 1] - indptr[lo]
+        ix = build_sparse_index(ip, terms[indptr[lo]:indptr[hi]], weights[indptr[lo]:indptr[hi]], n_terms=vocab,
+                                scale=scale, n_postings=0, block_size=8, summary_energy=0.4, blocks=False)
+        ids, sc, nf = _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"], scale, hi - lo,
+                                                 *qb, 20, n_threads=1)
+        return np.where(ids >= 0, ids + lo, -1), sc, nf
+
+    whole = merge_topk([run(0, 900)], 20)
+    parts = merge_topk([run(0, 250), run(250, 600), run(600, 900)], 20)
+    for a, b in zip(whole, parts):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.slow
+def test_sparse_leg_end_to_end(tmp_path):
+    """bm25 + sparse index through the library: sparse, hybrid, seismic, user vectors (encodes 40 texts)."""
+    from retriever import Retriever, build_index
+    from tests.conftest import random_corpus
+
+    docs = random_corpus(40, seed=7, min_len=3)
+    m = build_index(docs, tmp_path / "ix", legs=("bm25", "sparse"), shard_size=15, show_progress=False)
+    assert "sparse_truncated_docs" in m["stats"] and m["stats"]["sparse_scale"] > 0
+    qs = ["vitamin bone fracture", "insulin liver sugar", "brain sleep memory"]
+    with Retriever.open(tmp_path / "ix") as r1:
+        x = r1.search_arrays(qs, k=10, mode="sparse")
+        assert (x.n_found > 0).all()
+        # hybrid with the sparse leg; Seismic with everything visited equals exact here
+        h = r1.search_arrays(qs, k=5, mode="hybrid")
+        assert h.ids.shape == (3, 5)
+        z = r1.search_arrays(qs, k=10, mode="sparse",
+                             leg_params={"sparse": {"algorithm": "seismic", "query_cut": 10_000,
+                                                    "heap_factor": 1e-6}})
+        assert z.ids.shape == (3, 10)
+        # user-supplied vectors go through validation
+        vec = [([10, 20, 30], [1.0, 0.5, 0.2])] * 3
+        u = r1.search_arrays(qs, k=5, mode="sparse", sparse_vectors=vec)
+        assert u.ids.shape == (3, 5)
+        with pytest.raises(QueryError, match="duplicate"):
+            r1.search_arrays(qs, k=5, mode="sparse", sparse_vectors=[([1, 1], [1.0, 1.0])] * 3)
+        with pytest.raises(QueryError, match="algorithm"):
+            r1.search_arrays(qs, k=5, mode="sparse", leg_params={"sparse": {"algorithm": "nope"}})
