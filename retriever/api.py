@@ -95,7 +95,8 @@ class Retriever:
     def search_arrays(self, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                       n_threads: int | None = None, query_vectors: np.ndarray | None = None,
-                      leg_params: dict[str, dict[str, Any]] | None = None) -> BatchResult:
+                      leg_params: dict[str, dict[str, Any]] | None = None,
+                      sparse_vectors: Any = None) -> BatchResult:
         """Search a batch and return arrays (no per-hit Python objects).
 
         Args:
@@ -108,7 +109,11 @@ class Retriever:
                 every k <= depth are prefixes of one another.
             n_threads: kernel threads for this call (default: the Retriever's).
             query_vectors: float32 (nq, dim) dense query vectors to use instead of encoding.
-            leg_params: per-leg search options, e.g. ``{"bm25": {"algorithm": "exhaustive"}}``.
+            leg_params: per-leg search options, e.g. ``{"bm25": {"algorithm": "exhaustive"}}`` or
+                ``{"sparse": {"algorithm": "seismic", "query_cut": 10, "heap_factor": 0.9}}``.
+            sparse_vectors: nq learned-sparse query vectors to use instead of encoding: a
+                ``scipy.sparse`` (nq, vocab) matrix or a sequence of ``(indices, weights)`` pairs or
+                ``{term_id: weight}`` dicts (validation policy: ``retriever.legs.sparse.csr_batch``).
 
         Returns:
             :class:`BatchResult` with ids as global ordinals (see :meth:`doc_ids`).
@@ -126,6 +131,13 @@ class Retriever:
             if qv.shape[0] != len(qs):
                 raise QueryError(f"query_vectors has {qv.shape[0]} rows for {len(qs)} queries")
             prepared = {"dense": qv}
+        if sparse_vectors is not None:
+            if "sparse" not in self.engine.legs:
+                raise QueryError("sparse_vectors given but this index has no sparse leg")
+            sb = self.engine.legs["sparse"].check_vectors(sparse_vectors)
+            if len(sb[0]) - 1 != len(qs):
+                raise QueryError(f"sparse_vectors has {len(sb[0]) - 1} rows for {len(qs)} queries")
+            prepared = {**(prepared or {}), "sparse": sb}
         return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth,
                                   n_threads=n_threads or self.n_threads, prepared=prepared,
                                   leg_params=leg_params)

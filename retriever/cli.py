@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from index.config import BuildConfig, DenseConfig
+from index.config import BuildConfig, DenseConfig, SparseConfig
 from index.errors import RetrieverError
 
 
@@ -54,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--dense-model", default=None, help="local Hugging Face checkpoint (default: bundled all-MiniLM-L6-v2)")
     b.add_argument("--dense-dtype", choices=("float16", "float32"), default="float16")
     b.add_argument("--faiss-factory", default="Flat", help="FAISS index_factory string (default Flat)")
+    b.add_argument("--sparse-model", default=None, help="local SPLADE checkpoint (default: bundled 2-layer SPLADE)")
+    b.add_argument("--sparse-doc-max-length", type=_positive_int, default=256, help="SPLADE tokens per document")
+    b.add_argument("--sparse-n-postings", type=int, default=1000, help="approximate sparse index: postings kept per term (0 = all)")
+    b.add_argument("--sparse-block-size", type=_positive_int, default=10, help="approximate sparse index: mean docs per block")
     b.add_argument("--shard-size", type=_positive_int, default=100_000, help="documents per shard")
     b.add_argument("--batch-size", type=_positive_int, default=1024, help="documents per pipeline batch")
     b.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
@@ -112,7 +116,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     from index.pipeline import build_index
 
     cfg = BuildConfig(legs=args.legs, shard_size=args.shard_size, batch_size=args.batch_size, device=args.device,
-                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory))
+                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory),
+                      sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,
+                                          n_postings=args.sparse_n_postings, block_size=args.sparse_block_size))
     m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
     st = m["stats"]
     print(f"built {args.out}: {st['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
@@ -120,6 +126,9 @@ def cmd_build(args: argparse.Namespace) -> int:
     if st.get("dense_truncated_docs"):
         print(f"note: {st['dense_truncated_docs']} documents were longer than the dense model's "
               f"max_length ({cfg.dense.max_length} tokens) and were truncated for the dense leg")
+    if st.get("sparse_truncated_docs"):
+        print(f"note: {st['sparse_truncated_docs']} documents were longer than the sparse model's "
+              f"doc_max_length ({cfg.sparse.doc_max_length} tokens) and were truncated for the sparse leg")
     return 0
 
 

@@ -1,0 +1,79 @@
+// Learned-sparse top-k over uint16 impacts: exact (term-at-a-time over the
+// inverted index) and approximate in the manner of Seismic (Bruch, Nardini,
+// Rulli, Venturini, SIGIR 2024): blocked, pruned posting lists with quantised
+// block summaries, kept blocks scored exactly from a forward index.
+//
+// Plain C++ over raw pointers; pybind11 lives only in module.cpp. Functions
+// throw std::invalid_argument naming the argument and the value.
+//
+// Scores: score(q, d) = scale * sum_t q_t * impact(t, d), accumulated in
+// float32; `scale` is the index-wide impact step (weights = impact * scale).
+// Ties go to the smaller doc id (topk.hpp).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "postings_topk.hpp"
+
+namespace retriever {
+
+/// uint16-impact inverted index of one shard.
+struct u16_postings_view {
+    csr_view csr;                      // offsets (n_terms + 1), doc_ids (nnz) ascending per term
+    const uint16_t* impacts = nullptr;  // nnz
+    size_t n_docs = 0;
+    float scale = 1.0f;
+};
+
+/// Forward index: document d's vector is terms/values[offsets[d] : offsets[d+1]].
+struct forward_view {
+    const uint64_t* offsets = nullptr;  // n_docs + 1
+    size_t n_docs = 0;
+    const uint32_t* terms = nullptr;
+    const uint16_t* values = nullptr;
+    size_t nnz = 0;
+    float scale = 1.0f;
+};
+
+/// Seismic blocks: term t owns blocks [term_blocks[t], term_blocks[t+1]); block
+/// b holds docs block_docs[block_docs_offsets[b] : ...+1] and the summary
+/// summary_terms/values[summary_offsets[b] : ...+1] whose entries are
+/// summary_values * summary_scale[b] in weight units.
+struct blocks_view {
+    const uint64_t* term_blocks = nullptr;  // n_terms + 1
+    size_t n_terms = 0;
+    const uint64_t* block_docs_offsets = nullptr;  // n_blocks + 1
+    const uint32_t* block_docs = nullptr;
+    size_t n_block_docs = 0;
+    const uint64_t* summary_offsets = nullptr;  // n_blocks + 1
+    const uint32_t* summary_terms = nullptr;
+    const uint8_t* summary_values = nullptr;
+    size_t n_summary = 0;
+    const float* summary_scale = nullptr;  // n_blocks
+    size_t n_blocks = 0;
+};
+
+/// O(size) structural checks, run once at open: offsets monotone and in range,
+/// ids below their bounds. Throw std::invalid_argument naming the array.
+void check_forward(const forward_view& f, size_t n_terms);
+void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab);
+
+/// Per-call O(m) check for sparse queries: q_offsets valid, terms < n_terms,
+/// weights finite and >= 0, no term repeated within a query.
+void check_sparse_queries(const query_batch_view& q, size_t n_terms);
+
+/// Exact top-k: term-at-a-time accumulation of q_t * impact into a dense
+/// float32 accumulator (one per worker), then a threshold-filtered scan.
+void sparse_exact_topk(const u16_postings_view& p, const query_batch_view& queries, int n_threads,
+                       const topk_out& out);
+
+/// Approximate top-k (Seismic). Per query: the `query_cut` largest query
+/// weights are visited in decreasing order; for each of their blocks, when the
+/// heap is full and heap_factor * threshold > summary score, the block is
+/// skipped, otherwise each not-yet-scored document is scored exactly from the
+/// forward index.
+void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
+                         size_t query_cut, float heap_factor, int n_threads, const topk_out& out);
+
+}  // namespace retriever

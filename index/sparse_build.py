@@ -1,0 +1,105 @@
+"""Learned-sparse leg at build time: SPLADE encoding per batch, per-shard vectors, global postings.
+
+Files (per shard ``shards/NNNNN/``):
+  ``sparse.arrow``        the model's float32 vectors: ``indptr`` u64[n+1], ``terms`` u32[nnz]
+                          (ascending per document), ``weights`` f32[nnz] (written at shard flush);
+  ``sparse_index.arrow``  query-time arrays (see :func:`index.sparse_index.build_sparse_index`):
+                          forward index (u16 values), postings (u16 impacts), Seismic blocks and
+                          summaries. Written once all shards are known, because the impact scale
+                          is global (max weight of the corpus / 65535): exact scores therefore do
+                          not depend on the shard layout.
+The manifest's ``stats`` carries ``sparse_scale``, ``sparse_vocab_size``, ``sparse_nnz`` and
+``sparse_truncated_docs`` (documents longer than ``doc_max_length`` tokens, truncated).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .config import BuildConfig
+from .format import read_arrays, sha256_file
+from .sparse_index import build_sparse_index, impact_scale
+from .writer import IndexWriter
+
+SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
+
+
+class SparseBuilder:
+    """Encodes documents with SPLADE and writes the sparse files of every shard.
+
+    Args:
+        config: the build configuration (``config.sparse``).
+        device: encoder device.
+    """
+
+    def __init__(self, config: BuildConfig, device: str = "cpu") -> None:
+        from .encoders.sparse import SparseEncoder
+
+        sc = config.sparse
+        self.config = sc
+        self.encoder = SparseEncoder(sc.model, doc_max_length=sc.doc_max_length,
+                                     query_max_length=sc.query_max_length, batch_size=sc.batch_size,
+                                     device=device)
+        self.vocab_size = self.encoder.vocab_size
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._shard_dirs: list[str] = []
+        self.max_weight = 0.0
+        self.nnz = 0
+        self.n_docs = 0
+
+    def model_info(self) -> dict[str, Any]:
+        """Model path, name, weight-file SHA-256s and vocabulary size (for the manifest)."""
+        path = self.encoder.path
+        weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
+        return {"path": str(path), "name": path.name, "sha256": {p.name: sha256_file(p) for p in weights},
+                "vocab_size": self.vocab_size, "pooling": "max", "activation": "log1p(relu)"}
+
+    def add(self, texts: list[str]) -> None:
+        """Encode a batch of documents (kept until the shard is flushed)."""
+        indptr, terms, weights = self.encoder.encode(texts)
+        self._parts.append((indptr, terms, weights))
+        if len(weights):
+            self.max_weight = max(self.max_weight, float(weights.max()))
+
+    def flush(self, writer: IndexWriter, shard_dir: str) -> dict[str, Any]:
+        """Write the just-written shard's ``sparse.arrow`` into ``shard_dir`` (relative to the
+        index root) and return fields for its manifest entry (``sparse_nnz``)."""
+        ptrs, terms, weights = [np.zeros(1, np.int64)], [], []
+        base = 0
+        for ip, t, w in self._parts:
+            ptrs.append(ip[1:] + base)
+            base += int(ip[-1])
+            terms.append(t)
+            weights.append(w)
+        self._parts = []
+        indptr = np.concatenate(ptrs).astype(np.uint64)
+        arrays = {"indptr": indptr,
+                  "terms": np.concatenate(terms).astype(np.uint32) if terms else np.zeros(0, np.uint32),
+                  "weights": np.concatenate(weights) if weights else np.zeros(0, np.float32)}
+        writer.write_file_arrays(f"{shard_dir}/sparse.arrow", arrays)
+        self._shard_dirs.append(shard_dir)
+        self.nnz += len(arrays["terms"])
+        self.n_docs += len(indptr) - 1
+        return {"sparse_nnz": int(len(arrays["terms"]))}
+
+    @property
+    def scale(self) -> float:
+        return impact_scale(self.max_weight)
+
+    def stats(self) -> dict[str, Any]:
+        """Build-summary fields for the manifest's ``stats``."""
+        return {"sparse_scale": self.scale, "sparse_vocab_size": self.vocab_size, "sparse_nnz": self.nnz,
+                "sparse_truncated_docs": self.encoder.n_truncated,
+                "sparse_doc_max_length": self.config.doc_max_length}
+
+    def write_global(self, writer: IndexWriter) -> None:
+        """Write every shard's ``sparse_index.arrow`` with the corpus-wide impact scale."""
+        sc = self.config
+        for d in self._shard_dirs:
+            fwd = read_arrays(writer.tmp / d / "sparse.arrow", SPARSE_FWD)
+            arrays = build_sparse_index(fwd["indptr"], fwd["terms"], fwd["weights"], n_terms=self.vocab_size,
+                                        scale=self.scale, n_postings=sc.n_postings, block_size=sc.block_size,
+                                        summary_energy=sc.summary_energy)
+            writer.write_file_arrays(f"{d}/sparse_index.arrow", arrays)

@@ -1,0 +1,355 @@
+"""Build-time array kernels (numba) of the learned-sparse leg: impact quantisation, the inverted
+index, and the Seismic-style blocked index.
+
+Everything here is a pure function of arrays, so the index builder and the benchmarks share it.
+
+Quantisation: a weight w > 0 is stored as ``q = clip(round(w / scale), 1, 65535)`` (uint16), with
+ONE ``scale`` for the whole index (``max weight / 65535``), so the stored vectors, and therefore
+exact scores and rankings, do not depend on how the corpus was split into shards. The exact
+scorer computes ``score(q, d) = scale · Σ_t q_t · impact(t, d)``.
+
+Approximate index after Seismic (Bruch, Nardini, Rulli, Venturini, "Efficient Inverted Indexes
+for Approximate Retrieval over Learned Sparse Representations", SIGIR 2024):
+  1. *static pruning*: each term keeps its ``n_postings`` highest-impact postings;
+  2. *blocking*: the kept postings are clustered into ``ceil(len / block_size)`` blocks of
+     similar documents by one round of "random k-means" (random documents of the list are the
+     centroids; every document joins the centroid with the largest inner product);
+  3. *summaries*: per block, the coordinate-wise max of its documents' vectors, pruned to the
+     largest entries holding ``summary_energy`` of its L1 mass, quantised to uint8 with a
+     per-block scale (value = u8 · block_scale, rounded up so kept entries never shrink).
+The forward index (each document's quantised vector) is what kept blocks are scored against.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba as nb
+import numpy as np
+
+IMPACT_MAX = 65535
+
+
+def impact_scale(max_weight: float) -> float:
+    """Global uint16 quantisation step for weights up to ``max_weight`` (1.0 for an all-zero index)."""
+    return float(max_weight) / IMPACT_MAX if max_weight > 0 else 1.0
+
+
+@nb.njit(cache=True)
+def _quantise(weights, scale, out):
+    inv = 1.0 / scale
+    for i in range(weights.shape[0]):
+        q = np.floor(weights[i] * inv + 0.5)
+        if q < 1.0:
+            q = 1.0
+        elif q > 65535.0:
+            q = 65535.0
+        out[i] = np.uint16(q)
+
+
+def quantise(weights: np.ndarray, scale: float) -> np.ndarray:
+    """uint16 impacts of float32 weights (> 0): ``clip(round(w / scale), 1, 65535)``."""
+    out = np.empty(len(weights), dtype=np.uint16)
+    _quantise(np.ascontiguousarray(weights, dtype=np.float32), np.float64(scale), out)
+    return out
+
+
+@nb.njit(cache=True)
+def _transpose(indptr, terms, values, n_terms, offsets, doc_ids, impacts):
+    n_docs = indptr.shape[0] - 1
+    for p in range(terms.shape[0]):
+        offsets[terms[p] + 1] += 1
+    for t in range(n_terms):
+        offsets[t + 1] += offsets[t]
+    fill = offsets[:-1].copy()
+    for d in range(n_docs):
+        for p in range(indptr[d], indptr[d + 1]):
+            t = terms[p]
+            j = fill[t]
+            doc_ids[j] = d
+            impacts[j] = values[p]
+            fill[t] = j + 1
+
+
+def invert(indptr: np.ndarray, terms: np.ndarray, values: np.ndarray, n_terms: int
+           ) -> dict[str, np.ndarray]:
+    """Forward CSR (docs × terms) → postings.
+
+    Args:
+        indptr: uint64/int64 (n_docs+1,); terms: uint32 (nnz,) < n_terms, unique per row;
+        values: uint16 (nnz,) impacts.
+
+    Returns:
+        ``offsets`` uint64 (n_terms+1,), ``doc_ids`` uint32 (nnz,) ascending per term,
+        ``impacts`` uint16 (nnz,).
+    """
+    offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    doc_ids = np.empty(len(terms), dtype=np.uint32)
+    impacts = np.empty(len(terms), dtype=np.uint16)
+    _transpose(indptr.astype(np.int64), terms.astype(np.int64), values, n_terms, offsets, doc_ids, impacts)
+    return {"offsets": offsets, "doc_ids": doc_ids, "impacts": impacts}
+
+
+@nb.njit(cache=True)
+def _lcg(state):
+    return (state * 1103515245 + 12345) % 2147483648
+
+
+@nb.njit(cache=True)
+def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, energy,
+                     dense, acc, cstart, ccount, centroid_of, blk_docs_out, sum_terms_out,
+                     sum_vals_out, sum_scale_out, blk_sizes_out, sum_sizes_out, seed):
+    """Blocks of one term's (pruned) list; returns the number of blocks written."""
+    n = docs.shape[0]
+    nc = (n + block_size - 1) // block_size
+    if nc <= 1:
+        assign = np.zeros(n, dtype=np.int64)
+        nc = 1
+    else:
+        # random distinct centroids (partial Fisher-Yates over positions, seeded by term id)
+        pos = np.arange(n)
+        state = (np.int64(seed) * 7919 + np.int64(t) * 104729 + 1) % 2147483648
+        for i in range(nc):
+            state = _lcg(_lcg(state))
+            j = i + (state >> 4) % (n - i)
+            tmp = pos[i]
+            pos[i] = pos[j]
+            pos[j] = tmp
+        # mini inverted index over the centroids: term -> list of (centroid, value)
+        touched = []
+        for c in range(nc):
+            d = docs[pos[c]]
+            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+                tt = fwd_terms[p]
+                if ccount[tt] == 0:
+                    touched.append(tt)
+                ccount[tt] += 1
+        total = 0
+        for tt in touched:
+            cstart[tt] = total
+            total += ccount[tt]
+            ccount[tt] = 0
+        c_ids = np.empty(total, dtype=np.int64)
+        c_vals = np.empty(total, dtype=np.float32)
+        for c in range(nc):
+            d = docs[pos[c]]
+            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+                tt = fwd_terms[p]
+                j = cstart[tt] + ccount[tt]
+                c_ids[j] = c
+                c_vals[j] = np.float32(fwd_values[p])
+                ccount[tt] += 1
+        assign = np.empty(n, dtype=np.int64)
+        for i in range(n):
+            d = docs[i]
+            for c in range(nc):
+                acc[c] = 0.0
+            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+                tt = fwd_terms[p]
+                cnt = ccount[tt]
+                if cnt == 0:
+                    continue
+                v = np.float32(fwd_values[p])
+                s0 = cstart[tt]
+                for j in range(s0, s0 + cnt):
+                    acc[c_ids[j]] += v * c_vals[j]
+            best = 0
+            for c in range(1, nc):
+                if acc[c] > acc[best]:
+                    best = c
+            assign[i] = best
+        for tt in touched:
+            ccount[tt] = 0
+    # group documents by block; empty clusters are dropped
+    counts = np.zeros(nc + 1, dtype=np.int64)
+    for i in range(n):
+        counts[assign[i] + 1] += 1
+    for c in range(nc):
+        counts[c + 1] += counts[c]
+    order = np.empty(n, dtype=np.int64)
+    fill = counts[:-1].copy()
+    for i in range(n):
+        order[fill[assign[i]]] = i
+        fill[assign[i]] += 1
+    nb_out = 0
+    n_docs_w = 0
+    n_sum_w = 0
+    for c in range(nc):
+        lo = counts[c]
+        hi = counts[c + 1]
+        if hi == lo:
+            continue
+        # block documents ascending (memory order of the forward index)
+        bd = np.sort(docs[order[lo:hi]])
+        for i in range(bd.shape[0]):
+            blk_docs_out[n_docs_w + i] = bd[i]
+        n_docs_w += bd.shape[0]
+        blk_sizes_out[nb_out] = bd.shape[0]
+        # summary: coordinate-wise max
+        touched2 = []
+        for d in bd:
+            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+                tt = fwd_terms[p]
+                v = np.float32(fwd_values[p])
+                if dense[tt] == 0.0:
+                    touched2.append(tt)
+                if v > dense[tt]:
+                    dense[tt] = v
+        m = len(touched2)
+        terms_arr = np.empty(m, dtype=np.int64)
+        vals = np.empty(m, dtype=np.float32)
+        l1 = 0.0
+        for i in range(m):
+            terms_arr[i] = touched2[i]
+            vals[i] = dense[touched2[i]]
+            l1 += vals[i]
+            dense[touched2[i]] = 0.0
+        ordv = np.argsort(-vals, kind="mergesort")
+        keep = 0
+        mass = 0.0
+        while keep < m and (keep == 0 or mass < energy * l1):
+            mass += vals[ordv[keep]]
+            keep += 1
+        kept_terms = np.sort(terms_arr[ordv[:keep]])
+        vmax = vals[ordv[0]]
+        bscale = vmax / 255.0
+        sum_scale_out[nb_out] = bscale
+        for i in range(keep):
+            tt = kept_terms[i]
+            # value of tt among the kept: find in terms_arr (small m)
+            v = 0.0
+            for j in range(m):
+                if terms_arr[j] == tt:
+                    v = vals[j]
+                    break
+            qv = np.ceil(v / bscale - 1e-6)
+            if qv < 1.0:
+                qv = 1.0
+            if qv > 255.0:
+                qv = 255.0
+            sum_terms_out[n_sum_w + i] = tt
+            sum_vals_out[n_sum_w + i] = np.uint8(qv)
+        n_sum_w += keep
+        sum_sizes_out[nb_out] = keep
+        nb_out += 1
+    return nb_out, n_docs_w, n_sum_w
+
+
+@nb.njit(cache=True)
+def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fwd_values, n_postings,
+                  block_size, energy, seed, n_terms_total):
+    n_terms = post_offsets.shape[0] - 1
+    cap_docs = 0
+    for t in range(n_terms):
+        ln = post_offsets[t + 1] - post_offsets[t]
+        cap_docs += ln if (n_postings <= 0 or ln < n_postings) else n_postings
+    term_blocks = np.zeros(n_terms + 1, dtype=np.uint64)
+    blk_docs = np.empty(cap_docs, dtype=np.uint32)
+    blk_sizes = np.empty(cap_docs, dtype=np.int64)
+    sum_sizes = np.empty(cap_docs, dtype=np.int64)
+    sum_scale = np.empty(cap_docs, dtype=np.float32)
+    # summaries: at most sum of block nnz; grow geometrically
+    sum_terms = np.empty(max(1024, cap_docs * 8), dtype=np.uint32)
+    sum_vals = np.empty(max(1024, cap_docs * 8), dtype=np.uint8)
+    dense = np.zeros(n_terms_total, dtype=np.float32)
+    cstart = np.zeros(n_terms_total, dtype=np.int64)
+    ccount = np.zeros(n_terms_total, dtype=np.int64)
+    acc = np.zeros(max(1, (cap_docs + block_size - 1) // block_size + 1), dtype=np.float32)
+    centroid_of = np.zeros(1, dtype=np.int64)
+    nb_total = 0
+    nd_total = 0
+    ns_total = 0
+    for t in range(n_terms):
+        lo = post_offsets[t]
+        hi = post_offsets[t + 1]
+        ln = hi - lo
+        if ln == 0:
+            term_blocks[t + 1] = nb_total
+            continue
+        if n_postings > 0 and ln > n_postings:
+            imps = post_imps[lo:hi]
+            sel = np.argsort(-imps.astype(np.int64), kind="mergesort")[:n_postings]
+            docs = np.sort(post_docs[lo:hi][sel]).astype(np.int64)
+        else:
+            docs = post_docs[lo:hi].astype(np.int64)
+        need_sum = ns_total + docs.shape[0] * 1 + 4096
+        # worst case summary size: union of docs' terms; bound by total nnz of docs
+        tot = 0
+        for d in docs:
+            tot += fwd_offsets[d + 1] - fwd_offsets[d]
+        need_sum = ns_total + tot
+        if need_sum > sum_terms.shape[0]:
+            new_cap = max(need_sum, sum_terms.shape[0] * 2)
+            st = np.empty(new_cap, dtype=np.uint32)
+            sv = np.empty(new_cap, dtype=np.uint8)
+            st[:ns_total] = sum_terms[:ns_total]
+            sv[:ns_total] = sum_vals[:ns_total]
+            sum_terms = st
+            sum_vals = sv
+        nbk, ndw, nsw = _blocks_for_term(
+            t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, energy, dense, acc, cstart, ccount,
+            centroid_of, blk_docs[nd_total:], sum_terms[ns_total:], sum_vals[ns_total:],
+            sum_scale[nb_total:], blk_sizes[nb_total:], sum_sizes[nb_total:], seed)
+        nb_total += nbk
+        nd_total += ndw
+        ns_total += nsw
+        term_blocks[t + 1] = nb_total
+    return (term_blocks, blk_docs[:nd_total], blk_sizes[:nb_total], sum_terms[:ns_total],
+            sum_vals[:ns_total], sum_sizes[:nb_total], sum_scale[:nb_total])
+
+
+def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_terms: np.ndarray,
+                 fwd_values: np.ndarray, *, n_postings: int, block_size: int, summary_energy: float,
+                 scale: float, n_terms: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seismic blocked index of one shard (see the module docstring).
+
+    Args:
+        postings: output of :func:`invert` (``offsets``, ``doc_ids``, ``impacts``).
+        fwd_offsets uint64 (n_docs+1,), fwd_terms uint32, fwd_values uint16: the forward index.
+        n_postings: postings kept per term (0 = all); block_size: mean docs per block (>= 1);
+        summary_energy: in (0, 1]; scale: the global impact scale (summary values are in weight
+        units: ``u8 · block_scale``); n_terms: vocabulary size.
+
+    Returns:
+        ``term_blocks`` uint64 (n_terms+1,) (term t owns blocks [term_blocks[t], term_blocks[t+1])),
+        ``block_docs_offsets`` uint64 (n_blocks+1,), ``block_docs`` uint32 (ascending per block),
+        ``summary_offsets`` uint64 (n_blocks+1,), ``summary_terms`` uint32 (ascending per block),
+        ``summary_values`` uint8, ``summary_scale`` float32 (n_blocks,) in weight units.
+    """
+    tb, bdocs, bsizes, sterms, svals, ssizes, sscale = _build_blocks(
+        postings["offsets"].astype(np.int64), postings["doc_ids"], postings["impacts"],
+        fwd_offsets.astype(np.int64), fwd_terms, fwd_values, int(n_postings), int(block_size),
+        float(summary_energy), int(seed), int(n_terms))
+    bo = np.zeros(len(bsizes) + 1, dtype=np.uint64)
+    np.cumsum(bsizes, out=bo[1:])
+    so = np.zeros(len(ssizes) + 1, dtype=np.uint64)
+    np.cumsum(ssizes, out=so[1:])
+    return {"term_blocks": tb, "block_docs_offsets": bo, "block_docs": bdocs, "summary_offsets": so,
+            "summary_terms": sterms, "summary_values": svals,
+            "summary_scale": (sscale.astype(np.float64) * scale).astype(np.float32)}
+
+
+def build_sparse_index(indptr: np.ndarray, terms: np.ndarray, weights: np.ndarray, *, n_terms: int,
+                       scale: float, n_postings: int, block_size: int, summary_energy: float,
+                       blocks: bool = True) -> dict[str, Any]:
+    """All query-time arrays of one shard from its float vectors.
+
+    Args:
+        indptr int64 (n_docs+1,), terms int/uint32 (nnz,) in [0, n_terms), weights float32 (nnz,)
+        > 0, term ids ascending within a row; scale: the global impact scale.
+
+    Returns:
+        ``fwd_offsets`` uint64, ``fwd_terms`` uint32, ``fwd_values`` uint16 (the forward index),
+        ``offsets``/``doc_ids``/``impacts`` (postings), plus the arrays of :func:`build_blocks`
+        when ``blocks``.
+    """
+    fwd_offsets = indptr.astype(np.uint64)
+    fwd_terms = terms.astype(np.uint32)
+    fwd_values = quantise(weights, scale)
+    post = invert(fwd_offsets, fwd_terms, fwd_values, n_terms)
+    out: dict[str, Any] = {"fwd_offsets": fwd_offsets, "fwd_terms": fwd_terms, "fwd_values": fwd_values, **post}
+    if blocks:
+        out.update(build_blocks(post, fwd_offsets, fwd_terms, fwd_values, n_postings=n_postings,
+                                block_size=block_size, summary_energy=summary_energy, scale=scale,
+                                n_terms=n_terms))
+    return out

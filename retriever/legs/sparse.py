@@ -1,0 +1,201 @@
+"""Learned-sparse (SPLADE) leg: query encoding, exact and Seismic-style approximate top-k per shard.
+
+Scoring: ``score(q, d) = scale · Σ_t q_t · impact(t, d)`` with uint16 impacts and the index-wide
+``scale`` (manifest ``stats.sparse_scale``), so exact results do not depend on the shard layout.
+Only documents with score > 0 are hits.
+
+Modes (leg parameter ``algorithm``):
+  * ``"exact"`` (default): term-at-a-time over the full inverted index (``_kernels.sparse_exact_topk``).
+  * ``"seismic"``: approximate top-k after Bruch et al., SIGIR 2024 (``_kernels.sparse_seismic_topk``)
+    with knobs ``query_cut`` (query terms visited, largest weights first) and ``heap_factor``
+    (a block is skipped when its summary score < heap_factor · current k-th score). Postings kept
+    per term and block size are build-time knobs (``SparseConfig``).
+
+User-supplied query vectors (``Retriever.search_arrays(..., sparse_vectors=...)``) go through
+:meth:`SparseLeg.check_vectors`; policy (same for both modes): indices may be unsorted; duplicate
+indices, length mismatch, indices outside ``[0, vocab_size)``, NaN/inf or negative weights raise
+:class:`~index.errors.QueryError`; zero weights are dropped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from index.errors import IndexFormatError, QueryError
+from index.sparse_build import SPARSE_FWD
+
+from .. import _kernels
+from ..shards import IndexReader
+
+SPARSE_INDEX_ARRAYS = {
+    "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
+    "offsets": np.uint64, "doc_ids": np.uint32, "impacts": np.uint16,
+    "term_blocks": np.uint64, "block_docs_offsets": np.uint64, "block_docs": np.uint32,
+    "summary_offsets": np.uint64, "summary_terms": np.uint32, "summary_values": np.uint8,
+    "summary_scale": np.float32,
+}
+_BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_offsets", "summary_terms",
+               "summary_values", "summary_scale")
+#: Query-time defaults of the approximate mode (chosen from benchmarks/bench_sparse.py).
+DEFAULT_QUERY_CUT = 10
+DEFAULT_HEAP_FACTOR = 0.9
+
+QueryBatch = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
+    """Validate user query vectors and return a ragged batch.
+
+    Args:
+        vectors: a ``scipy.sparse`` matrix (nq, vocab_size), or a sequence of ``(indices, weights)``
+            pairs, or of ``{term_id: weight}`` dicts.
+        vocab_size: the index's vocabulary size.
+
+    Returns:
+        ``(q_offsets uint64 (nq+1,), q_terms uint32 (m,), q_weights float32 (m,))``, terms ascending.
+
+    Raises:
+        QueryError: duplicate indices, length mismatch, index outside [0, vocab_size), NaN/inf or
+            negative weight (names the query and the value).
+    """
+    rows: list[tuple[np.ndarray, np.ndarray]] = []
+    if hasattr(vectors, "tocsr") and hasattr(vectors, "shape"):
+        m = vectors.tocsr()
+        if m.shape[1] > vocab_size:
+            raise QueryError(f"sparse_vectors has {m.shape[1]} columns, the vocabulary has {vocab_size}")
+        m.sum_duplicates()
+        for i in range(m.shape[0]):
+            rows.append((m.indices[m.indptr[i]:m.indptr[i + 1]], m.data[m.indptr[i]:m.indptr[i + 1]]))
+    else:
+        for v in vectors:
+            if isinstance(v, dict):
+                rows.append((np.fromiter(v.keys(), dtype=np.int64, count=len(v)),
+                             np.fromiter(v.values(), dtype=np.float64, count=len(v))))
+            else:
+                try:
+                    idx, w = v
+                except (TypeError, ValueError):
+                    raise QueryError("sparse_vectors entries must be (indices, weights) pairs, dicts, "
+                                     "or a scipy.sparse matrix") from None
+                rows.append((np.asarray(idx), np.asarray(w)))
+    offsets = np.zeros(len(rows) + 1, dtype=np.uint64)
+    terms_out, weights_out = [], []
+    for q, (idx, w) in enumerate(rows):
+        idx, w = np.asarray(idx).reshape(-1), np.asarray(w, dtype=np.float64).reshape(-1)
+        if len(idx) != len(w):
+            raise QueryError(f"sparse_vectors[{q}]: {len(idx)} indices but {len(w)} weights")
+        if len(idx) and not np.issubdtype(idx.dtype, np.integer):
+            raise QueryError(f"sparse_vectors[{q}]: indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64)
+        bad = (idx < 0) | (idx >= vocab_size)
+        if bad.any():
+            raise QueryError(f"sparse_vectors[{q}]: term id {int(idx[bad][0])} outside the vocabulary "
+                             f"[0, {vocab_size})")
+        if not np.isfinite(w).all():
+            raise QueryError(f"sparse_vectors[{q}]: weight {w[~np.isfinite(w)][0]!r} is not finite")
+        if (w < 0).any():
+            raise QueryError(f"sparse_vectors[{q}]: negative weight {float(w[w < 0][0])!r} "
+                             f"(learned-sparse weights must be >= 0)")
+        order = np.argsort(idx, kind="stable")
+        idx, w = idx[order], w[order]
+        dup = idx[1:] == idx[:-1]
+        if dup.any():
+            raise QueryError(f"sparse_vectors[{q}]: duplicate term id {int(idx[1:][dup][0])}")
+        keep = w > 0
+        terms_out.append(idx[keep])
+        weights_out.append(w[keep])
+        offsets[q + 1] = offsets[q] + int(keep.sum())
+    terms = np.concatenate(terms_out).astype(np.uint32) if terms_out else np.zeros(0, np.uint32)
+    weights = np.concatenate(weights_out).astype(np.float32) if weights_out else np.zeros(0, np.float32)
+    return offsets, terms, weights
+
+
+class SparseLeg:
+    """The learned-sparse leg of an opened index.
+
+    Args:
+        reader: the opened index (built with the ``sparse`` leg).
+        device: query encoder device.
+
+    Raises:
+        IndexFormatError: missing or inconsistent sparse files (names the file).
+    """
+
+    name = "sparse"
+
+    def __init__(self, reader: IndexReader, device: str = "cpu") -> None:
+        st = reader.manifest["stats"]
+        try:
+            self.scale = float(st["sparse_scale"])
+            self.vocab_size = int(st["sparse_vocab_size"])
+        except (KeyError, TypeError, ValueError):
+            raise IndexFormatError(f"{reader.path / 'manifest.json'}: stats lack sparse_scale / "
+                                   f"sparse_vocab_size") from None
+        self.config = reader.config.sparse
+        self.device = device
+        self._encoder = None
+        self.shards = []
+        for s in reader.shards:
+            path = s.dir / "sparse_index.arrow"
+            a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
+            try:
+                if len(a["fwd_offsets"]) != s.rows + 1 or len(a["offsets"]) != self.vocab_size + 1:
+                    raise ValueError(f"has {len(a['fwd_offsets']) - 1} documents / {len(a['offsets']) - 1} "
+                                     f"terms, expected {s.rows} / {self.vocab_size}")
+                _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+                _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
+                                            self.vocab_size, *[a[n] for n in _BLOCK_ARGS])
+            except ValueError as e:
+                raise IndexFormatError(f"{path}: {e}") from None
+            self.shards.append((s, a))
+
+    @property
+    def encoder(self):
+        if self._encoder is None:
+            from index.encoders.sparse import SparseEncoder
+
+            c = self.config
+            self._encoder = SparseEncoder(c.model, doc_max_length=c.doc_max_length,
+                                          query_max_length=c.query_max_length, batch_size=c.batch_size,
+                                          device=self.device)
+        return self._encoder
+
+    def prepare(self, queries: Sequence[str]) -> QueryBatch:
+        """Encode queries with the index's SPLADE model into a ragged batch
+        ``(q_offsets uint64 (nq+1,), q_terms uint32, q_weights float32)``."""
+        indptr, terms, weights = self.encoder.encode_queries(list(queries))
+        return indptr.astype(np.uint64), terms.astype(np.uint32), weights.astype(np.float32)
+
+    def check_vectors(self, vectors: Any) -> QueryBatch:
+        """Validate user-supplied query vectors (see :func:`csr_batch`)."""
+        return csr_batch(vectors, self.vocab_size)
+
+    def search(self, batch: QueryBatch, depth: int, n_threads: int, *, algorithm: str = "exact",
+               query_cut: int = DEFAULT_QUERY_CUT, heap_factor: float = DEFAULT_HEAP_FACTOR):
+        """Top-``depth`` per query from every shard as ``(ids int64 (nq, depth) global ordinals,
+        scores float32, n_found int32)``, one tuple per shard.
+
+        Raises:
+            QueryError: unknown ``algorithm`` or out-of-range knob.
+        """
+        if algorithm not in ("exact", "seismic"):
+            raise QueryError(f"sparse algorithm must be 'exact' or 'seismic', got {algorithm!r}")
+        q_offsets, q_terms, q_weights = batch
+        parts = []
+        for s, a in self.shards:
+            try:
+                if algorithm == "exact":
+                    ids, scores, n_found = _kernels.sparse_exact_topk(
+                        a["offsets"], a["doc_ids"], a["impacts"], self.scale, s.rows, q_offsets, q_terms,
+                        q_weights, depth, n_threads=n_threads)
+                else:
+                    ids, scores, n_found = _kernels.sparse_seismic_topk(
+                        a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
+                        *[a[n] for n in _BLOCK_ARGS], q_offsets, q_terms, q_weights, depth,
+                        query_cut=int(query_cut), heap_factor=float(heap_factor), n_threads=n_threads)
+            except ValueError as e:
+                raise QueryError(f"sparse search: {e}") from None
+            parts.append((np.where(ids >= 0, ids + s.base, -1), scores, n_found))
+        return parts
