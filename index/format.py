@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,6 +33,8 @@ FORMAT_NAME = "retriever-index"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
+#: Names of a build's temporary directories (index/writer.py); never opened as an index.
+TEMP_DIR_RE = re.compile(r"^\..+\.(tmp|old)-[0-9a-f-]+$")
 
 DOCS_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -142,6 +145,8 @@ def read_manifest(root: Path) -> dict[str, Any]:
             the wrong size (a fast truncation check; :func:`verify_checksums` checks content).
     """
     mpath = root / MANIFEST
+    if TEMP_DIR_RE.match(root.name):
+        raise IndexFormatError(f"{root}: temporary directory of an unfinished or replaced build, not an index")
     if not root.is_dir():
         raise IndexFormatError(f"{root}: index directory not found")
     try:
