@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from .errors import IndexExistsError, IndexFormatError
 from .testhooks import crash_point
-from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, sha256_file, write_arrays,
+from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, manifest_digest, sha256_file, write_arrays,
                      write_table)
 
 _RENAME_EXCHANGE = 2
@@ -228,6 +228,7 @@ class IndexWriter:
         }
         if extra:
             manifest.update(extra)
+        manifest["manifest_sha256"] = manifest_digest(manifest)
         mpath = self.tmp / MANIFEST
         text = json.dumps(manifest, indent=1, sort_keys=False)
         with open(mpath, "w", encoding="utf-8") as f:
