@@ -222,6 +222,10 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict)):
         if not isinstance(m.get(key), typ):
             raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
+    if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
+                                                  for i, s in enumerate(m["shards"])}) != len(m["shards"]):
+        raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
+                               f"shard directory listed twice)")
     for rel, info in m["files"].items():
         p = safe_join(root, rel)
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
@@ -240,11 +244,9 @@ def read_manifest(root: Path) -> dict[str, Any]:
         for key in ("n_terms", "nnz"):
             if key in s and (not isinstance(s[key], int) or s[key] < 0):
                 raise IndexFormatError(f"{mpath}: shard #{i} has a bad {key!r}: {s[key]!r}")
-        safe_join(root, s["dir"])
         if f"{s['dir']}/docs.arrow" not in m["files"]:
             raise IndexFormatError(f"{mpath}: shard #{i} ({s['dir']!r}) has no docs.arrow in the file list")
-    if len({s["dir"] for s in m["shards"]}) != len(m["shards"]):
-        raise IndexFormatError(f"{mpath}: shard directories are listed more than once")
+        safe_join(root, s["dir"])
     return m
 
 
