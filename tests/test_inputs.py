@@ -84,7 +84,7 @@ def test_huge_query(idx):
     hits = r.search(" ".join(words), k=5)
     assert hits and hits[0].id == "big"
     res = r.search_arrays([" ".join(words), "café"] * 3, k=5)
-    assert (res.n_found[::2] == 5).all() and (res.n_found[1::2] >= 1).all()
+    assert (res.n_found[::2] == 1).all() and (res.n_found[1::2] >= 1).all()  # only "big" has w*
     assert (res.ids[::2] == res.ids[0]).all()  # batched copies of one query agree
     assert Retriever.open(idx, verify=True)  # nothing was modified
 
