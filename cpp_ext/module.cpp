@@ -68,6 +68,35 @@ csr_view make_csr(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_i
     return csr;
 }
 
+/// O(n_terms) check that offsets start at 0, never decrease and end at nnz, so that every
+/// term's range [offsets[t], offsets[t+1]) lies inside doc_ids (run before any kernel that
+/// walks all terms).
+void check_offsets(const csr_view& csr) {
+    const uint64_t* off = csr.offsets;
+    if (off[0] != 0) fail("offsets[0] must be 0, got " + std::to_string(off[0]));
+    for (size_t t = 0; t < csr.n_terms; ++t) {
+        if (off[t + 1] < off[t]) {
+            fail("offsets must be non-decreasing: offsets[" + std::to_string(t + 1) + "] = " +
+                 std::to_string(off[t + 1]) + " < offsets[" + std::to_string(t) + "] = " +
+                 std::to_string(off[t]));
+        }
+    }
+}
+
+/// O(m) check that the posting range of every queried term lies inside doc_ids (call after
+/// check_query_batch, which guarantees q_terms < n_terms).
+void check_query_term_ranges(const csr_view& csr, const query_batch_view& q) {
+    for (size_t i = 0; i < q.m; ++i) {
+        const uint32_t t = q.q_terms[i];
+        const uint64_t b = csr.offsets[t], e = csr.offsets[t + 1];
+        if (b > e || e > csr.nnz) {
+            fail("offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" +
+                 std::to_string(b) + ", " + std::to_string(e) + "] is not a range inside doc_ids (len " +
+                 std::to_string(csr.nnz) + "); validate the postings with check_csr");
+        }
+    }
+}
+
 query_batch_view make_queries(const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
                               const carray<float>& q_weights) {
     const size_t n_off = len1d(q_offsets, "q_offsets");
@@ -158,6 +187,7 @@ std::tuple<carray<float>, carray<uint64_t>, carray<float>> py_bm25_upper_bounds(
     const carray<float>& doc_norm, int64_t block_size, int n_threads) {
     const bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     const uint32_t bs = check_block_size(block_size);
+    check_offsets(data.csr);
     const size_t T = data.csr.n_terms;
     carray<float> term_ub(std::vector<py::ssize_t>{static_cast<py::ssize_t>(T)});
     carray<uint64_t> block_offsets(std::vector<py::ssize_t>{static_cast<py::ssize_t>(T + 1)});
@@ -217,6 +247,7 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
     {
         py::gil_scoped_release nogil;
         check_query_batch(queries, data.csr.n_terms);
+        check_query_term_ranges(data.csr, queries);
         if (need_ub) check_bounds_for_queries(data.csr, bounds, queries);
         bm25_topk(data, need_ub ? &bounds : nullptr, queries, allow_p, algo, n_threads, res.out);
     }
@@ -239,6 +270,7 @@ topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_
     {
         py::gil_scoped_release nogil;
         check_query_batch(queries, csr.n_terms);
+        check_query_term_ranges(csr, queries);
         impact_topk_f32(csr, imp, queries, allow_p, allow_len, n_threads, res.out);
     }
     return res.result();

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -32,6 +33,8 @@ FORMAT_NAME = "retriever-index"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 64 << 20
+#: Names of a build's temporary directories (index/writer.py); never opened as an index.
+TEMP_DIR_RE = re.compile(r"^\..+\.(tmp|old)-[0-9a-f-]+$")
 
 DOCS_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False),
@@ -50,19 +53,61 @@ def write_table(path: Path, table: pa.Table) -> None:
         os.fsync(f.fileno())
 
 
-def read_table(path: Path) -> pa.Table:
-    """Memory-map an Arrow IPC file (zero-copy).
+ARROW_MAGIC = b"ARROW1"
+
+
+def _check_offsets(path: Path, table: pa.Table) -> None:
+    """O(rows) check of every string/binary column's offsets (monotone, inside the data buffer),
+    so a corrupted offset can never make a later read leave the buffer. UTF-8 content is not
+    scanned here (``verify`` covers payload bytes)."""
+    for name, col in zip(table.column_names, table.columns):
+        typ = col.type
+        if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+                or pa.types.is_large_binary(typ)):
+            continue
+        odt = np.int64 if (pa.types.is_large_string(typ) or pa.types.is_large_binary(typ)) else np.int32
+        for chunk in col.chunks:
+            bufs = chunk.buffers()
+            if len(chunk) == 0 or bufs[1] is None:
+                continue
+            n_off = chunk.offset + len(chunk) + 1
+            if bufs[1].size < n_off * np.dtype(odt).itemsize:
+                raise IndexFormatError(f"{path}: column {name!r} has a truncated offsets buffer")
+            off = np.frombuffer(bufs[1], dtype=odt, count=n_off)[chunk.offset:]
+            data_len = 0 if bufs[2] is None else bufs[2].size
+            if off[0] < 0 or off[-1] > data_len or (len(off) > 1 and (np.diff(off) < 0).any()):
+                raise IndexFormatError(f"{path}: column {name!r} has corrupted offsets")
+
+
+def read_table(path: Path, *, full: bool = False) -> pa.Table:
+    """Memory-map an Arrow IPC file (zero-copy) and validate its structure.
+
+    Checks the Arrow magic bytes at both ends, Arrow's own buffer-size validation and the offsets
+    of string columns (all O(rows) at most; payload bytes are left to ``verify``). ``full``: also
+    Arrow's full validation (UTF-8 of every string; O(bytes)) for small files read whole.
 
     Raises:
-        IndexFormatError: missing or unreadable file (names it).
+        IndexFormatError: missing, unreadable or structurally corrupted file (names it).
     """
     try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(8)
+            f.seek(max(0, size - 6))
+            tail = f.read(6)
+        if size < 14 or head[:6] != ARROW_MAGIC or tail != ARROW_MAGIC:
+            raise IndexFormatError(f"{path}: not an Arrow IPC file (bad magic bytes or truncated)")
         source = pa.memory_map(str(path), "r")
-        return pa.ipc.open_file(source).read_all()
+        table = pa.ipc.open_file(source).read_all()
+        table.validate(full=full)
+        _check_offsets(path, table)
     except FileNotFoundError:
         raise IndexFormatError(f"{path}: index file is missing") from None
-    except (pa.ArrowException, OSError, ValueError) as e:
+    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+        if isinstance(e, IndexFormatError):
+            raise
         raise IndexFormatError(f"{path}: not a valid Arrow IPC file ({e})") from None
+    return table
 
 
 def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
@@ -94,7 +139,11 @@ def read_arrays(path: Path, expected: Mapping[str, np.dtype]) -> dict[str, np.nd
         col = table.column(name)
         if col.num_chunks != 1 or len(col) != 1:
             raise IndexFormatError(f"{path}: array {name!r} is malformed")
-        values = col.chunk(0).values
+        chunk = col.chunk(0)
+        lo, hi = chunk.offsets[0].as_py(), chunk.offsets[1].as_py()
+        if not (0 <= lo <= hi <= len(chunk.values)) or lo != 0 or hi != len(chunk.values):
+            raise IndexFormatError(f"{path}: array {name!r} has corrupted list offsets")
+        values = chunk.values
         arr = values.to_numpy(zero_copy_only=True) if values.null_count == 0 else None
         if arr is None or arr.dtype != np.dtype(dtype):
             raise IndexFormatError(f"{path}: array {name!r} has dtype {values.type}, expected {np.dtype(dtype)}")
@@ -134,6 +183,13 @@ def safe_join(root: Path, rel: str) -> Path:
     return p
 
 
+def manifest_digest(m: Mapping[str, Any]) -> str:
+    """SHA-256 of a manifest's canonical JSON without its ``manifest_sha256`` field."""
+    body = {k: v for k, v in m.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                                     allow_nan=False).encode("utf-8")).hexdigest()
+
+
 def read_manifest(root: Path) -> dict[str, Any]:
     """Read and validate ``manifest.json`` of the index at ``root``.
 
@@ -142,6 +198,8 @@ def read_manifest(root: Path) -> dict[str, Any]:
             the wrong size (a fast truncation check; :func:`verify_checksums` checks content).
     """
     mpath = root / MANIFEST
+    if TEMP_DIR_RE.match(root.name):
+        raise IndexFormatError(f"{root}: temporary directory of an unfinished or replaced build, not an index")
     if not root.is_dir():
         raise IndexFormatError(f"{root}: index directory not found")
     try:
@@ -156,12 +214,18 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise IndexFormatError(f"{mpath}: manifest is not valid JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
+    if "manifest_sha256" in m and m["manifest_sha256"] != manifest_digest(m):
+        raise IndexFormatError(f"{mpath}: manifest checksum mismatch (manifest.json corrupted or edited)")
     if m.get("format_version") != FORMAT_VERSION:
         raise IndexFormatError(f"{mpath}: unsupported format_version {m.get('format_version')!r} "
                                f"(this build reads {FORMAT_VERSION})")
     for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict)):
         if not isinstance(m.get(key), typ):
             raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
+    if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
+                                                  for i, s in enumerate(m["shards"])}) != len(m["shards"]):
+        raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
+                               f"shard directory listed twice)")
     for rel, info in m["files"].items():
         p = safe_join(root, rel)
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
@@ -177,6 +241,11 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for i, s in enumerate(m["shards"]):
         if not isinstance(s, dict) or not isinstance(s.get("dir"), str) or not isinstance(s.get("rows"), int) or s["rows"] < 0:
             raise IndexFormatError(f"{mpath}: bad shard entry #{i}")
+        for key in ("n_terms", "nnz"):
+            if key in s and (not isinstance(s[key], int) or s[key] < 0):
+                raise IndexFormatError(f"{mpath}: shard #{i} has a bad {key!r}: {s[key]!r}")
+        if f"{s['dir']}/docs.arrow" not in m["files"]:
+            raise IndexFormatError(f"{mpath}: shard #{i} ({s['dir']!r}) has no docs.arrow in the file list")
         safe_join(root, s["dir"])
     return m
 

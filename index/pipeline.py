@@ -14,6 +14,7 @@ from .bm25_build import PostingsBuilder
 from .config import BuildConfig, DenseConfig
 from .errors import ConfigError, CorpusError
 from .readers import Document, read_corpus
+from .testhooks import crash_point
 from .writer import IndexWriter, check_target
 
 log = logging.getLogger(__name__)
@@ -38,19 +39,30 @@ def _dense_store(vectors: np.ndarray, dtype: str, first_id: str) -> np.ndarray:
 
 
 def _batches(docs: Iterable[Document], config: BuildConfig):
-    """Yield lists of documents that never cross a shard boundary."""
-    batch: list[Document] = []
-    in_shard = 0
-    for d in docs:
-        batch.append(d)
-        in_shard += 1
-        if len(batch) >= config.batch_size or in_shard >= config.shard_size:
-            yield batch, in_shard >= config.shard_size
-            batch = []
-            if in_shard >= config.shard_size:
-                in_shard = 0
-    if batch:
-        yield batch, True
+    """Yield ``(batch, end_of_shard)``: lists of documents that never cross a shard boundary; the
+    last batch of the corpus always ends its shard (one batch of lookahead makes that true even
+    when the corpus size is a multiple of ``batch_size``)."""
+    def raw():
+        batch: list[Document] = []
+        in_shard = 0
+        for d in docs:
+            batch.append(d)
+            in_shard += 1
+            if len(batch) >= config.batch_size or in_shard >= config.shard_size:
+                yield batch, in_shard >= config.shard_size
+                batch = []
+                if in_shard >= config.shard_size:
+                    in_shard = 0
+        if batch:
+            yield batch, True
+
+    pending = None
+    for item in raw():
+        if pending is not None:
+            yield pending
+        pending = item
+    if pending is not None:
+        yield pending[0], True
 
 
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
@@ -124,6 +136,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                     if d.id in seen:
                         raise CorpusError(f"duplicate document id {d.id!r}", path=d.path, line=d.line, field="_id")
                     seen.add(d.id)
+                crash_point("read")
                 full = [f"{d.title} {d.text}" if d.title else d.text for d in batch]
                 shard_docs["ids"].extend(d.id for d in batch)
                 shard_docs["titles"].extend(d.title for d in batch)
@@ -131,6 +144,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 shard_docs["metadata"].extend(d.metadata for d in batch)
                 if postings is not None:
                     postings.add(full)
+                    crash_point("encode_bm25")
                 if dense_enc is not None:
                     docs_in = [config.dense.document_prefix + t for t in full]
                     vecs = dense_enc.encode(docs_in)
@@ -139,6 +153,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                         dense_dtype = "float32"
                         shard_dense = [v.astype(np.float32) for v in shard_dense]
                     shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
+                    crash_point("encode_dense")
                 if sparse_builder is not None:
                     sparse_builder.add(full)
                 n_docs += len(batch)
@@ -178,6 +193,7 @@ def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder
         from .faiss_build import build_faiss_index
 
         faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
+        crash_point("faiss")
     entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"],
                                metadata=docs["metadata"], bm25=postings.flush() if postings is not None else None,
                                dense=vectors, dense_index=faiss_bytes)

@@ -23,7 +23,8 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import IndexExistsError, IndexFormatError
-from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, sha256_file, write_arrays,
+from .testhooks import crash_point
+from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, manifest_digest, sha256_file, write_arrays,
                      write_table)
 
 _RENAME_EXCHANGE = 2
@@ -66,6 +67,43 @@ def check_target(out: Path, overwrite: bool) -> None:
             raise IndexFormatError(f"{out}: refusing to overwrite a non-empty directory that is not an index")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temps(out: Path) -> list[Path]:
+    """Delete temporary directories (``.<name>.tmp-<pid>-<hex>`` / ``.<name>.old-<pid>-<hex>``)
+    that builds of ``out`` left behind when they died (their pid is no longer running on this
+    host). Temporaries of live builds, and names without a pid, are left alone. They are never
+    an index: :func:`index.format.read_manifest` refuses such a directory.
+
+    Returns:
+        the directories removed.
+    """
+    removed = []
+    prefix_tmp, prefix_old = f".{out.name}.tmp-", f".{out.name}.old-"
+    try:
+        entries = list(out.parent.iterdir())
+    except OSError:
+        return removed
+    for p in entries:
+        name = p.name
+        if not (name.startswith(prefix_tmp) or name.startswith(prefix_old)) or p.is_symlink() or not p.is_dir():
+            continue
+        pid_s = name[len(prefix_tmp):].split("-", 1)[0]
+        if not pid_s.isdigit() or int(pid_s) == os.getpid() or _pid_alive(int(pid_s)):
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+        removed.append(p)
+    return removed
+
+
 class IndexWriter:
     """Writes shards and the manifest of one index build.
 
@@ -82,7 +120,8 @@ class IndexWriter:
         self.overwrite = overwrite
         check_target(self.out, overwrite)
         self.out.parent.mkdir(parents=True, exist_ok=True)
-        self.tmp = self.out.parent / f".{self.out.name}.tmp-{uuid.uuid4().hex[:12]}"
+        clean_stale_temps(self.out)
+        self.tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         self.tmp.mkdir()
         self.files: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
@@ -122,10 +161,12 @@ class IndexWriter:
                                      schema=DOCS_SCHEMA)
         write_table(sdir / "docs.arrow", table)
         self._record(sdir / "docs.arrow")
+        crash_point("shard_docs")
         entry: dict[str, Any] = {"dir": sdir.relative_to(self.tmp).as_posix(), "rows": n}
         if bm25 is not None:
             write_arrays(sdir / "bm25.arrow", bm25)
             self._record(sdir / "bm25.arrow")
+            crash_point("shard_bm25")
             entry["n_terms"] = int(len(bm25["offsets"]) - 1)
             entry["nnz"] = int(len(bm25["doc_ids"]))
         if dense is not None:
@@ -136,6 +177,7 @@ class IndexWriter:
             vec = pa.FixedSizeListArray.from_arrays(flat, dim)
             write_table(sdir / "dense.arrow", pa.table({"vector": vec}))
             self._record(sdir / "dense.arrow")
+            crash_point("shard_dense")
         if dense_index is not None:
             p = sdir / "dense.faiss"
             with open(p, "wb") as f:
@@ -143,9 +185,11 @@ class IndexWriter:
                 f.flush()
                 os.fsync(f.fileno())
             self._record(p)
+            crash_point("shard_faiss")
         if extra:
             entry.update(extra)
         _fsync_dir(sdir)
+        crash_point("shard_done")
         self.shards.append(entry)
         return entry
 
@@ -160,6 +204,7 @@ class IndexWriter:
         p = self.tmp / "vocab.arrow"
         write_table(p, pa.table({"term": pa.array(terms, pa.large_string())}))
         self._record(p)
+        crash_point("vocab")
 
     def commit(self, *, build_config: dict[str, Any], stats: dict[str, Any],
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -168,6 +213,10 @@ class IndexWriter:
         Returns:
             the manifest dict.
         """
+        rows = sum(int(e["rows"]) for e in self.shards)
+        if "n_docs" in stats and stats["n_docs"] != rows:  # never publish an inconsistent index
+            raise IndexFormatError(f"{self.out}: internal error, shards hold {rows} documents but "
+                                   f"{stats['n_docs']} were read; nothing was written")
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
@@ -179,12 +228,18 @@ class IndexWriter:
         }
         if extra:
             manifest.update(extra)
+        manifest["manifest_sha256"] = manifest_digest(manifest)
         mpath = self.tmp / MANIFEST
+        text = json.dumps(manifest, indent=1, sort_keys=False)
         with open(mpath, "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1, sort_keys=False)
+            f.write(text[:len(text) // 2])
+            f.flush()
+            crash_point("manifest_partial")
+            f.write(text[len(text) // 2:])
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp)
+        crash_point("manifest")
         if self.out.exists():
             check_target(self.out, self.overwrite)
             if self.out.is_dir() and not any(self.out.iterdir()):
@@ -193,14 +248,16 @@ class IndexWriter:
             if _exchange(self.tmp, self.out):
                 old = self.tmp  # after the swap, tmp names the old index
             else:
-                old = self.out.parent / f".{self.out.name}.old-{uuid.uuid4().hex[:12]}"
+                old = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
                 os.rename(self.out, old)
                 os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
+            crash_point("swap")
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
+            crash_point("swap")
         self._committed = True
         return manifest
 

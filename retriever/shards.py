@@ -94,10 +94,14 @@ class IndexReader:
         sh, rows = self.locate(np.asarray(ordinals, dtype=np.int64))
         for s, r in zip(sh.tolist(), rows.tolist()):
             t = self.shards[s].docs
-            meta = t.column("metadata")[r].as_py()
-            out.append({"id": t.column("id")[r].as_py(), "title": t.column("title")[r].as_py(),
-                        "text": t.column("text")[r].as_py(),
-                        "metadata": json.loads(meta) if meta else {}})
+            try:
+                meta = t.column("metadata")[r].as_py()
+                out.append({"id": t.column("id")[r].as_py(), "title": t.column("title")[r].as_py(),
+                            "text": t.column("text")[r].as_py(),
+                            "metadata": json.loads(meta) if meta else {}})
+            except (UnicodeDecodeError, ValueError, pa.ArrowException) as e:
+                raise IndexFormatError(f"{self.shards[s].dir / 'docs.arrow'}: row {r} is corrupted ({e}); "
+                                       f"run 'retriever index verify'") from None
         return out
 
     def shard_arrays(self, shard: Shard, name: str, expected: dict[str, Any]) -> dict[str, np.ndarray]:

@@ -68,9 +68,12 @@ class BM25Leg:
         cfg = reader.config
         self.params = cfg.bm25
         self.analyzer = Analyzer(cfg.analyzer)
-        vocab = read_table(reader.path / "vocab.arrow").column("term").to_pylist()
+        vocab = read_table(reader.path / "vocab.arrow", full=True).column("term").to_pylist()
         self.vocab = {t: i for i, t in enumerate(vocab)}
         n_terms = len(vocab)
+        if reader.manifest["stats"].get("n_terms", n_terms) != n_terms:
+            raise _fmt_error(reader.path / "vocab.arrow", f"has {n_terms} terms, manifest says "
+                             f"{reader.manifest['stats'].get('n_terms')}")
         df = np.zeros(n_terms, dtype=np.int64)
         self.shards = []
         sum_dl = 0
@@ -78,9 +81,15 @@ class BM25Leg:
         for s in reader.shards:
             a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
             t_s = len(a["offsets"]) - 1
+            if t_s != s.entry.get("n_terms", t_s) or len(a["doc_ids"]) != s.entry.get("nnz", len(a["doc_ids"])):
+                raise _fmt_error(s.dir / "bm25.arrow", f"has {t_s} terms / {len(a['doc_ids'])} postings, manifest "
+                                 f"says {s.entry.get('n_terms')} / {s.entry.get('nnz')}")
             if t_s > n_terms or len(a["doc_len"]) != s.rows:
                 raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
-            _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+            try:
+                _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+            except ValueError as e:
+                raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
             if len(a["tfs"]) != len(a["doc_ids"]):
                 raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
             df[:t_s] += np.diff(a["offsets"]).astype(np.int64)

@@ -43,6 +43,8 @@ def load_vectors(path, rows: int, dim: int) -> np.ndarray:
     arr = values.to_numpy(zero_copy_only=True)
     if arr.dtype not in (np.float16, np.float32) or arr.size != rows * dim:
         raise IndexFormatError(f"{path}: vector values are {arr.dtype} of size {arr.size}")
+    if not np.isfinite(arr).all():
+        raise IndexFormatError(f"{path}: vectors contain NaN or inf (file corrupted)")
     return arr.reshape(rows, dim)
 
 

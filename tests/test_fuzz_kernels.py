@@ -1,0 +1,226 @@
+"""Fuzzing the C++ boundary: random and malformed CSR / query / bound / vector inputs to every
+kernel in ``retriever._kernels``. Each call must return well-formed results or raise
+ValueError / TypeError; it must never crash, hang or read out of bounds (run under
+AddressSanitizer with ``make -C cpp_ext sanitize``).
+
+``FUZZ_EXAMPLES`` (env) sets hypothesis examples per kernel (default 60; the sanitizer run
+uses more). Executions are counted and printed (``-s``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+try:
+    from retriever import _kernels as K
+except ImportError:  # pragma: no cover - sanitizer builds load the module by path
+    import importlib
+
+    K = importlib.import_module("_kernels")
+
+EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
+                    suppress_health_check=list(HealthCheck))
+EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
+KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"}
+
+SMALL = st.integers(0, 12)
+U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
+U64_EDGE = st.sampled_from([0, 1, 2, 3, 7, 2**32, 2**63, 2**64 - 1])
+F32_EDGE = st.sampled_from([0.0, -0.0, 1.0, -1.0, 0.5, 3.0e38, -3.0e38, float("nan"), float("inf"),
+                            float("-inf"), 1e-45])
+
+
+def _u32(draw, n, hi):
+    return np.array([draw(st.one_of(st.integers(0, max(hi, 0)), U32_EDGE)) for _ in range(n)], np.uint32)
+
+
+@st.composite
+def csr(draw):
+    """Mostly well-formed CSR arrays with occasional corruption."""
+    n_docs = draw(st.integers(0, 20))
+    n_terms = draw(SMALL)
+    lens = [draw(st.integers(0, 6)) for _ in range(n_terms)]
+    doc_ids = []
+    for ln in lens:
+        ids = sorted(draw(st.sets(st.integers(0, max(n_docs - 1, 0)), max_size=ln))) if n_docs else []
+        doc_ids.extend(ids)
+    lens2 = []  # lens after set dedup
+    # recompute offsets from actual per-term counts
+    offsets = [0]
+    i = 0
+    for ln in lens:
+        offsets.append(offsets[-1])
+    doc_ids = np.array(doc_ids, np.uint32)
+    # distribute doc ids over terms in order, monotone
+    if n_terms:
+        cuts = sorted(draw(st.lists(st.integers(0, len(doc_ids)), min_size=n_terms - 1, max_size=n_terms - 1)))
+        offsets = [0, *cuts, len(doc_ids)]
+    else:
+        offsets = [0] if not len(doc_ids) else [0]
+        doc_ids = doc_ids[:0]
+    offsets = np.array(offsets, np.uint64)
+    corrupt = draw(st.sampled_from(["none"] * 4 + ["offset", "docid", "order", "short", "last", "empty"]))
+    if corrupt == "offset" and len(offsets):
+        offsets[draw(st.integers(0, len(offsets) - 1))] = draw(U64_EDGE)
+    elif corrupt == "docid" and len(doc_ids):
+        doc_ids[draw(st.integers(0, len(doc_ids) - 1))] = draw(U32_EDGE)
+    elif corrupt == "order" and len(doc_ids) > 1:
+        doc_ids = doc_ids[::-1].copy()
+    elif corrupt == "short" and len(doc_ids):
+        doc_ids = doc_ids[:-1].copy()
+    elif corrupt == "last":
+        offsets[-1] = offsets[-1] + draw(st.integers(1, 5))
+    elif corrupt == "empty":
+        offsets = np.zeros(0, np.uint64)
+    del lens2, i
+    return offsets, doc_ids, n_docs
+
+
+@st.composite
+def queries(draw, n_terms):
+    nq = draw(st.integers(0, 4))
+    terms, offs = [], [0]
+    for _ in range(nq):
+        m = draw(st.integers(0, 4))
+        for _ in range(m):
+            terms.append(draw(st.one_of(st.integers(0, max(n_terms - 1, 0)), U32_EDGE)))
+        offs.append(len(terms))
+    weights = [draw(st.one_of(st.floats(0, 10, width=32), F32_EDGE)) for _ in terms]
+    q_offsets = np.array(offs, np.uint64)
+    if draw(st.integers(0, 9)) == 0 and len(q_offsets):
+        q_offsets[draw(st.integers(0, len(q_offsets) - 1))] = draw(U64_EDGE)
+    return q_offsets, np.array(terms, np.uint32), np.array(weights, np.float32)
+
+
+def _f32(draw, n):
+    return np.array([draw(st.one_of(st.floats(0, 5, width=32), F32_EDGE)) for _ in range(n)], np.float32)
+
+
+def _call(fn, *args, **kw):
+    EXECUTIONS["calls"] += 1
+    try:
+        out = fn(*args, **kw)
+    except (ValueError, TypeError) as e:
+        EXECUTIONS[type(e).__name__ if type(e).__name__ in EXECUTIONS else "ValueError"] += 1
+        return None
+    EXECUTIONS["ok"] += 1
+    return out
+
+
+def _check_topk(res, nq, k):
+    ids, scores, n_found = res
+    assert ids.shape == (nq, k) and scores.shape == (nq, k) and n_found.shape == (nq,)
+    for q in range(nq):
+        n = int(n_found[q])
+        assert 0 <= n <= k
+        assert (ids[q, n:] == -1).all()
+        assert (ids[q, :n] >= 0).all()
+
+
+def test_kernel_list_is_complete():
+    names = {n for n in dir(K) if not n.startswith("_") and callable(getattr(K, n))}
+    assert names <= KERNELS | {"parse_bm25_algorithm"}, names - KERNELS
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_check_csr(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_docs = data.draw(st.sampled_from([n_docs, 0, -1, 2**32, 2**40]))
+    _call(K.check_csr, offsets, doc_ids, n_docs)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_upper_bounds(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    tfs = _u32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, -1, 1])), 5)
+    norm = _f32(data.draw, n_docs)
+    bs = data.draw(st.sampled_from([1, 2, 3, 128, 0, -1, 2**31]))
+    res = _call(K.bm25_upper_bounds, offsets, doc_ids, tfs, norm, block_size=bs,
+                n_threads=data.draw(st.integers(0, 3)))
+    if res is not None:
+        term_ub, boff, bub = res
+        assert len(term_ub) == len(offsets) - 1 and len(boff) == len(offsets) and len(bub) == int(boff[-1])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_topk(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_terms = max(len(offsets) - 1, 0)
+    tfs = _u32(data.draw, len(doc_ids), 5)
+    norm = _f32(data.draw, n_docs)
+    q_offsets, q_terms, q_weights = data.draw(queries(n_terms))
+    k = data.draw(st.sampled_from([1, 2, 5, 50, 0, -3]))
+    algo = data.draw(st.sampled_from(["exhaustive", "maxscore", "bmw", "bmm", "bogus"]))
+    bounds = {}
+    if data.draw(st.booleans()):
+        ub = _call(K.bm25_upper_bounds, offsets, doc_ids, tfs, norm, block_size=4, n_threads=1)
+        if ub is not None:
+            bounds = dict(term_ub=ub[0], block_offsets=ub[1], block_ub=ub[2], block_size=4)
+            if data.draw(st.integers(0, 3)) == 0:  # corrupt a bound
+                which = data.draw(st.sampled_from(["term_ub", "block_offsets", "block_ub"]))
+                arr = bounds[which].copy()
+                if len(arr):
+                    i = data.draw(st.integers(0, len(arr) - 1))
+                    arr[i] = data.draw(U64_EDGE) if arr.dtype == np.uint64 else data.draw(F32_EDGE)
+                bounds[which] = arr
+            if data.draw(st.integers(0, 5)) == 0:
+                bounds["block_size"] = data.draw(st.sampled_from([1, 3, 128]))
+    allow = None
+    if data.draw(st.integers(0, 3)) == 0:
+        allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))
+                          if True], np.uint8) if n_docs + 1 > 0 else np.zeros(0, np.uint8)
+    res = _call(K.bm25_topk, offsets, doc_ids, tfs, norm, q_offsets, q_terms, q_weights, k,
+                n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, **bounds)
+    if res is not None:
+        _check_topk(res, len(q_offsets) - 1, k)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_impact_topk(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_terms = max(len(offsets) - 1, 0)
+    impacts = _f32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, 1, -1])))
+    q_offsets, q_terms, q_weights = data.draw(queries(n_terms))
+    k = data.draw(st.sampled_from([1, 3, 20, 0]))
+    allow = None
+    if data.draw(st.booleans()):
+        allow = np.ones(max(n_docs + data.draw(st.sampled_from([0, -1, 1])), 0), np.uint8)
+    res = _call(K.impact_topk, offsets, doc_ids, impacts, q_offsets, q_terms, q_weights, k,
+                n_threads=data.draw(st.integers(0, 3)), allow=allow)
+    if res is not None:
+        _check_topk(res, len(q_offsets) - 1, k)
+
+
+BAD_ARRAYS = [None, 3, "abc", [1, 2], np.zeros(3, np.int64), np.zeros(3, np.float64), np.zeros((2, 2), np.uint64),
+              np.zeros(6, np.uint64)[::2], np.zeros(0, np.uint32), np.zeros((0, 3), np.uint32)]
+
+
+@pytest.mark.parametrize("pos", range(7))
+def test_wrong_types_and_shapes(pos):
+    good = [np.array([0, 2, 3], np.uint64), np.array([0, 1, 1], np.uint32), np.array([1, 2, 3], np.uint32),
+            np.ones(2, np.float32), np.array([0, 1], np.uint64), np.array([0], np.uint32), np.ones(1, np.float32)]
+    for bad in BAD_ARRAYS:
+        args = list(good)
+        args[pos] = bad
+        _call(K.bm25_topk, *args, 3, algorithm="exhaustive")
+        if pos < 4:
+            _call(K.bm25_upper_bounds, *args[:4])
+        if pos < 2:
+            _call(K.check_csr, *args[:2], 2)
+        imp = [args[0], args[1], np.ones(3, np.float32) if pos != 2 else bad, *args[4:]]
+        _call(K.impact_topk, *imp, 2)
+
+
+def test_report_executions():
+    print(f"\nfuzz executions: {EXECUTIONS}")
+    assert EXECUTIONS["calls"] > 0

@@ -1,0 +1,274 @@
+"""Reliability: crash-safe builds (SIGKILL at named points), atomic overwrite, temp-dir hygiene,
+concurrent searches, and opening an index executing no code."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, random_corpus
+from index.errors import IndexExistsError, IndexFormatError
+from index.format import read_manifest, verify_checksums
+from index.testhooks import CRASH_POINTS
+from index.writer import clean_stale_temps
+from retriever import Retriever, build_index
+
+BM25_POINTS = ("read", "encode_bm25", "shard_docs", "shard_bm25", "shard_done", "vocab",
+               "manifest_partial", "manifest", "swap")
+DENSE_POINTS = ("encode_dense", "faiss", "shard_dense", "shard_faiss")
+QUERIES = ["vitamin bone", "heart blood pressure", "gene cell cancer", "sleep memory", "zzz"]
+
+
+def _write_jsonl(path: Path, docs: list[dict]) -> Path:
+    with open(path, "w", encoding="utf-8") as f:
+        for d in docs:
+            f.write(json.dumps(d) + "\n")
+    return path
+
+
+def _cli(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    env.pop("RETRIEVER_CRASH_AT", None) if not env_extra or "RETRIEVER_CRASH_AT" not in env_extra else None
+    return subprocess.Popen([sys.executable, "-m", "retriever", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run_all(jobs: list[tuple[list[str], dict[str, str]]], parallel: int = 3) -> list[tuple[int, str]]:
+    def one(job):
+        p = _cli(*job)
+        out, err = p.communicate(timeout=300)
+        return p.returncode, err
+    with ThreadPoolExecutor(parallel) as ex:
+        return list(ex.map(one, jobs))
+
+
+def _snapshot(path: Path) -> dict:
+    r = Retriever.open(path)
+    res = r.search_arrays(QUERIES, k=10, mode="bm25")
+    return {"ids": res.ids.tolist(), "scores": res.scores.tolist(), "n": res.n_found.tolist(),
+            "doc_ids": r.doc_ids(res.ids[0, :res.n_found[0]]).tolist()}
+
+
+def _temps(parent: Path, name: str) -> list[Path]:
+    return [p for p in parent.iterdir() if p.name.startswith(f".{name}.")]
+
+
+def test_crash_points_are_documented_and_known():
+    src = (ROOT / "index" / "pipeline.py").read_text() + (ROOT / "index" / "writer.py").read_text()
+    used = set(re.findall(r'crash_point\("([a-z_0-9]+)"\)', src))
+    assert used == set(CRASH_POINTS)
+    assert set(BM25_POINTS) | set(DENSE_POINTS) == set(CRASH_POINTS)
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory):
+    d = tmp_path_factory.mktemp("crash")
+    a = _write_jsonl(d / "a.jsonl", random_corpus(90, seed=11, min_len=1))
+    b = _write_jsonl(d / "b.jsonl", random_corpus(70, seed=12, min_len=1))
+    return d, a, b
+
+
+BUILD = ["index", "build", "--legs", "bm25", "--shard-size", "30", "--batch-size", "10", "--no-progress"]
+
+
+def test_sigkill_fresh_build_leaves_nothing_visible(corpora, tmp_path):
+    _, a, _ = corpora
+    jobs = [([*BUILD, "--corpus", str(a), "--out", str(tmp_path / p)], {"RETRIEVER_CRASH_AT": p})
+            for p in BM25_POINTS]
+    # the n-th occurrence form: die in the second shard's postings
+    jobs.append(([*BUILD, "--corpus", str(a), "--out", str(tmp_path / "nth")], {"RETRIEVER_CRASH_AT": "shard_bm25:2"}))
+    results = _run_all(jobs)
+    for (args, env), (rc, err) in zip(jobs, results):
+        point = env["RETRIEVER_CRASH_AT"]
+        out = Path(args[args.index("--out") + 1])
+        assert rc == -9, (point, rc, err)
+        if point == "swap":  # the rename already happened: a complete index
+            read_manifest(out)
+            verify_checksums(out, read_manifest(out))
+        else:
+            assert not out.exists(), point
+        leftovers = _temps(tmp_path, out.name)
+        if point != "swap":
+            assert leftovers, point  # the killed build's temp dir is there...
+        for t in leftovers:  # ...but is never treated as an index
+            with pytest.raises(IndexFormatError, match="temporary directory"):
+                Retriever.open(t)
+    # A later build of the same target cleans the temp dirs of dead builds and succeeds.
+    out = tmp_path / "read"
+    build_index(str(a), out, legs=("bm25",), show_progress=False)
+    assert not _temps(tmp_path, "read")
+    Retriever.open(out).search("vitamin", k=3)
+
+
+def test_sigkill_overwrite_keeps_previous_index(corpora, tmp_path):
+    d, a, b = corpora
+    base = tmp_path / "base"
+    build_index(str(a), base, legs=("bm25",), shard_size=30, show_progress=False)
+    before = _snapshot(base)
+    m_before = read_manifest(base)
+    newer = tmp_path / "newer"
+    build_index(str(b), newer, legs=("bm25",), shard_size=30, show_progress=False)
+    after_ok = _snapshot(newer)
+    jobs = []
+    for p in BM25_POINTS:
+        out = tmp_path / f"ow_{p}"
+        shutil.copytree(base, out)
+        jobs.append(([*BUILD, "--corpus", str(b), "--out", str(out), "--overwrite"], {"RETRIEVER_CRASH_AT": p}))
+    results = _run_all(jobs)
+    for (args, env), (rc, err) in zip(jobs, results):
+        point = env["RETRIEVER_CRASH_AT"]
+        out = Path(args[args.index("--out") + 1])
+        assert rc == -9, (point, rc, err)
+        m = read_manifest(out)
+        verify_checksums(out, m)
+        snap = _snapshot(out)
+        if point == "swap":
+            assert snap == after_ok  # swapped in completely
+        else:
+            assert snap == before, point  # previous index intact, identical results
+            assert m["files"] == m_before["files"]
+
+
+def test_overwrite_required_and_atomic(corpora, tmp_path):
+    _, a, b = corpora
+    out = tmp_path / "idx"
+    build_index(str(a), out, legs=("bm25",), show_progress=False)
+    before = _snapshot(out)
+    with pytest.raises(IndexExistsError, match="--overwrite"):
+        build_index(str(b), out, legs=("bm25",), show_progress=False)
+    assert _snapshot(out) == before
+    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out)], {})])[0]
+    assert rc == 1 and err.startswith("error: ") and "--overwrite" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+    assert _snapshot(out) == before
+    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out), "--overwrite"], {})])[0]
+    assert rc == 0, err
+    assert Retriever.open(out).reader.n_docs == 70
+    assert not _temps(tmp_path, "idx")
+    # a non-index directory is never overwritten
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "precious.txt").write_text("keep me")
+    with pytest.raises(IndexFormatError):
+        build_index(str(a), junk, legs=("bm25",), overwrite=True, show_progress=False)
+    assert (junk / "precious.txt").read_text() == "keep me"
+
+
+def test_live_temp_dirs_are_not_cleaned(tmp_path):
+    out = tmp_path / "x"
+    live = tmp_path / f".x.tmp-{os.getppid()}-abc"  # a running process (our parent)
+    live.mkdir()
+    dead = tmp_path / ".x.tmp-999999999-abc"
+    dead.mkdir()
+    other = tmp_path / ".y.tmp-999999999-abc"
+    other.mkdir()
+    removed = clean_stale_temps(out)
+    assert removed == [dead] and live.exists() and other.exists()
+
+
+@pytest.mark.slow
+def test_sigkill_dense_points(tmp_path):
+    """Dense-leg crash points (model load makes each run ~10 s)."""
+    a = _write_jsonl(tmp_path / "a.jsonl", random_corpus(24, seed=3, min_len=1))
+    base = tmp_path / "base"
+    build_index(str(a), base, legs=("bm25", "dense"), shard_size=12, show_progress=False,
+                dense=__import__("index.config", fromlist=["DenseConfig"]).DenseConfig(faiss_factory="HNSW8"))
+    before = _snapshot(base)
+    jobs = []
+    for p in DENSE_POINTS:
+        jobs.append(([*BUILD[:2], "--corpus", str(a), "--out", str(tmp_path / f"fresh_{p}"), "--legs", "bm25,dense",
+                      "--shard-size", "12", "--faiss-factory", "HNSW8", "--no-progress"], {"RETRIEVER_CRASH_AT": p}))
+        out = tmp_path / f"ow_{p}"
+        shutil.copytree(base, out)
+        jobs.append(([*BUILD[:2], "--corpus", str(a), "--out", str(out), "--legs", "bm25,dense", "--shard-size", "12",
+                      "--faiss-factory", "HNSW8", "--no-progress", "--overwrite"], {"RETRIEVER_CRASH_AT": p}))
+    for (args, env), (rc, err) in zip(jobs, _run_all(jobs, parallel=2)):
+        out = Path(args[args.index("--out") + 1])
+        assert rc == -9, (env, rc, err)
+        if out.name.startswith("fresh_"):
+            assert not out.exists()
+        else:
+            assert _snapshot(out) == before
+
+
+# ---------------------------------------------------------------------------
+# Concurrency
+# ---------------------------------------------------------------------------
+
+def test_concurrent_searches_match_serial(bm25_index):
+    r = Retriever.open(bm25_index)
+    qs = [" ".join(np.random.default_rng(i).choice(
+        ["vitamin", "bone", "heart", "gene", "cell", "sleep", "diet", "virus", "the", "risk"], size=1 + i % 6))
+        for i in range(60)]
+    params = [dict(k=1 + i % 15, n_threads=1 + i % 2,
+                   leg_params={"bm25": {"algorithm": ("exhaustive", "maxscore", "bmw", "bmm")[i % 4]}})
+              for i in range(len(qs))]
+    serial_one = [[(h.id, h.score) for h in r.search(q, **p)] for q, p in zip(qs, params)]
+    serial_batch = r.search_arrays(qs, k=10).ids.tolist()
+
+    def one(i):
+        return [(h.id, h.score) for h in r.search(qs[i], **params[i])]
+
+    def batch(_):
+        return r.search_arrays(qs, k=10).ids.tolist()
+
+    for _ in range(3):
+        with ThreadPoolExecutor(8) as ex:
+            f1 = ex.map(one, range(len(qs)))
+            f2 = ex.map(batch, range(8))
+            assert list(f1) == serial_one
+            assert all(b == serial_batch for b in f2)
+
+
+# ---------------------------------------------------------------------------
+# Security: loading executes no code
+# ---------------------------------------------------------------------------
+
+def test_no_code_execution_in_sources():
+    bad = re.compile(r"\bimport pickle\b|\bpickle\.|\bcloudpickle\b|\bdill\b|\bmarshal\.loads|"
+                     r"trust_remote_code\s*=\s*True|allow_pickle\s*=\s*True|\btorch\.load\(|(?<![.\w])eval\(|(?<![.\w])exec\(")
+    hits = []
+    for pkg in ("index", "retriever", "benchmarks"):
+        for f in (ROOT / pkg).rglob("*.py"):
+            for n, line in enumerate(f.read_text(encoding="utf-8").splitlines(), 1):
+                if bad.search(line):
+                    hits.append(f"{f.relative_to(ROOT)}:{n}: {line.strip()}")
+    assert not hits, hits
+    src = (ROOT / "index" / "encoders" / "dense.py").read_text()
+    calls = [m.start() for m in re.finditer(r"from_pretrained\(", src)]
+    assert calls and all("trust_remote_code=False" in src[i:i + 200] for i in calls)
+
+
+def test_open_and_search_never_unpickle(bm25_index):
+    """Open + search in a process where every unpickling entry point raises."""
+    code = ("import pickle, sys\n"
+            "def boom(*a, **k): raise AssertionError('unpickling attempted')\n"
+            "pickle.load = pickle.loads = boom\n"
+            "class U:\n    def __init__(self, *a, **k): boom()\n"
+            "pickle.Unpickler = U\n"
+            "from retriever import Retriever\n"
+            "r = Retriever.open(sys.argv[1], verify=True)\n"
+            "print(len(r.search('vitamin bone', k=3)))\n")
+    p = subprocess.run([sys.executable, "-c", code, str(bm25_index)], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.returncode == 0 and p.stdout.strip() == "3", p.stderr
+
+
+@pytest.mark.parametrize("n,batch,shard", [(70, 10, 30), (60, 10, 30), (20, 10, 30), (31, 1, 30), (7, 7, 3)])
+def test_every_document_reaches_a_shard(tmp_path, n, batch, shard):
+    """Regression: a corpus whose size is a multiple of batch_size lost its last partial shard."""
+    out = tmp_path / "i"
+    m = build_index(random_corpus(n, seed=n, min_len=1), out, legs=("bm25",), batch_size=batch,
+                    shard_size=shard, show_progress=False)
+    assert sum(s["rows"] for s in m["shards"]) == n
+    assert Retriever.open(out).reader.n_docs == n
