@@ -14,12 +14,26 @@ log = logging.getLogger(__name__)
 def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
     """Train (if needed) and fill a FAISS inner-product index; return its serialised bytes.
 
+    See :func:`make_faiss_index` (same arguments, fallback and errors).
+    """
+    import faiss
+
+    return faiss.serialize_index(make_faiss_index(vectors, factory)).tobytes()
+
+
+def make_faiss_index(vectors: np.ndarray, factory: str):
+    """Train (if needed) and fill a FAISS inner-product index (Johnson et al., "Billion-scale
+    similarity search with GPUs", 2017 / the FAISS library).
+
     Args:
         vectors: float32 (n, d) shard vectors.
         factory: FAISS ``index_factory`` string, e.g. ``"IVF256,Flat"``, ``"HNSW32"``, ``"PQ48"``.
 
     If the index needs training and the shard has too few vectors for it (FAISS requires at least
     as many points as centroids), a flat index is built instead, with a warning.
+
+    Returns:
+        the CPU ``faiss.Index`` (``ntotal == n``).
 
     Raises:
         ConfigError: an invalid factory string (names it).
@@ -40,5 +54,6 @@ def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
             index = faiss.IndexFlatIP(d)
         else:
             index.train(vectors)
-    index.add(vectors)
-    return faiss.serialize_index(index).tobytes()
+    if n:
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index
