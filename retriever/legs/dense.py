@@ -205,7 +205,10 @@ class DenseLeg:
     def rotate(self, qv: np.ndarray) -> np.ndarray:
         """Model-space float32 (nq, dim) queries → the stored basis (``qv @ R``; identity without rotation)."""
         qv = np.ascontiguousarray(qv, dtype=np.float32)
-        return qv if self.rotation is None else np.ascontiguousarray(qv @ self.rotation)
+        if self.rotation is None:
+            return qv
+        # float64 product rounded to float32: a query's rotated vector does not depend on its batch.
+        return np.ascontiguousarray((qv.astype(np.float64) @ self.rotation.astype(np.float64)).astype(np.float32))
 
     # ------------------------------------------------------------------ FAISS helpers
     def _to_gpu(self, index: Any) -> Any:
