@@ -45,11 +45,13 @@ def make_faiss_index(vectors: np.ndarray, factory: str):
         index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
         raise ConfigError(f"invalid FAISS factory string {factory!r}: {str(e).splitlines()[0]}") from None
-    pq = faiss.downcast_index(index)
-    if isinstance(pq, faiss.IndexPQ):
-        # The factory enables polysemous training for "PQm" (a minute-long annealing of code
-        # orders used only by Hamming-filtered search, which we never run): switch it off.
-        pq.do_polysemous_training = False
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    if hasattr(inner, "do_polysemous_training"):
+        # The factory enables polysemous training for PQ / IVF-PQ (a minute-long annealing of
+        # code orders used only by Hamming-filtered search, which we never run): switch it off.
+        inner.do_polysemous_training = False
     if not index.is_trained:
         nlist = getattr(faiss.extract_index_ivf(index), "nlist", 0) if "IVF" in factory else 0
         need = max(nlist, 256 if "PQ" in factory else 1)

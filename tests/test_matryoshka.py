@@ -153,7 +153,7 @@ def test_funnel_is_exact_when_shortlist_covers_shard(rot_index, queries):
         np.testing.assert_array_equal(got.scores, full.scores)
 
 
-@pytest.mark.parametrize("index", [None, "Flat", "IVF16,Flat", "HNSW16", "PQ4", "IVF8,PQ4", "OPQ4,IVF8,Flat"])
+@pytest.mark.parametrize("index", [None, "Flat", "IVF16,Flat", "HNSW16", "PQ4", "IVF8,PQ4", "PCAR16,IVF8,Flat"])
 def test_index_families_return_k_valid_hits(rot_index, queries, vecs, index):
     res = search(rot_index, queries, 10, dim=16, index=index, shortlist=100, nprobe=4)
     assert (res.n_found == 10).all() and (res.ids >= 0).all() and np.isfinite(res.scores).all()
@@ -253,20 +253,31 @@ def test_choose_prefix_dim(rot_index, queries):
 # ---------------------------------------------------------------- end to end with the real encoder
 def test_build_index_with_rotation_and_text_queries(tmp_path, small_corpus):
     docs = small_corpus[:40]
-    build_index(docs, tmp_path / "plain", legs=("dense",), show_progress=False)
     cfg = BuildConfig(legs=("dense",), shard_size=25, dense=DenseConfig(matryoshka_dims=(32, 64, 384)))
     m = build_index(docs, tmp_path / "rot", cfg, show_progress=False)
     assert m["matryoshka"]["rotation"] == ROTATION_FILE and m["matryoshka"]["rotation_sample_rows"] == 25
-    assert m["stats"]["dense_dtype"] == "float16"
-    a = Retriever.open(tmp_path / "plain").search_arrays(["bone fracture vitamin", "heart"], 10, mode="dense")
-    b = Retriever.open(tmp_path / "rot").search_arrays(["bone fracture vitamin", "heart"], 10, mode="dense")
-    np.testing.assert_allclose(a.scores, b.scores, atol=3e-3)  # float16 storage of rotated vectors
+    assert m["stats"]["dense_dtype"] == "float16" and list(m["build_config"]["dense"]["matryoshka_dims"]) == [32, 64, 384]
     r = Retriever.open(tmp_path / "rot")
+    leg = r.engine.legs["dense"]
+    texts = ["bone fracture vitamin", "heart"]
+    res = r.search_arrays(texts, 10, mode="dense")
+    qv = leg.encode(texts).astype(np.float64)  # model space
+    stored = np.concatenate([np.asarray(v, np.float64) for v in leg.vectors])
+    model_space = stored @ leg.rotation.astype(np.float64).T  # undo the document rotation
+    ref = qv @ model_space.T
+    np.testing.assert_allclose(res.scores, np.take_along_axis(ref, res.ids, 1), atol=1e-5)
+    assert recall_at_k(res.ids, np.argsort(-ref, axis=1)[:, :10], 10) == 1.0
     res = r.search_arrays(["heart"], 5, mode="dense", leg_params={"dense": {"dim": 32}})
     assert (res.n_found == 5).all()
-    mrl = BuildConfig(legs=("dense",), dense=DenseConfig(matryoshka_dims=(64,), mrl_trained=True))
-    m2 = build_index(docs[:5], tmp_path / "mrl", mrl, show_progress=False)
-    assert m2["matryoshka"]["rotation"] is None and ROTATION_FILE not in m2["files"]
+
+
+def test_mrl_trained_stores_no_rotation(tmp_path, vecs):
+    m = build_vector_index([f"d{i}" for i in range(50)], vecs[:50], tmp_path / "m", dims=(16, D), mrl_trained=True)
+    assert m["matryoshka"]["rotation"] is None and ROTATION_FILE not in m["files"]
+    r = Retriever.open(tmp_path / "m")
+    assert r.engine.legs["dense"].rotation is None
+    stored = np.asarray(r.engine.legs["dense"].vectors[0], np.float32)
+    np.testing.assert_array_equal(stored, vecs[:50].astype(np.float16).astype(np.float32))
 
 
 def test_cli_rejects_bad_matryoshka_dims(tmp_path, capsys):
