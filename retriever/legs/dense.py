@@ -405,11 +405,15 @@ class DenseLeg:
         """Exact full-dimension inner products of each query's candidates (float64 accumulation,
         rounded to float32: independent of the batch a query came in)."""
         nq, kk = I.shape
-        out = np.full((nq, kk), -np.inf, np.float32)
-        for r in range(nq):
-            m = valid[r]
-            cand = vec[I[r, m]].astype(np.float64)
-            out[r, m] = (cand @ q[r].astype(np.float64)).astype(np.float32)
+        out = np.empty((nq, kk), np.float32)
+        step = max(1, CHUNK_BYTES // max(1, kk * vec.shape[1] * 8))
+        safe = np.where(valid, I, 0)
+        for a in range(0, nq, step):
+            b = min(nq, a + step)
+            cand = vec[safe[a:b]].astype(np.float64)  # (c, kk, d)
+            # einsum's per-element loop sums over d in a fixed order: batch-independent results.
+            out[a:b] = np.einsum("qkd,qd->qk", cand, q[a:b].astype(np.float64)).astype(np.float32)
+        out[~valid] = -np.inf
         return out
 
 
