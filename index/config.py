@@ -71,6 +71,13 @@ class DenseConfig:
         faiss_factory: FAISS ``index_factory`` string; ``"Flat"`` is exact inner product.
         normalize: L2-normalise embeddings (cosine similarity as inner product).
         query_prefix, document_prefix: prompts prepended to texts (e5/bge-style models).
+        matryoshka_dims: ascending prefix dimensions offered for funnel search (e.g.
+            ``(64, 128, 256, 384)``); empty = no Matryoshka metadata and no rotation.
+        mrl_trained: the model was trained with Matryoshka Representation Learning (Kusupati et
+            al., NeurIPS 2022), so its prefixes are meaningful as they are: no rotation is fitted.
+            When False and ``matryoshka_dims`` is set, a PCA rotation is fitted at build time (see
+            ``index/matryoshka.py``).
+        rotation_sample: at most this many vectors (from the first shard) fit the rotation.
     """
 
     model: str | None = None
@@ -81,8 +88,17 @@ class DenseConfig:
     normalize: bool = True
     query_prefix: str = ""
     document_prefix: str = ""
+    matryoshka_dims: tuple[int, ...] = ()
+    mrl_trained: bool = False
+    rotation_sample: int = 100_000
 
     def __post_init__(self) -> None:
+        from .matryoshka import check_dims  # Matryoshka validation lives with its logic
+
+        object.__setattr__(self, "matryoshka_dims", check_dims(self.matryoshka_dims))
+        if isinstance(self.rotation_sample, bool) or not isinstance(self.rotation_sample, int) \
+                or self.rotation_sample < 1:
+            raise ConfigError(f"dense rotation_sample must be an integer >= 1, got {self.rotation_sample!r}")
         if self.dtype not in ("float16", "float32"):
             raise ConfigError(f"dense dtype must be 'float16' or 'float32', got {self.dtype!r}")
         if self.max_length < 1:

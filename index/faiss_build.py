@@ -14,12 +14,26 @@ log = logging.getLogger(__name__)
 def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
     """Train (if needed) and fill a FAISS inner-product index; return its serialised bytes.
 
+    See :func:`make_faiss_index` (same arguments, fallback and errors).
+    """
+    import faiss
+
+    return faiss.serialize_index(make_faiss_index(vectors, factory)).tobytes()
+
+
+def make_faiss_index(vectors: np.ndarray, factory: str):
+    """Train (if needed) and fill a FAISS inner-product index (Johnson et al., "Billion-scale
+    similarity search with GPUs", 2017 / the FAISS library).
+
     Args:
         vectors: float32 (n, d) shard vectors.
         factory: FAISS ``index_factory`` string, e.g. ``"IVF256,Flat"``, ``"HNSW32"``, ``"PQ48"``.
 
     If the index needs training and the shard has too few vectors for it (FAISS requires at least
     as many points as centroids), a flat index is built instead, with a warning.
+
+    Returns:
+        the CPU ``faiss.Index`` (``ntotal == n``).
 
     Raises:
         ConfigError: an invalid factory string (names it).
@@ -31,6 +45,13 @@ def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
         index = faiss.index_factory(d, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as e:
         raise ConfigError(f"invalid FAISS factory string {factory!r}: {str(e).splitlines()[0]}") from None
+    inner = faiss.downcast_index(index)
+    if isinstance(inner, faiss.IndexPreTransform):
+        inner = faiss.downcast_index(inner.index)
+    if hasattr(inner, "do_polysemous_training"):
+        # The factory enables polysemous training for PQ / IVF-PQ (a minute-long annealing of
+        # code orders used only by Hamming-filtered search, which we never run): switch it off.
+        inner.do_polysemous_training = False
     if not index.is_trained:
         nlist = getattr(faiss.extract_index_ivf(index), "nlist", 0) if "IVF" in factory else 0
         need = max(nlist, 256 if "PQ" in factory else 1)
@@ -39,6 +60,7 @@ def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
                         n, need, factory)
             index = faiss.IndexFlatIP(d)
         else:
-            index.train(vectors)
-    index.add(vectors)
-    return faiss.serialize_index(index).tobytes()
+            index.train(np.ascontiguousarray(vectors, dtype=np.float32))
+    if n:
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return index

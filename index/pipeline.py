@@ -112,6 +112,12 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
         dense_enc = DenseEncoder(dc.model, max_length=dc.max_length, batch_size=dc.batch_size,
                                  device=config.device, normalize=dc.normalize)
         model_info["dense"] = {**_model_fingerprint(dense_enc.path), "dim": dense_enc.dim}
+    mat = None
+    if dense_enc is not None and config.dense.matryoshka_dims:
+        from .matryoshka import MatryoshkaBuilder  # rotation fitted on the first shard, applied to all
+
+        mat = MatryoshkaBuilder(dense_enc.dim, config.dense.matryoshka_dims, mrl_trained=config.dense.mrl_trained,
+                                dtype=config.dense.dtype, rotation_sample=config.dense.rotation_sample)
     sparse_builder = None
     if "sparse" in config.legs:
         from .sparse_build import SparseBuilder  # provided by the learned-sparse leg
@@ -148,11 +154,14 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 if dense_enc is not None:
                     docs_in = [config.dense.document_prefix + t for t in full]
                     vecs = dense_enc.encode(docs_in)
-                    if dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
+                    if mat is not None:  # stored dtype chosen after the rotation, in _flush
+                        shard_dense.append(_dense_store(vecs, "float32", batch[0].id))
+                    elif dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
                         log.warning("dense values exceed float16 range; storing float32")
                         dense_dtype = "float32"
                         shard_dense = [v.astype(np.float32) for v in shard_dense]
-                    shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
+                    if mat is None:
+                        shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
                     crash_point("encode_dense")
                 if sparse_builder is not None:
                     sparse_builder.add(full)
@@ -160,7 +169,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 if progress is not None:
                     progress.update(len(batch))
                 if end_of_shard:
-                    _flush(writer, shard_docs, postings, shard_dense, sparse_builder, config)
+                    _flush(writer, shard_docs, postings, shard_dense, sparse_builder, config, mat)
                     shard_docs = {"ids": [], "titles": [], "texts": [], "metadata": []}
                     shard_dense = []
             if n_docs == 0:
@@ -176,18 +185,25 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             if sparse_builder is not None:
                 stats.update(sparse_builder.stats())
                 sparse_builder.write_global(writer)
+            extra: dict[str, Any] = {"models": model_info}
+            if mat is not None:
+                extra["matryoshka"] = mat.finish(writer)
+                dense_dtype = mat.dtype
+                stats["dense_dtype"] = dense_dtype
             stats["build_seconds"] = round(time.perf_counter() - t0, 3)
             cfg = config.to_dict()
             cfg["dense"]["dtype"] = dense_dtype
-            return writer.commit(build_config=cfg, stats=stats, extra={"models": model_info})
+            return writer.commit(build_config=cfg, stats=stats, extra=extra)
         finally:
             if progress is not None:
                 progress.close()
 
 
 def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder | None,
-           dense: list[np.ndarray], sparse_builder: Any, config: BuildConfig) -> None:
+           dense: list[np.ndarray], sparse_builder: Any, config: BuildConfig, mat: Any = None) -> None:
     vectors = np.concatenate(dense) if dense else None
+    if vectors is not None and mat is not None:
+        vectors = mat.transform(vectors)
     faiss_bytes = None
     if vectors is not None and config.dense.faiss_factory != "Flat":
         from .faiss_build import build_faiss_index

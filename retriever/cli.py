@@ -33,12 +33,24 @@ def _positive_int(s: str) -> int:
     return v
 
 
+def _leg_params(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--leg-params: not valid JSON ({e})") from None
+    if not isinstance(v, dict) or not all(isinstance(x, dict) for x in v.values()):
+        raise argparse.ArgumentTypeError(f"--leg-params: expected {{leg: {{option: value}}}}, got {s!r}")
+    return v
+
+
 def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
     p.add_argument("--rrf-k", type=float, default=60.0, help="RRF constant k (default 60)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
+    p.add_argument("--leg-params", type=_leg_params, default=None,
+                   help='per-leg search options as JSON, e.g. \'{"dense": {"dim": 64, "shortlist": 200}}\'')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--sparse-doc-max-length", type=_positive_int, default=256, help="SPLADE tokens per document")
     b.add_argument("--sparse-n-postings", type=int, default=1000, help="approximate sparse index: postings kept per term (0 = all)")
     b.add_argument("--sparse-block-size", type=_positive_int, default=10, help="approximate sparse index: mean docs per block")
+    b.add_argument("--matryoshka-dims", default="", help="prefix dims for funnel search, e.g. 64,128,256,384 "
+                   "(fits a PCA rotation unless --mrl-trained)")
+    b.add_argument("--mrl-trained", action="store_true", help="the dense model is Matryoshka-trained: no rotation")
     b.add_argument("--shard-size", type=_positive_int, default=100_000, help="documents per shard")
     b.add_argument("--batch-size", type=_positive_int, default=1024, help="documents per pipeline batch")
     b.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
@@ -113,10 +128,13 @@ def _fusion(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    from index.matryoshka import check_dims
     from index.pipeline import build_index
 
     cfg = BuildConfig(legs=args.legs, shard_size=args.shard_size, batch_size=args.batch_size, device=args.device,
-                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory),
+                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory,
+                                        matryoshka_dims=check_dims(args.matryoshka_dims),
+                                        mrl_trained=args.mrl_trained),
                       sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,
                                           n_postings=args.sparse_n_postings, block_size=args.sparse_block_size))
     m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
@@ -156,7 +174,8 @@ def cmd_search(args: argparse.Namespace) -> int:
     from .api import Retriever
 
     r = Retriever.open(args.dir, n_threads=args.threads)
-    hits = r.search(args.query, k=args.k, mode=args.mode, fusion=_fusion(args), depth=args.depth)
+    hits = r.search(args.query, k=args.k, mode=args.mode, fusion=_fusion(args), depth=args.depth,
+                    leg_params=args.leg_params)
     if args.json:
         print(json.dumps({"query": args.query, "mode": args.mode, "hits": [_hit_dict(h) for h in hits]},
                          ensure_ascii=False))
@@ -185,7 +204,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     fusion = _fusion(args)
     for mode in modes:
         t0 = time.perf_counter()
-        res = r.search_arrays(texts, k=args.k, mode=mode, fusion=fusion, depth=args.depth)
+        res = r.search_arrays(texts, k=args.k, mode=mode, fusion=fusion, depth=args.depth,
+                              leg_params=args.leg_params)
         secs = time.perf_counter() - t0
         ids = r.reader.doc_ids()
         docs = [ids[res.ids[q, :res.n_found[q]]].tolist() for q in range(len(qids))]

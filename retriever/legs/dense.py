@@ -1,25 +1,56 @@
-"""Dense leg: query encoding and FAISS inner-product search per shard (GPU when available).
+"""Dense leg: query encoding, FAISS inner-product search per shard (GPU when available), and
+Matryoshka funnel search.
 
-Vectors are stored once in each shard's ``dense.arrow`` (float16 or float32). The default
-``"Flat"`` factory builds an exact ``IndexFlatIP`` from them at open time; other factory strings
-(IVF, HNSW, PQ...) were trained at build time and are read from ``dense.faiss``.
+Vectors are stored once in each shard's ``dense.arrow`` (float16 or float32), rotated by the
+index's PCA rotation when it has one (``index/matryoshka.py``). The default ``"Flat"`` factory
+builds an exact ``IndexFlatIP`` from them at open time; other factory strings (IVF, HNSW, PQ...)
+were trained at build time and are read from ``dense.faiss``.
+
+Funnel search (after AdANNS, Rege et al., "AdANNS: A Framework for Adaptive Semantic Search",
+NeurIPS 2023, over Matryoshka embeddings, Kusupati et al., NeurIPS 2022): a candidate generator
+searches the first ``dim`` coordinates (re-normalised) with any FAISS index family, keeps the
+top-``shortlist`` (k') candidates per shard, and these are re-scored exactly at full dimension
+from the stored vectors. All knobs are per-call keyword arguments of :meth:`DenseLeg.search`
+(``Retriever.search_arrays(..., leg_params={"dense": {...}})``); prefix indexes built for a
+``(dim, index)`` pair are cached, but no search parameter is stored on them.
+
+Defined edge cases: ``nprobe`` above ``nlist`` is capped at ``nlist``; an IVF/PQ index that
+cannot be trained on the available vectors falls back to a flat index with a warning; ``k``
+above the number of vectors returns every vector; an empty shard contributes nothing; a query for
+which an approximate index returns fewer than ``min(k, rows)`` candidates is completed by an exact
+prefix scan, so a query always gets ``min(k, n_docs)`` hits and no ``-1`` id or sentinel score is
+returned inside ``n_found``. Final scores are recomputed per query with one fixed-shape product,
+so a query's results do not depend on the batch it was sent in.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from index.encoders.dense import DenseEncoder
-from index.errors import IndexFormatError, QueryError
+from index.errors import ConfigError, IndexFormatError, QueryError
 from index.format import read_table
+from index.matryoshka import load_rotation, prefix_normalize
 
 from ..shards import IndexReader
 
 log = logging.getLogger(__name__)
+
+#: default ``nprobe`` for IVF candidate generators (capped at nlist).
+DEFAULT_NPROBE = 16
+#: default shortlist (k') of a prefix search: ``max(SHORTLIST_FACTOR * k, SHORTLIST_MIN)``.
+SHORTLIST_FACTOR = 10
+SHORTLIST_MIN = 100
+#: memory budget of one query chunk (candidate ids + scores + gathered vectors), bytes.
+CHUNK_BYTES = 256 << 20
+#: largest k FAISS GPU indexes accept; larger shortlists use the CPU copy.
+GPU_MAX_K = 2048
+PARAM_NAMES = ("dim", "shortlist", "index", "nprobe", "ef_search", "rescore", "batch_size")
 
 
 def load_vectors(path, rows: int, dim: int) -> np.ndarray:
@@ -48,13 +79,46 @@ def load_vectors(path, rows: int, dim: int) -> np.ndarray:
     return arr.reshape(rows, dim)
 
 
+@dataclass(frozen=True)
+class FunnelParams:
+    """Validated per-call dense search options (see :meth:`DenseLeg.search`)."""
+
+    dim: int
+    shortlist: int
+    index: str | None
+    nprobe: int | None
+    ef_search: int | None
+    rescore: bool
+    batch_size: int | None
+
+
+def _int_param(name: str, v: Any, lo: int = 1) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
+        raise QueryError(f"dense leg_params {name!r} must be an integer >= {lo}, got {v!r}")
+    return int(v)
+
+
+class _PrefixIndex:
+    """A candidate generator over re-normalised prefixes of one shard (CPU, optional GPU copy)."""
+
+    def __init__(self, cpu: Any, gpu: Any, prefix: np.ndarray | None) -> None:
+        self.cpu = cpu
+        self.gpu = gpu
+        self.prefix = prefix
+
+
 class DenseLeg:
     """Dense leg of an opened index.
 
     Args:
         reader: the opened index.
-        use_gpu: move FAISS indexes to GPU (``None`` = when ``faiss.get_num_gpus() > 0``).
+        use_gpu: move FAISS flat/IVF indexes to GPU (``None`` = when ``faiss.get_num_gpus() > 0``).
         device: torch device for the query encoder.
+
+    Raises:
+        IndexFormatError: malformed vectors, FAISS index or rotation file (names the file).
     """
 
     name = "dense"
@@ -72,8 +136,15 @@ class DenseLeg:
         if use_gpu is None:
             use_gpu = faiss.get_num_gpus() > 0
         self.use_gpu = bool(use_gpu) and faiss.get_num_gpus() > 0
+        #: float32 (dim, dim) rotation applied to queries (documents were rotated at build), or None.
+        self.rotation = load_rotation(reader.path, reader.manifest, self.dim)
+        #: Matryoshka dims recorded at build time (informational; any prefix 1..dim is accepted).
+        self.matryoshka_dims = tuple((reader.manifest.get("matryoshka") or {}).get("dims", ()))
         self.vectors: list[np.ndarray] = []
         self.indexes: list[Any] = []
+        self.cpu_indexes: list[Any] = []
+        self._prefix: dict[tuple[int, int, str], _PrefixIndex] = {}
+        self._gpu_lock = threading.Lock()
         for s in reader.shards:
             vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
             self.vectors.append(vec)
@@ -89,10 +160,10 @@ class DenseLeg:
                 index = faiss.IndexFlatIP(self.dim)
                 if s.rows:
                     index.add(np.ascontiguousarray(vec, dtype=np.float32))
-            if self.use_gpu:
-                index = faiss.index_cpu_to_all_gpus(index)
-            self.indexes.append(index)
+            self.cpu_indexes.append(index)
+            self.indexes.append(self._to_gpu(index))
 
+    # ------------------------------------------------------------------ encoding
     @property
     def encoder(self) -> DenseEncoder:
         """The query encoder, loaded on first use from the model recorded in the manifest."""
@@ -108,15 +179,18 @@ class DenseLeg:
             return self._encoder
 
     def prepare(self, queries: list[str]) -> np.ndarray:
-        """Leg interface: encode the batch."""
+        """Leg interface: encode the batch (model space; :meth:`search` applies the rotation)."""
         return self.encode(queries)
 
     def encode(self, queries: list[str]) -> np.ndarray:
-        """float32 (nq, dim) query vectors."""
+        """float32 (nq, dim) query vectors in the model's space."""
         return self.encoder.encode([self.config.query_prefix + q for q in queries])
 
     def check_vectors(self, qv: np.ndarray) -> np.ndarray:
-        """Validate user-supplied query vectors.
+        """Validate user-supplied query vectors (model space, as the encoder produces them).
+
+        Returns:
+            float32 C-contiguous (nq, dim).
 
         Raises:
             QueryError: wrong shape or non-finite values.
@@ -130,26 +204,235 @@ class DenseLeg:
             raise QueryError("query vectors contain NaN or inf")
         return np.ascontiguousarray(qv)
 
-    def search(self, qv: np.ndarray, depth: int, n_threads: int = 0, params: Any = None):
-        """Top-``depth`` per shard as ``(ids global int64, scores float32, n_found int32)``."""
+    def rotate(self, qv: np.ndarray) -> np.ndarray:
+        """Model-space float32 (nq, dim) queries → the stored basis (``qv @ R``; identity without rotation)."""
+        qv = np.ascontiguousarray(qv, dtype=np.float32)
+        if self.rotation is None:
+            return qv
+        # float64 product rounded to float32: a query's rotated vector does not depend on its batch.
+        return np.ascontiguousarray((qv.astype(np.float64) @ self.rotation.astype(np.float64)).astype(np.float32))
+
+    # ------------------------------------------------------------------ FAISS helpers
+    def _to_gpu(self, index: Any) -> Any:
+        """GPU copy of a flat/IVF index when GPUs are used, else ``None`` / the index itself."""
+        if not self.use_gpu:
+            return index
+        import faiss
+
+        kind = type(faiss.downcast_index(index)).__name__
+        if kind.startswith(("IndexFlat", "IndexIVFFlat", "IndexIVFPQ", "IndexIVFScalarQuantizer")):
+            try:
+                return faiss.index_cpu_to_all_gpus(index)
+            except RuntimeError as e:  # pragma: no cover - depends on the GPU build
+                log.warning("cannot move %s to GPU (%s); searching on CPU", kind, e)
+        return index
+
+    def _prefix_index(self, si: int, dim: int, factory: str) -> _PrefixIndex:
+        """Cached candidate generator over shard ``si``'s re-normalised ``dim``-prefixes."""
+        from index.faiss_build import make_faiss_index
+
+        key = (si, dim, factory)
+        with self._lock:
+            pi = self._prefix.get(key)
+        if pi is not None:
+            return pi
+        prefix = prefix_normalize(self.vectors[si], dim)
+        cpu = make_faiss_index(prefix, factory)
+        gpu = self._to_gpu(cpu) if self.use_gpu else None
+        keep = None if type(cpu).__name__ == "IndexFlatIP" else prefix  # exact completion for ANN indexes
+        pi = _PrefixIndex(cpu, gpu if gpu is not cpu else None, keep)
+        with self._lock:
+            self._prefix.setdefault(key, pi)
+            return self._prefix[key]
+
+    @staticmethod
+    def _search_params(index: Any, nprobe: int | None, ef_search: int | None, k: int) -> Any:
+        """FAISS per-call ``SearchParameters`` for IVF / HNSW (possibly under a pre-transform)."""
+        import faiss
+
+        inner = faiss.downcast_index(index)
+        wrap = None
+        if isinstance(inner, faiss.IndexPreTransform):
+            wrap = inner
+            inner = faiss.downcast_index(inner.index)
+        params = None
+        ivf = faiss.try_extract_index_ivf(inner) if hasattr(faiss, "try_extract_index_ivf") else None
+        if ivf is not None:
+            nlist = int(ivf.nlist)
+            n = DEFAULT_NPROBE if nprobe is None else nprobe
+            params = faiss.SearchParametersIVF(nprobe=int(min(max(n, 1), nlist)))
+        elif isinstance(inner, faiss.IndexHNSW):
+            ef = int(inner.hnsw.efSearch) if ef_search is None else ef_search
+            params = faiss.SearchParametersHNSW(efSearch=int(max(ef, k)))
+        if params is not None and wrap is not None:
+            params = faiss.SearchParametersPreTransform(index_params=params)
+        return params
+
+    def _faiss_search(self, cpu: Any, gpu: Any, q: np.ndarray, k: int, fp: FunnelParams) -> tuple[np.ndarray, np.ndarray]:
+        """Search ``q`` in chunks sized to :data:`CHUNK_BYTES`; returns ``(D float32, I int64)`` (nq, k)."""
+        use = gpu if gpu is not None and k <= GPU_MAX_K else cpu
+        params = self._search_params(cpu, fp.nprobe, fp.ef_search, k)
+        nq = q.shape[0]
+        D = np.empty((nq, k), np.float32)
+        I = np.empty((nq, k), np.int64)
+        step = fp.batch_size or max(1, min(nq, CHUNK_BYTES // max(1, k * 12 + q.shape[1] * 4)))
+        for a in range(0, nq, step):
+            b = min(nq, a + step)
+            if use is not cpu:
+                # GPU indexes take nprobe as index state, not per-call parameters: set it and
+                # search under one lock so concurrent calls cannot see each other's value.
+                with self._gpu_lock:
+                    if params is not None and hasattr(params, "nprobe"):
+                        import faiss
+                        faiss.GpuParameterSpace().set_index_parameter(use, "nprobe", int(params.nprobe))
+                    D[a:b], I[a:b] = use.search(q[a:b], k)
+            elif params is not None:
+                D[a:b], I[a:b] = use.search(q[a:b], k, params=params)
+            else:
+                D[a:b], I[a:b] = use.search(q[a:b], k)
+        return D, I
+
+    # ------------------------------------------------------------------ search
+    def parse_params(self, depth: int, params: dict[str, Any]) -> FunnelParams:
+        """Validate per-call options (names as in :meth:`search`).
+
+        Raises:
+            QueryError: unknown option or a bad value (names the option and the value).
+        """
+        unknown = sorted(set(params) - set(PARAM_NAMES))
+        if unknown:
+            raise QueryError(f"unknown dense leg_params {unknown}; expected some of {', '.join(PARAM_NAMES)}")
+        dim = _int_param("dim", params.get("dim"))
+        if dim is None:
+            dim = self.dim
+        if dim > self.dim:
+            raise QueryError(f"dense leg_params 'dim' must be <= {self.dim}, got {dim!r}")
+        index = params.get("index")
+        if index is not None and (not isinstance(index, str) or not index.strip()):
+            raise QueryError(f"dense leg_params 'index' must be a FAISS factory string, got {index!r}")
+        shortlist = _int_param("shortlist", params.get("shortlist"))
+        if shortlist is None:
+            funnel = dim < self.dim or index is not None
+            shortlist = max(SHORTLIST_FACTOR * depth, SHORTLIST_MIN) if funnel else depth
+        rescore = params.get("rescore", True)
+        if not isinstance(rescore, bool):
+            raise QueryError(f"dense leg_params 'rescore' must be True or False, got {rescore!r}")
+        return FunnelParams(dim=dim, shortlist=max(shortlist, depth), index=index,
+                            nprobe=_int_param("nprobe", params.get("nprobe")),
+                            ef_search=_int_param("ef_search", params.get("ef_search")),
+                            rescore=rescore, batch_size=_int_param("batch_size", params.get("batch_size")))
+
+    def search(self, qv: np.ndarray, depth: int, n_threads: int = 0, **params: Any
+               ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Top-``depth`` per shard, exact or by funnel search.
+
+        Args:
+            qv: float32 (nq, dim) query vectors in the model's space (rotated here).
+            depth: hits per shard (k).
+            n_threads: accepted for the leg interface; FAISS uses its own OpenMP setting.
+            **params: per-call options (all optional):
+
+                - ``dim`` (int, 1..d, default d): prefix length the candidate generator searches;
+                  prefixes of queries and documents are re-normalised to unit length.
+                - ``shortlist`` (int, k'): candidates per shard kept for exact re-scoring
+                  (default ``k`` for a full-dimension search with the index's own structure,
+                  else ``max(10·k, 100)``; never below ``k``).
+                - ``index`` (str): FAISS factory string of the generator over the prefix
+                  (``"Flat"``, ``"IVF1024,Flat"``, ``"HNSW32"``, ``"PQ16"``...); default: the
+                  index's own structure at full dimension, ``"Flat"`` over a shorter prefix.
+                - ``nprobe`` (int): IVF lists visited (default 16; capped at nlist).
+                - ``ef_search`` (int): HNSW efSearch (default: the index's; at least k').
+                - ``rescore`` (bool, default True): re-score the shortlist at full dimension
+                  from the stored vectors; False returns the generator's (prefix) scores.
+                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB).
+
+        Returns:
+            per shard ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth),
+            n_found int32 (nq,))``, rows sorted by score descending then ordinal, padded with
+            -1 / -inf after ``n_found``.
+
+        Raises:
+            QueryError: bad option (names it and the value).
+            ConfigError: an invalid FAISS factory string.
+        """
+        fp = self.parse_params(depth, params)
+        q = self.rotate(qv)
+        nq = q.shape[0]
+        use_own = fp.dim == self.dim and fp.index is None
+        qp = q if use_own else prefix_normalize(q, fp.dim)
         parts = []
-        nq = qv.shape[0]
-        for s, index in zip(self.reader.shards, self.indexes):
-            kk = min(depth, s.rows)
+        for si, s in enumerate(self.reader.shards):
+            kk = min(fp.shortlist, s.rows)
             if kk == 0 or nq == 0:
                 parts.append((np.full((nq, depth), -1, np.int64), np.full((nq, depth), -np.inf, np.float32),
                               np.zeros(nq, np.int32)))
                 continue
-            D, I = index.search(qv, kk, params=params) if params is not None else index.search(qv, kk)
+            vec = self.vectors[si]
+            if use_own:
+                cpu, gpu, exact = self.cpu_indexes[si], self.indexes[si], vec
+                if gpu is cpu:
+                    gpu = None
+            else:
+                pi = self._prefix_index(si, fp.dim, fp.index or "Flat")
+                cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
+            D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
+            D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
             valid = I >= 0
-            ids = np.full((nq, depth), -1, np.int64)
-            scores = np.full((nq, depth), -np.inf, np.float32)
-            ids[:, :kk] = np.where(valid, I + s.base, -1)
-            scores[:, :kk] = np.where(valid, D, -np.inf)
-            # Canonical tie order inside the shard list: score desc, then ordinal asc.
-            key_id = np.where(ids >= 0, ids, np.iinfo(np.int64).max)
-            order = np.lexsort((key_id, -scores.astype(np.float64)), axis=1)
-            ids = np.take_along_axis(ids, order, axis=1)
-            scores = np.take_along_axis(scores, order, axis=1)
-            parts.append((ids, scores, (ids >= 0).sum(axis=1).astype(np.int32)))
+            if fp.rescore:
+                scores = self._rescore(q, vec, I, valid)
+            else:
+                scores = np.where(valid, D, -np.inf).astype(np.float32)
+            parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
         return parts
+
+    @staticmethod
+    def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int
+                  ) -> tuple[np.ndarray, np.ndarray]:
+        """Replace rows with fewer than ``need`` valid candidates by an exact scan of ``exact``."""
+        short = np.flatnonzero((I >= 0).sum(axis=1) < need)
+        if len(short) == 0 or exact is None:
+            return D, I
+        kk = I.shape[1]
+        for r in short.tolist():
+            s = np.asarray(exact, dtype=np.float32) @ qp[r]
+            top = np.argpartition(-s, kk - 1)[:kk] if kk < len(s) else np.arange(len(s))
+            I[r, :] = -1
+            D[r, :] = -np.inf
+            I[r, :len(top)] = top
+            D[r, :len(top)] = s[top]
+        return D, I
+
+    @staticmethod
+    def _rescore(q: np.ndarray, vec: np.ndarray, I: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Exact full-dimension inner products of each query's candidates (float64 accumulation,
+        rounded to float32: independent of the batch a query came in)."""
+        nq, kk = I.shape
+        out = np.empty((nq, kk), np.float32)
+        step = max(1, CHUNK_BYTES // max(1, kk * vec.shape[1] * 8))
+        safe = np.where(valid, I, 0)
+        for a in range(0, nq, step):
+            b = min(nq, a + step)
+            cand = vec[safe[a:b]].astype(np.float64)  # (c, kk, d)
+            # einsum's per-element loop sums over d in a fixed order: batch-independent results.
+            out[a:b] = np.einsum("qkd,qd->qk", cand, q[a:b].astype(np.float64)).astype(np.float32)
+        out[~valid] = -np.inf
+        return out
+
+
+def _top(ids: np.ndarray, scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sort rows by (score desc, ordinal asc), padding last, and cut/pad to ``depth`` columns."""
+    nq = ids.shape[0]
+    valid = ids >= 0
+    key_id = np.where(valid, ids, np.iinfo(np.int64).max)
+    key_score = np.where(valid, -scores.astype(np.float64), np.inf)
+    order = np.lexsort((key_id, key_score), axis=1)[:, :depth]
+    out_ids = np.full((nq, depth), -1, np.int64)
+    out_scores = np.full((nq, depth), -np.inf, np.float32)
+    m = order.shape[1]
+    out_ids[:, :m] = np.take_along_axis(ids, order, axis=1)
+    out_scores[:, :m] = np.take_along_axis(scores, order, axis=1)
+    n_found = np.minimum(valid.sum(axis=1), depth).astype(np.int32)
+    pad = np.arange(depth)[None, :] >= n_found[:, None]
+    out_ids[pad] = -1
+    out_scores[pad] = -np.inf
+    return out_ids, out_scores, n_found

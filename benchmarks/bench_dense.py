@@ -1,0 +1,148 @@
+"""Dense search benchmark: full-dimension exact FAISS flat vs Matryoshka funnel search.
+
+One command, one run, two datasets::
+
+    python3 benchmarks/bench_dense.py            # SciFact vectors + 1,000,000 x 384 synthetic
+    python3 benchmarks/bench_dense.py --quick    # SciFact vectors + 100,000 x 384 synthetic (< 2 min)
+
+Datasets: (1) the SciFact corpus' real all-MiniLM-L6-v2 vectors (5,183 x 384; from a cached dense
+index, see ``_dense_common.scifact_index``) with its 300 test queries; (2) seeded synthetic
+vectors calibrated to SciFact's covariance spectrum (``_dense_common.synthetic``; calibration in
+benchmarks/synth_calibration.json), queries near documents.
+
+Each dataset is written as an index with Matryoshka dims 64,128,256,384 and a PCA rotation
+(float16 vectors) and searched through the library (``Retriever.search_arrays`` with
+``query_vectors`` and ``leg_params={"dense": {...}}``). Baseline: full-dimension exact search
+(``IndexFlatIP`` over all 384 dims; the library's default dense search). Ground truth: its top-10.
+Funnel configurations: a candidate generator over a prefix (Flat or IVF), shortlist k', exact
+full-dimension re-scoring from the stored vectors. QPS = queries / wall seconds of one batched
+``search_arrays`` call, median of ``--runs`` runs after one warm-up run (which also builds the
+prefix index; its time is reported as ``build_s``). FAISS threads: ``--threads`` (default 1).
+Bytes per vector: stored full vector (float16, 768 B) + the generator's own bytes.
+Results: benchmarks/results/bench_dense[_quick].json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
+
+K = 10
+
+
+def generator_bytes(dim: int, index: str) -> float:
+    """Bytes per vector of a prefix candidate generator (codes + ids; centroids amortised away)."""
+    if index == "Flat":
+        return 4.0 * dim
+    if index.startswith("IVF") and index.endswith(",Flat"):
+        return 4.0 * dim + 8
+    if index.startswith("HNSW"):
+        m = int(index[4:].split(",")[0] or 32)
+        return 4.0 * dim + 2 * m * 4  # vectors + ~2M level-0 links of 4 bytes
+    return float("nan")
+
+
+def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
+    from index.matryoshka import build_vector_index
+    from retriever import Retriever
+    from retriever.funnel import recall_at_k
+
+    t0 = time.perf_counter()
+    build_vector_index(ids, x, tmp / name, dims=(64, 128, 256, 384), dtype="float16", shard_size=len(ids))
+    r = Retriever.open(tmp / name)
+    setup_s = time.perf_counter() - t0
+    names = ["q"] * len(qv)
+
+    def timed(params):
+        times, res = [], None
+        t = time.perf_counter()
+        res = r.search_arrays(names, K, mode="dense", query_vectors=qv, leg_params={"dense": params})
+        warm = time.perf_counter() - t
+        for _ in range(runs):
+            t = time.perf_counter()
+            res = r.search_arrays(names, K, mode="dense", query_vectors=qv, leg_params={"dense": params})
+            times.append(time.perf_counter() - t)
+        return res, warm, times
+
+    truth, _, times = timed({})
+    base_qps = len(qv) / statistics.median(times)
+    rows = [{"config": "full-dim exact Flat (384-d)", "params": {}, "recall@10": 1.0, "qps": round(base_qps, 1),
+             "qps_runs": [round(len(qv) / t, 1) for t in times], "speedup": 1.0,
+             "bytes_per_vector": 768 + 4 * 384}]
+    print(json.dumps({"dataset": name, **rows[0]}), flush=True)
+    for p in configs:
+        res, warm, times = timed(p)
+        qps = len(qv) / statistics.median(times)
+        row = {"config": f"funnel dim={p['dim']} {p['index']} k'={p['shortlist']}"
+                         + (f" nprobe={p['nprobe']}" if "nprobe" in p else ""),
+               "params": p, "recall@10": round(recall_at_k(res.ids, truth.ids, K), 4), "qps": round(qps, 1),
+               "qps_runs": [round(len(qv) / t, 1) for t in times], "speedup": round(qps / base_qps, 2),
+               "build_s": round(warm - statistics.median(times), 2),
+               "bytes_per_vector": 768 + generator_bytes(p["dim"], p["index"])}
+        rows.append(row)
+        print(json.dumps({"dataset": name, **row}), flush=True)
+    ok = [x for x in rows[1:] if x["recall@10"] >= 0.99]
+    best = max(ok, key=lambda x: x["qps"]) if ok else None
+    return {"dataset": name, "n": len(ids), "dim": int(x.shape[1]), "queries": len(qv), "setup_s": round(setup_s, 1),
+            "rows": rows, "best_at_recall_0.99": best,
+            "target_met": bool(best and best["speedup"] >= 4.0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="100,000 synthetic vectors instead of 1,000,000")
+    ap.add_argument("--n", type=int, default=None, help="synthetic corpus size (overrides --quick)")
+    ap.add_argument("--queries", type=int, default=1000, help="synthetic queries")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="FAISS OpenMP threads (default 1: single thread)")
+    ap.add_argument("--index", type=Path, default=None, help="cached SciFact dense index")
+    ap.add_argument("--skip-scifact", action="store_true")
+    args = ap.parse_args()
+
+    import faiss
+
+    faiss.omp_set_num_threads(args.threads)
+    n = args.n or (100_000 if args.quick else 1_000_000)
+    nlist = 1024 if n >= 500_000 else 256
+    syn_cfg = [{"dim": 64, "index": "Flat", "shortlist": 100}, {"dim": 64, "index": "Flat", "shortlist": 200},
+               {"dim": 128, "index": "Flat", "shortlist": 100},
+               {"dim": 64, "index": f"IVF{nlist},Flat", "nprobe": 16, "shortlist": 200},
+               {"dim": 64, "index": f"IVF{nlist},Flat", "nprobe": 32, "shortlist": 200},
+               {"dim": 128, "index": f"IVF{nlist},Flat", "nprobe": 32, "shortlist": 100}]
+    sf_cfg = [{"dim": 64, "index": "Flat", "shortlist": 100}, {"dim": 64, "index": "Flat", "shortlist": 200},
+              {"dim": 128, "index": "Flat", "shortlist": 50}, {"dim": 128, "index": "Flat", "shortlist": 100},
+              {"dim": 64, "index": "IVF64,Flat", "nprobe": 16, "shortlist": 200}]
+    out = {"command": "python3 benchmarks/bench_dense.py" + (" --quick" if args.quick else ""),
+           "threads": args.threads, "k": K, "runs": args.runs, "machine": platform.processor() or platform.machine(),
+           "cpus": __import__("os").cpu_count(), "faiss": faiss.__version__, "datasets": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        if not args.skip_scifact:
+            ids, x, manifest = load_model_vectors(scifact_index(args.index))
+            _, qv, _ = scifact_queries(manifest)
+            out["datasets"].append(run_dataset("scifact-minilm", ids, x, qv, sf_cfg, args.runs, Path(tmp)))
+        t = time.perf_counter()
+        x, qv = synthetic(n, args.queries, seed=0)
+        gen_s = time.perf_counter() - t
+        ds = run_dataset(f"synthetic-{n}", [str(i) for i in range(n)], x, qv, syn_cfg, args.runs, Path(tmp))
+        ds["generate_s"] = round(gen_s, 1)
+        out["datasets"].append(ds)
+    res_dir = ROOT / "benchmarks" / "results"
+    res_dir.mkdir(parents=True, exist_ok=True)
+    path = res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
+    path.write_text(json.dumps(out, indent=1))
+    print(json.dumps({d["dataset"]: d["best_at_recall_0.99"] for d in out["datasets"]}, indent=1))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
