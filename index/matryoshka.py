@@ -13,7 +13,7 @@ Storage: each document vector is stored once (rotated when a rotation is used) i
 ``dense.arrow``; the rotation is an Arrow array file ``matryoshka.arrow`` (``rotation`` float32
 ``d*d`` row-major, ``mean`` float32 ``d``, ``dims`` int32) listed in the manifest, with a
 ``"matryoshka"`` manifest entry ``{"dims", "rotation", "mrl_trained", "rotation_sample_rows"}``.
-No pickle.
+Loading it executes no code (plain Arrow arrays).
 """
 
 from __future__ import annotations
