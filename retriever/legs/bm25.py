@@ -100,6 +100,8 @@ class BM25Leg:
         self.avgdl = sum_dl / self.N if self.N else 0.0
         self.df = df
         self.idf = np.log1p((self.N - df + 0.5) / (df + 0.5)).astype(np.float32)
+        self._idf_list: list[float] = self.idf.tolist()
+        self._token_ids: dict[str, int] = {}
         k1, b = self.params.k1, self.params.b
         self.kernel_shards = []
         for (s, a) in self.shards:
@@ -128,17 +130,30 @@ class BM25Leg:
         offsets = [0]
         terms: list[int] = []
         weights: list[float] = []
-        vocab, idf = self.vocab, self.idf
+        idf = self._idf_list
+        tokenize = self.analyzer.tokenize
+        get = self._token_ids.get
         for q in queries:
-            counts = Counter(self.analyzer.analyze(q))
-            for t, c in counts.items():
-                i = vocab.get(t)
-                if i is not None:
+            toks = tokenize(q)
+            ids = list(map(get, toks))
+            if None in ids:
+                ids = [self._token_id(t) if i is None else i for t, i in zip(toks, ids)]
+            for i, c in Counter(ids).items():  # first-occurrence order
+                if i >= 0:
                     terms.append(i)
-                    weights.append(c * float(idf[i]))
+                    weights.append(c * idf[i])
             offsets.append(len(terms))
         return (np.asarray(offsets, dtype=np.uint64), np.asarray(terms, dtype=np.uint32),
                 np.asarray(weights, dtype=np.float32))
+
+    def _token_id(self, token: str) -> int:
+        """Term id of a query token (-1: stop word, over-long or not in the vocabulary); cached."""
+        if len(self._token_ids) >= 2_000_000:
+            self._token_ids.clear()
+        term = self.analyzer.term(token)
+        i = -1 if term is None else self.vocab.get(term, -1)
+        self._token_ids[token] = i
+        return i
 
     def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
                allow: list[np.ndarray | None] | None = None, algorithm: str = "maxscore"):
