@@ -7,7 +7,7 @@ frequencies); document lengths log-normal with mean ``mean_len`` (σ = 0.6 in lo
 popularity distribution, so most queries have matching documents and some terms are common.
 Everything derives from one ``seed``.
 
-Synthetic dense vectors (``synthetic_dense``): ``n_clusters`` unit-norm centres drawn from a
+Synthetic dense vectors (``synthetic_dense``): ``n_clusters`` (default min(1000, N/1000)) unit-norm centres drawn from a
 standard normal; each document is its centre plus isotropic Gaussian noise of expected norm
 ``spread``, L2-normalised (float32, dim 384 by default, like all-MiniLM-L6-v2); each query is a
 random document's centre plus noise of the same size, normalised, so queries have close
@@ -117,10 +117,12 @@ def _normalise(v: np.ndarray) -> np.ndarray:
     return (v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)).astype(np.float32)
 
 
-def synthetic_dense(n_docs: int, dim: int = 384, *, n_clusters: int = 1000, spread: float = 0.9,
+def synthetic_dense(n_docs: int, dim: int = 384, *, n_clusters: int | None = None, spread: float = 0.9,
                     n_queries: int = 1000, seed: int = 42, block: int = 50_000) -> VectorCollection:
     """Seeded clustered unit vectors (see the module docstring)."""
     rng = np.random.default_rng([seed, 7])
+    if n_clusters is None:  # about 1,000 documents per cluster, at most 1,000 clusters
+        n_clusters = min(1000, n_docs // 1000)
     n_clusters = max(1, min(n_clusters, n_docs))
     centres = _normalise(rng.standard_normal((n_clusters, dim)))
     sigma = spread / np.sqrt(dim)

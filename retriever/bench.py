@@ -120,7 +120,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                 n_threads: int = 1, batch_size: int = 1, query_vectors: np.ndarray | None = None,
                 fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                 leg_params: dict[str, dict[str, Any]] | None = None, warmup_batches: int = 5,
-                recall: bool = True) -> dict[str, Any]:
+                recall: bool = True, exact_cache: dict[str, Any] | None = None) -> dict[str, Any]:
     """Benchmark ``modes`` of an opened :class:`~retriever.Retriever` over ``queries``.
 
     Args:
@@ -133,6 +133,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         fusion, depth, leg_params: as in :meth:`Retriever.search_arrays`.
         warmup_batches: untimed batches run first.
         recall: compute recall@k against exact search (costs one exact pass).
+        exact_cache: a dict kept across calls with the same queries, k, fusion and depth, so
+            parameter sweeps compute the exact lists once per mode.
 
     Returns:
         a JSON-ready dict: ``{"settings": ..., "index": {...}, "modes": {mode: {...}}}`` where each
@@ -200,8 +202,12 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
             "latency_excluding_encode_ms": _percentiles(np.subtract(lat, enc)),
         }
         if recall:
-            ex = exact_search(retriever, qs, k=k, mode=mode, fusion=fusion, depth=depth,
-                              n_threads=n_threads, query_vectors=qv if uses_dense else None)
+            ex = None if exact_cache is None else exact_cache.get(mode)
+            if ex is None:
+                ex = exact_search(retriever, qs, k=k, mode=mode, fusion=fusion, depth=depth,
+                                  n_threads=n_threads, query_vectors=qv if uses_dense else None)
+                if exact_cache is not None:
+                    exact_cache[mode] = ex
             rec: dict[str, float | None] = {}
             names = retriever.engine.legs_for(mode)
             if len(names) == 1:
