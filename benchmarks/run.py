@@ -1,6 +1,6 @@
 """One command for every headline figure: ``python -m benchmarks.run [--quick] [--only SECTION]...``.
 
-Sections (each writes ``benchmarks/results/<section>.json``; then ``SUMMARY.md``, recall–QPS plots
+Sections (each writes ``benchmarks/results/run_<section>.json``; then ``SUMMARY.md``, recall–QPS plots
 ``benchmarks/results/*.png`` and the README's marked section are regenerated from whatever JSON
 files exist, so a section can be rerun alone):
 
@@ -127,6 +127,205 @@ def section_hybrid(quick: bool) -> dict[str, Any]:
     return out
 
 
+# ----------------------------------------------------------------------------------------- encode
+
+def _scifact_texts(n_docs: int) -> tuple[list[dict], list[str]]:
+    from benchmarks.datasets import beir
+
+    col = beir("scifact")
+    docs = []
+    for d in col.docs():
+        docs.append(d)
+        if len(docs) >= n_docs:
+            break
+    return docs, col.queries
+
+
+def _lat(samples_s: list[float]) -> dict[str, float]:
+    a = np.asarray(samples_s) * 1e3
+    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
+            "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+
+
+def section_encode(quick: bool) -> dict[str, Any]:
+    """Query encoding time per bundled model, alone (batch 1 latency and batch-32 throughput)."""
+    from index.encoders.dense import DenseEncoder
+
+    _, queries = _scifact_texts(0)
+    queries = queries[:50 if quick else 300]
+    out: dict[str, Any] = {"n_queries": len(queries), "models": {}}
+    enc = DenseEncoder(None, max_length=256, batch_size=32)
+    enc.encode(queries[:8])
+    times = []
+    for q in queries:
+        t0 = time.perf_counter()
+        enc.encode([q])
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    enc.encode(queries)
+    batch_s = time.perf_counter() - t0
+    out["models"]["dense:all-MiniLM-L6-v2"] = {"batch1_latency_ms": _lat(times),
+                                               "batch32_queries_per_s": len(queries) / batch_s}
+    try:
+        from index.encoders.sparse import SparseEncoder  # the learned-sparse leg (other branch)
+    except ImportError as e:
+        out["models"]["sparse:splade-bert-tiny"] = {"status": f"not available ({e})"}
+    else:
+        senc = SparseEncoder(None)
+        senc.encode(queries[:8])
+        times = []
+        for q in queries:
+            t0 = time.perf_counter()
+            senc.encode([q])
+            times.append(time.perf_counter() - t0)
+        out["models"]["sparse:splade-bert-tiny"] = {"batch1_latency_ms": _lat(times)}
+    return out
+
+
+# --------------------------------------------------------------------------------------- indexing
+
+def _nonmodel(col_docs, n_docs: int, tmp: Path, name: str) -> dict[str, Any]:
+    """BM25-only build (analyzer + postings + Arrow writing), plus a stage breakdown."""
+    from index.analyzer import Analyzer
+    from index.bm25_build import PostingsBuilder
+    from retriever import build_index
+
+    docs = list(col_docs())  # materialised so corpus generation is not timed
+    t0 = time.perf_counter()
+    build_index(docs, tmp / name, legs=("bm25",), show_progress=False, shard_size=max(n_docs, 1),
+                batch_size=8192)
+    total = time.perf_counter() - t0
+    texts = [f"{d['title']} {d['text']}" if d.get("title") else d["text"] for d in docs]
+    an = Analyzer()
+    t0 = time.perf_counter()
+    for t in texts:
+        an.tokenize(t)
+    tok_s = time.perf_counter() - t0
+    pb = PostingsBuilder(Analyzer())
+    t0 = time.perf_counter()
+    for i in range(0, len(texts), 8192):
+        pb.add(texts[i:i + 8192])
+    add_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pb.flush()
+    flush_s = time.perf_counter() - t0
+    return {"n_docs": n_docs, "seconds": total, "docs_per_s": n_docs / total,
+            "breakdown_seconds": {"tokenize (regex + casefold)": tok_s,
+                                  "postings add (tokenize + term ids + np.unique)": add_s,
+                                  "postings flush (lexsort, CSR)": flush_s,
+                                  "rest (reader, docs table, Arrow writing, manifest)": max(total - add_s - flush_s, 0.0)},
+            "target_docs_per_s": 50_000, "meets_target": n_docs / total >= 50_000}
+
+
+def section_indexing(quick: bool) -> dict[str, Any]:
+    from benchmarks.datasets import beir, synthetic_bm25
+
+    out: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
+        tmp = Path(tmp)
+        syn = synthetic_bm25(20_000 if quick else 200_000, n_queries=1)
+        out["non_model_synthetic"] = _nonmodel(syn.docs, syn.n_docs, tmp, "syn")
+        sf = beir("scifact")
+        out["non_model_scifact"] = _nonmodel(sf.docs, sf.n_docs, tmp, "scifact")
+        out["dense"] = _dense_indexing(64 if quick else 512, tmp)
+    return out
+
+
+def _dense_indexing(n: int, tmp: Path) -> dict[str, Any]:
+    """Same texts, max length 256, batch 64: pipeline vs raw encoder vs sentence-transformers."""
+    from index.encoders.dense import DenseEncoder, default_dense_model
+    from retriever import build_index
+
+    docs, _ = _scifact_texts(n)
+    texts = [f"{d['title']} {d['text']}" if d.get("title") else d["text"] for d in docs]
+    path = default_dense_model()
+    res: dict[str, Any] = {"n_docs": len(texts), "max_length": 256, "batch_size": 64, "model": path}
+    t0 = time.perf_counter()
+    enc = DenseEncoder(None, max_length=256, batch_size=64)
+    res["model_load_seconds"] = time.perf_counter() - t0
+    enc.encode(texts[:16])
+    t0 = time.perf_counter()
+    enc.encode(texts)
+    raw_s = time.perf_counter() - t0
+    res["raw_encoder_docs_per_s"] = len(texts) / raw_s
+    t0 = time.perf_counter()
+    build_index(docs, tmp / "dense", legs=("bm25", "dense"), show_progress=False, batch_size=1024)
+    pipe_s = time.perf_counter() - t0
+    res["pipeline_docs_per_s"] = len(texts) / pipe_s
+    res["pipeline_docs_per_s_excluding_model_load"] = len(texts) / max(pipe_s - res["model_load_seconds"], 1e-9)
+    res["pipeline_vs_raw"] = res["pipeline_docs_per_s_excluding_model_load"] / res["raw_encoder_docs_per_s"]
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as e:
+        res["sentence_transformers"] = f"not available ({e})"
+    else:
+        st = SentenceTransformer(path, device="cpu")
+        st.max_seq_length = 256
+        st.encode(texts[:16], batch_size=64)
+        t0 = time.perf_counter()
+        st_vecs = st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+        st_s = time.perf_counter() - t0
+        res["sentence_transformers_docs_per_s"] = len(texts) / st_s
+        res["ours_vs_sentence_transformers"] = res["raw_encoder_docs_per_s"] / res["sentence_transformers_docs_per_s"]
+        ours = enc.encode(texts[:32])
+        res["max_abs_diff_vs_sentence_transformers"] = float(np.abs(ours - st_vecs[:32]).max())
+    res["targets"] = {"pipeline_vs_raw": 0.9, "ours_vs_sentence_transformers": 1.0}
+    return res
+
+
+# ------------------------------------------------------------------------------------------ bm25
+
+def section_bm25(quick: bool) -> dict[str, Any]:
+    from benchmarks import bench_bm25
+    from benchmarks.datasets import beir, synthetic_bm25
+
+    out: dict[str, Any] = {"collections": {}}
+    repeats = 1 if quick else 3
+    with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
+        for col in (beir("scifact"), synthetic_bm25(20_000 if quick else 1_000_000)):
+            e: dict[str, Any] = {"n_docs": col.n_docs, "n_queries": len(col.queries)}
+            e["retriever"] = bench_bm25.bench_ours(col, Path(tmp), repeats)
+            try:
+                e["bm25s"] = bench_bm25.bench_bm25s(col, repeats)
+            except ImportError as err:
+                e["bm25s"] = {"status": f"not available ({err})"}
+            if col.n_docs <= 100_000:
+                try:
+                    e["rank_bm25"] = bench_bm25.bench_rank_bm25(col, 20 if quick else 50)
+                except ImportError as err:
+                    e["rank_bm25"] = {"status": f"not available ({err})"}
+            out["collections"][col.name] = e
+            print(f"  bm25 {col.name}: ours {e['retriever']['end_to_end_t1']['qps_median']:.0f} QPS", flush=True)
+    return out
+
+
+# ----------------------------------------------------------------------------- peers' benchmarks
+
+def _peer_section(leg: str, quick: bool) -> dict[str, Any]:
+    """Run ``benchmarks/bench_<leg>.py`` (another branch's script) if present."""
+    modname = f"benchmarks.bench_{leg}"
+    try:
+        mod = importlib.import_module(modname)
+    except ImportError as e:
+        return {"_status": "not available", "reason": f"{modname} is not on this branch ({e})"}
+    fn = getattr(mod, "main", None)
+    if fn is None:
+        return {"_status": "not available", "reason": f"{modname} has no main(argv)"}
+    before = {p: p.stat().st_mtime for p in RESULTS.glob("*.json")}
+    rc = fn(["--quick"] if quick else [])
+    written = [p.name for p in RESULTS.glob("*.json") if before.get(p) != p.stat().st_mtime
+               and not p.name.startswith("run_")]
+    res: dict[str, Any] = {"module": modname, "rc": rc, "files": written}
+    for name in written:
+        try:
+            res.setdefault("reports", {})[name] = json.loads((RESULTS / name).read_text())
+        except ValueError:
+            pass
+    if rc not in (0, None):
+        res["_status"] = "error"
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (< 5 minutes on 2 cores)")
@@ -149,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             res, status = {"error": f"{type(e).__name__}: {e}"}, "error"
         doc = {"section": name, "status": status, "quick": args.quick, "command": cmd, "machine": _machine(),
                "seconds": round(time.perf_counter() - t0, 1), "results": res}
-        (out / f"{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
+        (out / f"run_{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
         print(f"   {name}: {status} in {doc['seconds']} s", flush=True)
     from benchmarks.report import write_plots, write_summary
 
@@ -172,7 +371,9 @@ def _json_default(o: Any) -> Any:
     return str(o)
 
 
-SECTION_FUNCS = {"hybrid": section_hybrid}
+SECTION_FUNCS = {"hybrid": section_hybrid, "encode": section_encode, "indexing": section_indexing,
+                 "bm25": section_bm25, "dense": lambda quick: _peer_section("dense", quick),
+                 "sparse": lambda quick: _peer_section("sparse", quick)}
 
 if __name__ == "__main__":
     sys.exit(main())

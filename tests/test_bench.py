@@ -94,3 +94,59 @@ def test_build_index_precomputed_vectors(tmp_path, small_corpus):
     with pytest.raises(ConfigError, match="not in legs"):
         build_index(small_corpus, tmp_path / "e", legs=("bm25",), dense_vectors=vecs, show_progress=False)
     assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_run_pieces_tiny(tmp_path):
+    """benchmarks/run.py pieces on tiny inputs: hybrid section, non-model indexing, peer guard,
+    summary, plots and the README generator (markers added once, other text untouched)."""
+    import importlib.util
+
+    from benchmarks import run
+    from benchmarks.datasets import synthetic_bm25
+    from benchmarks.report import write_plots, write_summary
+    from benchmarks.update_readme import END, START, update_readme
+
+    e = run.bench_hybrid(1500, tmp_path, threads=1, n_queries=20, nprobes=(1, 64))
+    assert e["n_docs"] == 1500 and e["dense_factory"].startswith("IVF") and len(e["points"]) == 2
+    assert e["bm25"]["recall@10"] == {"bm25": 1.0}
+    for p in e["points"]:
+        assert set(p["hybrid"]["recall@10"]) == {"bm25", "dense", "fused"}
+        assert p["hybrid"]["latency_ms"]["p99"] > 0
+    assert e["points"][1]["dense"]["recall@10"]["dense"] == 1.0  # nprobe >= nlist: exhaustive
+    assert {"p99_ms", "meets_target", "recall@10"} <= set(e["headline"])
+    syn = synthetic_bm25(500, n_queries=1)
+    ix = run._nonmodel(syn.docs, syn.n_docs, tmp_path, "syn")
+    assert ix["docs_per_s"] > 0 and len(ix["breakdown_seconds"]) == 4
+    if importlib.util.find_spec("benchmarks.bench_sparse") is None:
+        assert run._peer_section("sparse", True)["_status"] == "not available"
+    out = tmp_path / "results"
+    out.mkdir()
+    doc = {"section": "hybrid", "status": "ok", "quick": True, "command": "python -m benchmarks.run --quick",
+           "machine": run._machine(), "seconds": 1.0, "results": {"sizes": {"1500": e}}}
+    (out / "run_hybrid.json").write_text(__import__("json").dumps(doc, default=run._json_default))
+    summary = write_summary(out).read_text()
+    assert "Hybrid end to end" in summary and "| 1,500 |" in summary
+    pngs = write_plots(out)
+    assert [p.name for p in pngs] == ["hybrid_recall_qps.png"] and pngs[0].stat().st_size > 1000
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\nkeep me\n")
+    assert update_readme(readme, out)
+    text = readme.read_text()
+    assert text.startswith("# title\n\nkeep me\n") and START in text and END in text and "1,500" in text
+    assert not update_readme(readme, out)  # idempotent
+    readme.write_text(text.replace("keep me", "edited") + "tail\n")
+    update_readme(readme, out)
+    assert "edited" in readme.read_text() and readme.read_text().endswith("tail\n")
+    assert readme.read_text().count(START) == 1
+
+
+@pytest.mark.slow
+def test_run_quick(tmp_path):
+    """The whole quick run (several minutes on 2 cores); asserts nothing about speed."""
+    from benchmarks import run
+
+    assert run.main(["--quick", "--out", str(tmp_path), "--no-readme"]) == 0
+    for name in run.SECTIONS:
+        doc = __import__("json").loads((tmp_path / f"run_{name}.json").read_text())
+        assert doc["status"] in ("ok", "not available"), (name, doc["results"])
+    assert (tmp_path / "SUMMARY.md").is_file() and (tmp_path / "hybrid_recall_qps.png").is_file()
