@@ -142,7 +142,7 @@ def write_summary(out: Path = RESULTS) -> Path:
             "`hybrid_recall_qps.png`, `bm25_qps.png`, `indexing.png`.", ""]
     total = sum(d.get("seconds", 0) for d in docs.values())
     text += [f"Sections: " + ", ".join(f"{k} ({d['status']}, {d.get('seconds', 0):.0f} s)" for k, d in docs.items())
-             + f"; total {total / 60:.1f} min.", ""]
+             + f"; total {total / 60:.1f} min.", "", ""]
     p = Path(out) / "SUMMARY.md"
     p.write_text("\n".join(text) + section_markdown(docs))
     return p
