@@ -150,3 +150,19 @@ def test_run_quick(tmp_path):
         doc = __import__("json").loads((tmp_path / f"run_{name}.json").read_text())
         assert doc["status"] in ("ok", "not available"), (name, doc["results"])
     assert (tmp_path / "SUMMARY.md").is_file() and (tmp_path / "hybrid_recall_qps.png").is_file()
+
+
+def test_bench_cli_query_vectors(tmp_path, small_corpus, queries_tsv, capsys):
+    from retriever import build_index
+
+    rng = np.random.default_rng(3)
+    build_index(small_corpus, tmp_path / "h", legs=("bm25", "dense"), dense_vectors=_unit(rng, 300, 8),
+                show_progress=False)
+    np.save(tmp_path / "qv.npy", _unit(rng, len(QUERIES), 8))
+    rc = main(["bench", str(tmp_path / "h"), "--queries", str(queries_tsv), "--query-vectors",
+               str(tmp_path / "qv.npy"), "--threads", "2", "--max-queries", "5", "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert list(rep["modes"]) == ["bm25", "dense", "hybrid"] and rep["settings"]["n_queries"] == 5
+    assert rep["modes"]["hybrid"]["recall@10"] == {"bm25": 1.0, "dense": 1.0, "fused": 1.0}
+    assert rep["settings"]["query_vectors"] is True
