@@ -41,8 +41,9 @@ def _where(doc: dict) -> str:
             f"{' (quick sizes)' if doc.get('quick') else ''}")
 
 
-def section_markdown(docs: dict[str, dict[str, Any]]) -> str:
-    """The Markdown body shared by SUMMARY.md and the README section."""
+def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> str:
+    """The Markdown body shared by SUMMARY.md and (``detail=False``: no per-nprobe table) the
+    README section."""
     out: list[str] = []
     h = docs.get("hybrid")
     if h:
@@ -57,11 +58,14 @@ def section_markdown(docs: dict[str, dict[str, Any]]) -> str:
                 out.append(f"| {int(n):,} | {e['dense_factory']} nprobe {hl['nprobe']} | {e['threads']} | "
                            f"{hl['p50_ms']:.2f} | {hl['p99_ms']:.2f} | {hl['qps']:,.0f} | {_rec(hl['recall@10'])} | "
                            f"{'yes' if hl['meets_target'] else 'no'} |")
-            out += ["", "Per leg and per nprobe (latency per query, batch size 1; `encode` = BM25 query analysis, "
+            if not detail:
+                out += ["", "Per-leg and per-nprobe figures: `benchmarks/results/SUMMARY.md`; recall–QPS plot: "
+                        "`benchmarks/results/hybrid_recall_qps.png`."]
+            out += [] if not detail else ["", "Per leg and per nprobe (latency per query, batch size 1; `encode` = BM25 query analysis, "
                     "dense encoding excluded):", "",
                     "| docs | mode | nprobe | p50 ms | p95 ms | p99 ms | encode p50 ms | QPS | recall@10 |",
                     "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
-            for n, e in h["results"]["sizes"].items():
+            for n, e in (h["results"]["sizes"].items() if detail else ()):
                 b = e["bm25"]
                 out.append(f"| {int(n):,} | bm25 | | {b['latency_ms']['p50']:.2f} | {b['latency_ms']['p95']:.2f} | "
                            f"{b['latency_ms']['p99']:.2f} | {b['encode_ms']['p50']:.2f} | {b['qps']:,.0f} | {_rec(b['recall@10'])} |")
@@ -72,7 +76,8 @@ def section_markdown(docs: dict[str, dict[str, Any]]) -> str:
                                    f"{m['latency_ms']['p95']:.2f} | {m['latency_ms']['p99']:.2f} | "
                                    f"{m['encode_ms']['p50']:.2f} | {m['qps']:,.0f} | {_rec(m['recall@10'])} |")
             sizes = list(h["results"]["sizes"].values())
-            out += ["", "Index size on disk / peak RSS: " + "; ".join(
+            out += ["", "Index size on disk / peak RSS of the benchmark process (which also built the index, "
+                    "so this is the build's peak): " + "; ".join(
                 f"{e['n_docs']:,} docs: {e['bytes_on_disk'] / 1e9:.2f} GB / {e['peak_rss_bytes'] / 1e9:.2f} GB"
                 for e in sizes) + ". Learned-sparse leg: " + (sizes[0].get("sparse") or "included") + ".", ""]
     enc = docs.get("encode")
