@@ -8,7 +8,7 @@ files exist, so a section can be rerun alone):
   (benchmarks/datasets.py), top-10, RRF, 2 threads, batch size 1, query vectors passed (dense query
   encoding excluded; BM25 query analysis included). Dense leg: IVF (nlist ≈ √N) over precomputed
   vectors, swept over nprobe; recall@10 against flat / exhaustive search and the fused list of the
-  exact legs. Full: 100k and 1M documents. Quick: 20k.
+  exact legs. Full: 100k and 1M documents. Quick: 10k.
 - ``encode``: query encoding time of each bundled model, on its own (SciFact queries).
 - ``indexing``: documents/s of the non-model part (analyzer + postings + Arrow writing, BM25-only
   build of synthetic text), of the dense pipeline (``build_index`` with the model) next to the
@@ -118,11 +118,11 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
 
 
 def section_hybrid(quick: bool) -> dict[str, Any]:
-    sizes = [20_000] if quick else [100_000, 1_000_000]
+    sizes = [10_000] if quick else [100_000, 1_000_000]
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
         for n in sizes:
-            out["sizes"][str(n)] = bench_hybrid(n, Path(tmp), n_queries=300 if quick else 1000,
+            out["sizes"][str(n)] = bench_hybrid(n, Path(tmp), n_queries=200 if quick else 1000,
                                                 nprobes=(1, 8) if quick else (1, 4, 16, 64))
     return out
 
@@ -152,7 +152,7 @@ def section_encode(quick: bool) -> dict[str, Any]:
     from index.encoders.dense import DenseEncoder
 
     _, queries = _scifact_texts(0)
-    queries = queries[:50 if quick else 200]
+    queries = queries[:20 if quick else 200]
     out: dict[str, Any] = {"n_queries": len(queries), "models": {}}
     enc = DenseEncoder(None, max_length=256, batch_size=32)
     enc.encode(queries[:8])
@@ -231,11 +231,11 @@ def section_indexing(quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
         tmp = Path(tmp)
-        syn = synthetic_bm25(20_000 if quick else 200_000, n_queries=1)
+        syn = synthetic_bm25(10_000 if quick else 200_000, n_queries=1)
         out["non_model_synthetic"] = _nonmodel(syn.docs, syn.n_docs, tmp, "syn")
         sf = beir("scifact")
         out["non_model_scifact"] = _nonmodel(sf.docs, sf.n_docs, tmp, "scifact")
-        out["dense"] = _dense_indexing(64 if quick else 256, tmp)
+        out["dense"] = _dense_indexing(32 if quick else 256, tmp)
     return out
 
 
