@@ -6,6 +6,23 @@ frequencies); document lengths log-normal with mean ``mean_len`` (σ = 0.6 in lo
 1 term); queries of 2–10 terms (uniform) drawn half from a random source document and half from the
 popularity distribution, so most queries have matching documents and some terms are common.
 Everything derives from one ``seed``.
+
+Synthetic dense vectors (``synthetic_dense``): ``n_clusters`` (default min(1000, N/1000)) unit-norm centres drawn from a
+standard normal; each document is its centre plus isotropic Gaussian noise of expected norm
+``spread``, L2-normalised (float32, dim 384 by default, like all-MiniLM-L6-v2); each query is a
+random document's centre plus noise of the same size, normalised, so queries have close
+neighbours and IVF-style partitions are meaningful. Vectors are produced in blocks of
+``block`` rows, each block from its own seeded generator, so 1M x 384 streams without holding
+the corpus in memory and any run regenerates the same vectors.
+
+Synthetic learned-sparse vectors (``synthetic_sparse``, a hook for the learned-sparse leg): per
+document ``nnz`` distinct term ids from a 30,522-term (BERT WordPiece-sized) vocabulary with
+Zipfian popularity, weights log-normal (as SPLADE impacts are, roughly); queries take half their
+terms from a random document and half from the popularity distribution.
+
+``synthetic_hybrid`` pairs the BM25 text corpus with dense (and optionally sparse) vectors for
+the same documents and queries (same ``n_docs`` and query count; i-th query text ↔ i-th query
+vector).
 """
 
 from __future__ import annotations
@@ -79,3 +96,103 @@ def synthetic_bm25(n_docs: int, *, vocab: int = 1_000_000, mean_len: float = 60.
             yield {"_id": str(i), "text": " ".join([f"w{t}" for t in terms[offsets[i]:offsets[i + 1]].tolist()])}
 
     return TextCollection(f"synthetic-{n_docs}", n_docs, docs, [f"q{i}" for i in range(n_queries)], queries)
+
+
+@dataclass
+class VectorCollection:
+    """Dense vectors: ``blocks()`` yields float32 (rows, dim) blocks in corpus order."""
+
+    name: str
+    n_docs: int
+    dim: int
+    blocks: Callable[[], Iterator[np.ndarray]]
+    queries: np.ndarray
+
+    def all(self) -> np.ndarray:
+        """Every document vector in one array (n_docs, dim) (small corpora only)."""
+        return np.concatenate(list(self.blocks())) if self.n_docs else np.zeros((0, self.dim), np.float32)
+
+
+def _normalise(v: np.ndarray) -> np.ndarray:
+    return (v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)).astype(np.float32)
+
+
+def synthetic_dense(n_docs: int, dim: int = 384, *, n_clusters: int | None = None, spread: float = 0.9,
+                    n_queries: int = 1000, seed: int = 42, block: int = 50_000) -> VectorCollection:
+    """Seeded clustered unit vectors (see the module docstring)."""
+    rng = np.random.default_rng([seed, 7])
+    if n_clusters is None:  # about 1,000 documents per cluster, at most 1,000 clusters
+        n_clusters = min(1000, n_docs // 1000)
+    n_clusters = max(1, min(n_clusters, n_docs))
+    centres = _normalise(rng.standard_normal((n_clusters, dim)))
+    sigma = spread / np.sqrt(dim)
+
+    def blocks() -> Iterator[np.ndarray]:
+        for bi, start in enumerate(range(0, n_docs, block)):
+            m = min(block, n_docs - start)
+            brng = np.random.default_rng([seed, 11, bi])
+            c = brng.integers(0, n_clusters, m)
+            yield _normalise(centres[c] + sigma * brng.standard_normal((m, dim)).astype(np.float32))
+
+    qrng = np.random.default_rng([seed, 13])
+    qc = qrng.integers(0, n_clusters, n_queries)
+    queries = _normalise(centres[qc] + sigma * qrng.standard_normal((n_queries, dim)))
+    return VectorCollection(f"synthetic-dense-{n_docs}x{dim}", n_docs, dim, blocks, queries)
+
+
+@dataclass
+class SparseCollection:
+    """Learned-sparse vectors: ``docs()`` yields ``(term_ids int32, weights float32)`` per document."""
+
+    name: str
+    n_docs: int
+    vocab: int
+    docs: Callable[[], Iterator[tuple[np.ndarray, np.ndarray]]]
+    queries: list[tuple[np.ndarray, np.ndarray]]
+
+
+def synthetic_sparse(n_docs: int, *, vocab: int = 30522, nnz: int = 120, q_nnz: int = 20,
+                     n_queries: int = 1000, seed: int = 42, block: int = 10_000) -> SparseCollection:
+    """Seeded SPLADE-like sparse vectors (see the module docstring)."""
+
+    def draw(rng: np.random.Generator, sample, k: int) -> tuple[np.ndarray, np.ndarray]:
+        ids = np.unique(sample(int(k * 1.6) + 4))
+        rng.shuffle(ids)
+        ids = np.sort(ids[:k]).astype(np.int32)
+        return ids, rng.lognormal(-0.5, 0.7, len(ids)).astype(np.float32)
+
+    def docs() -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        for bi, start in enumerate(range(0, n_docs, block)):
+            brng = np.random.default_rng([seed, 17, bi])
+            sample = _zipf_sampler(vocab, brng)
+            for _ in range(min(block, n_docs - start)):
+                yield draw(brng, sample, nnz)
+
+    qrng = np.random.default_rng([seed, 19])
+    qsample = _zipf_sampler(vocab, qrng)
+    queries = []
+    for _ in range(n_queries):
+        ids, w = draw(qrng, qsample, q_nnz)
+        queries.append((ids, w))
+    return SparseCollection(f"synthetic-sparse-{n_docs}", n_docs, vocab, docs, queries)
+
+
+@dataclass
+class HybridCollection:
+    """Text (BM25), dense vectors and (optionally) sparse vectors for the same documents/queries."""
+
+    text: TextCollection
+    dense: VectorCollection
+    sparse: SparseCollection | None = None
+
+    @property
+    def name(self) -> str:
+        return f"synthetic-hybrid-{self.text.n_docs}"
+
+
+def synthetic_hybrid(n_docs: int, *, n_queries: int = 1000, dim: int = 384, sparse: bool = False,
+                     seed: int = 42) -> HybridCollection:
+    """Synthetic corpus for every leg at once (100k and 1M are the benchmark sizes)."""
+    return HybridCollection(synthetic_bm25(n_docs, n_queries=n_queries, seed=seed),
+                            synthetic_dense(n_docs, dim, n_queries=n_queries, seed=seed),
+                            synthetic_sparse(n_docs, n_queries=n_queries, seed=seed) if sparse else None)

@@ -65,9 +65,55 @@ def _batches(docs: Iterable[Document], config: BuildConfig):
         yield pending[0], True
 
 
+class _VectorFeed:
+    """Precomputed dense vectors handed out in corpus order (an array, or an iterable of rows or
+    2-D blocks)."""
+
+    def __init__(self, src: Any) -> None:
+        self._arr = src if isinstance(src, np.ndarray) else None
+        self._it = None if self._arr is not None else iter(src)
+        self._buf: list[np.ndarray] = []
+        self._pos = 0
+        self.dim: int | None = None
+        if self._arr is not None and self._arr.ndim != 2:
+            raise ConfigError(f"dense_vectors must be 2-D (n_docs, dim), got shape {self._arr.shape}")
+
+    def _pull(self, m: int) -> np.ndarray:
+        if self._arr is not None:
+            out = self._arr[self._pos:self._pos + m]
+            self._pos += len(out)
+            return out
+        have = sum(len(b) for b in self._buf)
+        while have < m:
+            nxt = next(self._it, None)  # type: ignore[arg-type]
+            if nxt is None:
+                break
+            nxt = np.asarray(nxt)
+            nxt = nxt[None, :] if nxt.ndim == 1 else nxt
+            self._buf.append(nxt)
+            have += len(nxt)
+        if not self._buf:
+            return np.zeros((0, self.dim or 0), np.float32)
+        cat = np.concatenate(self._buf) if len(self._buf) > 1 else self._buf[0]
+        self._buf = [cat[m:]] if len(cat) > m else []
+        return cat[:m]
+
+    def take(self, m: int, first_id: str) -> np.ndarray:
+        rows = self._pull(m)
+        if len(rows) < m:
+            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document {first_id!r})")
+        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim):
+            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected ({self.dim},)")
+        self.dim = int(rows.shape[1])
+        return np.asarray(rows, dtype=np.float32)
+
+    def exhausted(self) -> bool:
+        return len(self._pull(1)) == 0
+
+
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
                 config: BuildConfig | None = None, *, overwrite: bool = False,
-                show_progress: bool = True, **overrides: Any) -> dict[str, Any]:
+                show_progress: bool = True, dense_vectors: Any = None, **overrides: Any) -> dict[str, Any]:
     """Build an index directory from a corpus.
 
     Args:
@@ -78,6 +124,11 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             (e.g. ``legs=("bm25",)``, ``shard_size=1000``, ``device="cuda"``).
         overwrite: replace an existing index at ``out`` (atomic swap).
         show_progress: tqdm progress bar on stderr.
+        dense_vectors: precomputed document vectors for the dense leg instead of running the
+            model: a float array (n_docs, dim) or an iterable of rows / 2-D blocks, in corpus
+            order. Stored exactly like encoded vectors (``config.dense.dtype``; not re-normalised).
+            The manifest records the dense model as ``"precomputed"``; search such an index's dense
+            leg with ``query_vectors=``. Needs ``"dense"`` in ``legs``.
 
     Returns:
         the manifest (dict) of the new index.
@@ -105,7 +156,12 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
     postings = PostingsBuilder(analyzer) if analyzer is not None else None
     dense_enc = None
     model_info: dict[str, Any] = {}
-    if "dense" in config.legs:
+    feed = None
+    if dense_vectors is not None:
+        if "dense" not in config.legs:
+            raise ConfigError("dense_vectors given but 'dense' is not in legs")
+        feed = _VectorFeed(dense_vectors)
+    elif "dense" in config.legs:
         from .encoders.dense import DenseEncoder
 
         dc: DenseConfig = config.dense
@@ -151,9 +207,11 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 if postings is not None:
                     postings.add(full)
                     crash_point("encode_bm25")
-                if dense_enc is not None:
-                    docs_in = [config.dense.document_prefix + t for t in full]
-                    vecs = dense_enc.encode(docs_in)
+                if dense_enc is not None or feed is not None:
+                    if feed is not None:
+                        vecs = feed.take(len(batch), batch[0].id)
+                    else:
+                        vecs = dense_enc.encode([config.dense.document_prefix + t for t in full])
                     if mat is not None:  # stored dtype chosen after the rotation, in _flush
                         shard_dense.append(_dense_store(vecs, "float32", batch[0].id))
                     elif dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
@@ -182,6 +240,11 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             if dense_enc is not None:
                 stats.update(dense_dim=dense_enc.dim, dense_dtype=dense_dtype,
                              dense_truncated_docs=dense_enc.n_truncated)
+            if feed is not None:
+                if not feed.exhausted():
+                    raise ConfigError(f"dense_vectors has more rows than the corpus ({n_docs} documents)")
+                stats.update(dense_dim=feed.dim, dense_dtype=dense_dtype, dense_truncated_docs=0)
+                model_info["dense"] = {"path": None, "name": "precomputed", "precomputed": True, "dim": feed.dim}
             if sparse_builder is not None:
                 stats.update(sparse_builder.stats())
                 sparse_builder.write_global(writer)

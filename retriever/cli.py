@@ -1,4 +1,5 @@
-"""Command line: ``retriever index build|info|verify``, ``retriever search``, ``retriever eval``.
+"""Command line: ``retriever index build|info|verify``, ``retriever search``, ``retriever eval``,
+``retriever bench``.
 
 A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
 1 bad input or index (one-line error on stderr), 2 usage error (argparse).
@@ -102,6 +103,21 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--run-out", default=None, help="write the TREC run here (FILE.<mode> when several modes)")
     e.add_argument("--json", action="store_true", help="one JSON object per mode")
     _search_options(e)
+
+    bn = sub.add_parser("bench", help="QPS, latency p50/p95/p99, recall@k vs exact search, peak RSS, index size")
+    bn.add_argument("dir")
+    bn.add_argument("--queries", required=True, help="queries.jsonl (BEIR) or qid<TAB>text .tsv")
+    bn.add_argument("--mode", action="append", choices=("hybrid", "bm25", "dense", "sparse"),
+                    help="repeatable; default: every leg of the index and hybrid")
+    bn.add_argument("-k", type=_positive_int, default=10, help="hits per query (default 10)")
+    bn.add_argument("--batch-size", type=_positive_int, default=1,
+                    help="queries per search call; one latency sample per batch (default 1 = per query)")
+    bn.add_argument("--query-vectors", default=None,
+                    help=".npy float32 (nq, dim) dense query vectors in query-file order (excludes encoding)")
+    bn.add_argument("--max-queries", type=_positive_int, default=None, help="use the first N queries")
+    bn.add_argument("--no-recall", action="store_true", help="skip the exact-search pass")
+    bn.add_argument("--json", action="store_true", help="print the full report as JSON")
+    _search_options(bn)
     return ap
 
 
@@ -227,8 +243,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from index.readers import read_queries
+
+    from .api import Retriever
+    from .bench import bench_index, format_report
+
+    texts = list(read_queries(args.queries).values())
+    qv = None
+    if args.query_vectors:
+        import numpy as np
+        qv = np.load(args.query_vectors)
+    if args.max_queries:
+        texts = texts[:args.max_queries]
+        qv = None if qv is None else qv[:args.max_queries]
+    import os
+
+    threads = args.threads or os.cpu_count() or 1
+    r = Retriever.open(args.dir, n_threads=threads)
+    rep = bench_index(r, texts, modes=args.mode, k=args.k, n_threads=threads, batch_size=args.batch_size,
+                      query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall)
+    print(json.dumps(rep, indent=1) if args.json else format_report(rep))
+    return 0
+
+
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
-            ("search", None): cmd_search, ("eval", None): cmd_eval}
+            ("search", None): cmd_search, ("eval", None): cmd_eval,
+            ("bench", None): cmd_bench}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,228 @@
+"""Turn ``benchmarks/results/run_*.json`` into ``SUMMARY.md`` and recall–QPS / throughput plots.
+
+Used by ``benchmarks/run.py`` and ``benchmarks/update_readme.py``; every function reads only the
+JSON files, so the summary can be regenerated without rerunning anything.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def load(out: Path = RESULTS) -> dict[str, dict[str, Any]]:
+    """``{section: document}`` for every ``run_<section>.json`` in ``out``."""
+    docs = {}
+    for p in sorted(Path(out).glob("run_*.json")):
+        try:
+            docs[p.stem[4:]] = json.loads(p.read_text())
+        except ValueError:
+            continue
+    return docs
+
+
+def _f(x: Any, fmt: str = ",.0f") -> str:
+    return "n/a" if x is None else format(x, fmt)
+
+
+def _rec(r: dict | None) -> str:
+    if not r:
+        return "n/a"
+    return ", ".join(f"{k} {v:.3f}" if v is not None else f"{k} n/a" for k, v in r.items())
+
+
+def _where(doc: dict) -> str:
+    m = doc.get("machine", {})
+    return (f"`{doc.get('command', '')}` — {m.get('cpu', '?')}, {m.get('cores', '?')} cores, "
+            f"load avg {m.get('load_avg_1m', '?')}, Python {m.get('python', '?')}, {m.get('date', '?')}"
+            f"{' (quick sizes)' if doc.get('quick') else ''}")
+
+
+def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> str:
+    """The Markdown body shared by SUMMARY.md and (``detail=False``: no per-nprobe table) the
+    README section."""
+    out: list[str] = []
+    h = docs.get("hybrid")
+    if h:
+        out += ["### Hybrid end to end (BM25 + dense, top-10, RRF, query vectors given)", "", _where(h), ""]
+        if h["status"] != "ok":
+            out += [f"status: {h['status']} {h['results'].get('error', '')}", ""]
+        else:
+            out += ["| docs | dense index | threads | p50 ms | p99 ms | QPS | recall@10 (per leg, fused) | p99 ≤ 10 ms |",
+                    "|---:|---|---:|---:|---:|---:|---|---|"]
+            for n, e in h["results"]["sizes"].items():
+                hl = e["headline"]
+                out.append(f"| {int(n):,} | {e['dense_factory']} nprobe {hl['nprobe']} | {e['threads']} | "
+                           f"{hl['p50_ms']:.2f} | {hl['p99_ms']:.2f} | {hl['qps']:,.0f} | {_rec(hl['recall@10'])} | "
+                           f"{'yes' if hl['meets_target'] else 'no'} |")
+            if not detail:
+                out += ["", "Per-leg and per-nprobe figures: `benchmarks/results/SUMMARY.md`; recall–QPS plot: "
+                        "`benchmarks/results/hybrid_recall_qps.png`."]
+            out += [] if not detail else ["", "Per leg and per nprobe (latency per query, batch size 1; `encode` = BM25 query analysis, "
+                    "dense encoding excluded):", "",
+                    "| docs | mode | nprobe | p50 ms | p95 ms | p99 ms | encode p50 ms | QPS | recall@10 |",
+                    "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+            for n, e in (h["results"]["sizes"].items() if detail else ()):
+                b = e["bm25"]
+                out.append(f"| {int(n):,} | bm25 | | {b['latency_ms']['p50']:.2f} | {b['latency_ms']['p95']:.2f} | "
+                           f"{b['latency_ms']['p99']:.2f} | {b['encode_ms']['p50']:.2f} | {b['qps']:,.0f} | {_rec(b['recall@10'])} |")
+                for p in e["points"]:
+                    for mode in ("dense", "hybrid"):
+                        m = p[mode]
+                        out.append(f"| {int(n):,} | {mode} | {p['nprobe']} | {m['latency_ms']['p50']:.2f} | "
+                                   f"{m['latency_ms']['p95']:.2f} | {m['latency_ms']['p99']:.2f} | "
+                                   f"{m['encode_ms']['p50']:.2f} | {m['qps']:,.0f} | {_rec(m['recall@10'])} |")
+            sizes = list(h["results"]["sizes"].values())
+            out += ["", "Index size on disk / peak RSS of the benchmark process (which also built the index, "
+                    "so this is the build's peak): " + "; ".join(
+                f"{e['n_docs']:,} docs: {e['bytes_on_disk'] / 1e9:.2f} GB / {e['peak_rss_bytes'] / 1e9:.2f} GB"
+                for e in sizes) + ". Learned-sparse leg: " + (sizes[0].get("sparse") or "included") + ".", ""]
+    enc = docs.get("encode")
+    if enc and enc["status"] == "ok":
+        out += ["### Query encoding (on its own)", "", _where(enc), "",
+                "| model | batch-1 p50 ms | batch-1 p99 ms | batch-32 queries/s |", "|---|---:|---:|---:|"]
+        for name, m in enc["results"]["models"].items():
+            if "batch1_latency_ms" in m:
+                out.append(f"| {name} | {m['batch1_latency_ms']['p50']:.1f} | {m['batch1_latency_ms']['p99']:.1f} | "
+                           f"{_f(m.get('batch32_queries_per_s'), ',.1f')} |")
+            else:
+                out.append(f"| {name} | {m.get('status', 'n/a')} | | |")
+        out.append("")
+    ix = docs.get("indexing")
+    if ix and ix["status"] == "ok":
+        r = ix["results"]
+        out += ["### Indexing throughput", "", _where(ix), "",
+                "| part | documents | docs/s | target |", "|---|---:|---:|---|"]
+        for key, label in (("non_model_synthetic", "non-model (analyzer + postings + writing), synthetic text"),
+                           ("non_model_scifact", "non-model, SciFact text")):
+            e = r[key]
+            out.append(f"| {label} | {e['n_docs']:,} | {e['docs_per_s']:,.0f} | ≥ 50,000: "
+                       f"{'met' if e['meets_target'] else 'missed'} |")
+        d = r["dense"]
+        out += [f"| dense: raw encoder (all-MiniLM-L6-v2, max 256 tokens, batch 64) | {d['n_docs']:,} | "
+                f"{d['raw_encoder_docs_per_s']:,.1f} | |",
+                f"| dense: `build_index` BM25 + dense (model load excluded) | {d['n_docs']:,} | "
+                f"{d['pipeline_docs_per_s_excluding_model_load']:,.1f} | ≥ 90% of raw: "
+                f"{d['pipeline_vs_raw']:.0%} |",
+                f"| dense: sentence-transformers `encode()` (same model, texts, max length) | {d['n_docs']:,} | "
+                f"{_f(d.get('sentence_transformers_docs_per_s'), ',.1f')} | ours/ST = "
+                f"{_f(d.get('ours_vs_sentence_transformers'), '.2f')} (≥ 1.0) |", ""]
+        bd = r["non_model_synthetic"]["breakdown_seconds"]
+        out += ["Non-model time breakdown (synthetic): " + "; ".join(f"{k} {v:.2f} s" for k, v in bd.items()) + ".", ""]
+    bm = docs.get("bm25")
+    if bm and bm["status"] == "ok":
+        out += ["### BM25 vs bm25s vs rank-bm25 (top-10, 1 thread)", "", _where(bm), "",
+                "| collection | engine | QPS (end to end) | indexing docs/s |", "|---|---|---:|---:|"]
+        for name, e in bm["results"]["collections"].items():
+            o = e["retriever"]
+            out.append(f"| {name} | retriever | {o['end_to_end_t1']['qps_median']:,.0f} | {o['index_docs_per_s']:,.0f} |")
+            out.append(f"| {name} | retriever, 2 threads | {o['end_to_end_t2']['qps_median']:,.0f} | |")
+            if "end_to_end_t1" in e.get("bm25s", {}):
+                out.append(f"| {name} | bm25s (numba) | {e['bm25s']['end_to_end_t1']['qps_median']:,.0f} | "
+                           f"{e['bm25s']['index_docs_per_s']:,.0f} |")
+            if "qps_median" in e.get("rank_bm25", {}):
+                out.append(f"| {name} | rank-bm25 ({e['rank_bm25']['queries_sampled']} queries) | "
+                           f"{e['rank_bm25']['qps_median']:,.2f} | {e['rank_bm25']['index_docs_per_s']:,.0f} |")
+        out.append("")
+    for leg in ("dense", "sparse"):
+        d = docs.get(leg)
+        if d:
+            label = {"dense": "Dense vs FAISS flat", "sparse": "Learned sparse"}[leg]
+            if d["status"] == "not available":
+                out += [f"### {label}", "", f"not available: {d['results'].get('reason', '')}", ""]
+            else:
+                out += [f"### {label}", "", _where(d), "",
+                        f"status {d['status']}; reports: {', '.join(d['results'].get('files', [])) or 'none'} "
+                        f"(see `benchmarks/results/`).", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def write_summary(out: Path = RESULTS) -> Path:
+    docs = load(out)
+    text = ["# Benchmark summary", "",
+            "Generated by `python -m benchmarks.run` from `benchmarks/results/run_*.json`; plots: "
+            "`hybrid_recall_qps.png`, `bm25_qps.png`, `indexing.png`.", ""]
+    total = sum(d.get("seconds", 0) for d in docs.values())
+    text += [f"Sections: " + ", ".join(f"{k} ({d['status']}, {d.get('seconds', 0):.0f} s)" for k, d in docs.items())
+             + f"; total {total / 60:.1f} min.", "", ""]
+    p = Path(out) / "SUMMARY.md"
+    p.write_text("\n".join(text) + section_markdown(docs))
+    return p
+
+
+def write_plots(out: Path = RESULTS) -> list[Path]:
+    """Recall–QPS (hybrid section), BM25 QPS per engine, indexing throughput; PNG via Agg."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    docs = load(out)
+    written = []
+    h = docs.get("hybrid")
+    if h and h["status"] == "ok":
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for n, e in h["results"]["sizes"].items():
+            for mode, key, marker in (("dense", "dense", "o"), ("hybrid", "fused", "s")):
+                xs = [p[mode]["recall@10"].get(key) or 0 for p in e["points"]]
+                ys = [p[mode]["qps"] for p in e["points"]]
+                ax.plot(xs, ys, marker=marker, label=f"{mode} ({int(n):,} docs)")
+                for p, x, y in zip(e["points"], xs, ys):
+                    ax.annotate(str(p["nprobe"]), (x, y), fontsize=7)
+            b = e["bm25"]
+            ax.plot([b["recall@10"]["bm25"]], [b["qps"]], marker="^", linestyle="", label=f"bm25 ({int(n):,} docs)")
+        ax.set_xlabel("recall@10 vs exact (fused list for hybrid)")
+        ax.set_ylabel("QPS (batch 1, 2 threads)")
+        ax.set_yscale("log")
+        ax.set_title("Recall–QPS, IVF nprobe annotated")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = Path(out) / "hybrid_recall_qps.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    bm = docs.get("bm25")
+    if bm and bm["status"] == "ok":
+        fig, ax = plt.subplots(figsize=(6, 4))
+        names, vals = [], []
+        for cname, e in bm["results"]["collections"].items():
+            for eng, v in (("retriever", e["retriever"]["end_to_end_t1"]["qps_median"]),
+                           ("bm25s", e.get("bm25s", {}).get("end_to_end_t1", {}).get("qps_median")),
+                           ("rank-bm25", e.get("rank_bm25", {}).get("qps_median"))):
+                if v:
+                    names.append(f"{cname}\n{eng}")
+                    vals.append(v)
+        ax.bar(range(len(vals)), vals)
+        ax.set_xticks(range(len(vals)), names, fontsize=6)
+        ax.set_yscale("log")
+        ax.set_ylabel("QPS (1 thread, top-10; exact, recall 1.0)")
+        ax.set_title("BM25")
+        fig.tight_layout()
+        p = Path(out) / "bm25_qps.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    ix = docs.get("indexing")
+    if ix and ix["status"] == "ok":
+        r = ix["results"]
+        d = r["dense"]
+        items = [("non-model\nsynthetic", r["non_model_synthetic"]["docs_per_s"]),
+                 ("non-model\nSciFact", r["non_model_scifact"]["docs_per_s"]),
+                 ("dense raw\nencoder", d["raw_encoder_docs_per_s"]),
+                 ("dense\npipeline", d["pipeline_docs_per_s_excluding_model_load"])]
+        if d.get("sentence_transformers_docs_per_s"):
+            items.append(("sentence-\ntransformers", d["sentence_transformers_docs_per_s"]))
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.bar(range(len(items)), [v for _, v in items])
+        ax.set_xticks(range(len(items)), [k for k, _ in items], fontsize=7)
+        ax.set_yscale("log")
+        ax.set_ylabel("documents/s")
+        ax.set_title("Indexing throughput")
+        fig.tight_layout()
+        p = Path(out) / "indexing.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    return written

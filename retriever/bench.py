@@ -1,0 +1,259 @@
+"""Query benchmark of an opened index: QPS, latency percentiles, recall@k against exact search,
+peak RSS and index size. ``retriever bench`` and ``benchmarks/run.py`` are thin layers over
+:func:`bench_index`.
+
+Method (PISA-style): one untimed warm-up pass over the first batches, then every query is run in
+batches of ``batch_size`` (1 = per-query latency); each batch's wall time is one latency sample.
+Stage times come from :attr:`BatchResult.timings_ms`: ``encode`` (query preparation: dense/sparse
+encoding and BM25 analysis), ``search`` (kernels and shard merge), ``fuse``. Passing
+``query_vectors`` removes dense encoding from the measurement (BM25 analysis stays in).
+
+Recall@k is |top-k ∩ exact top-k| / |exact top-k| averaged over queries with at least one exact
+hit, where "exact" is the exhaustive algorithm of each leg (BM25: exhaustive scoring of every
+posting; dense: flat inner product over the stored vectors; other legs: see
+:data:`EXACT_LEG_PARAMS`) and, for hybrid mode, the fused list computed from the exact legs with
+the same fusion and depth.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .fusion import RRF, Linear, fuse, parse_fusion
+from .topk import merge_topk
+
+#: leg → ``leg_params`` that make the leg's own ``search`` exact. Legs without an entry here and
+#: without an entry in :data:`EXACT_SEARCH` get recall ``None`` (e.g. a new leg until it says how
+#: its exact search is called). Hook for the learned-sparse leg: add ``"sparse": {...}`` here or a
+#: function in :data:`EXACT_SEARCH`.
+EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"}}
+
+
+def _exact_dense(leg: Any, inp: np.ndarray, depth: int, n_threads: int):
+    """Flat inner product over each shard's stored vectors (float32 arithmetic), shard by shard."""
+    import faiss
+
+    parts = []
+    qv = np.ascontiguousarray(inp, dtype=np.float32)
+    nq = qv.shape[0]
+    for s, vec in zip(leg.reader.shards, leg.vectors):
+        kk = min(depth, s.rows)
+        ids = np.full((nq, depth), -1, np.int64)
+        scores = np.full((nq, depth), -np.inf, np.float32)
+        if kk and nq:
+            xb = np.ascontiguousarray(vec, dtype=np.float32)
+            D, I = faiss.knn(qv, xb, kk, metric=faiss.METRIC_INNER_PRODUCT)
+            del xb
+            ids[:, :kk] = np.where(I >= 0, I + s.base, -1)
+            scores[:, :kk] = np.where(I >= 0, D, -np.inf)
+        parts.append((ids, scores, (ids >= 0).sum(axis=1).astype(np.int32)))
+    return parts
+
+
+#: leg → exact search function ``(leg, prepared_input, depth, n_threads) -> per-shard parts``.
+EXACT_SEARCH: dict[str, Callable[..., Any]] = {"dense": _exact_dense}
+
+
+def _percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
+    a = np.asarray(samples_ms, dtype=np.float64)
+    if a.size == 0:
+        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"), "mean": float("nan")}
+    p50, p95, p99 = np.percentile(a, [50, 95, 99])
+    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(a.mean()),
+            "max": float(a.max())}
+
+
+def recall_at_k(got: np.ndarray, exact: np.ndarray, k: int) -> float | None:
+    """Mean over queries of |got[:k] ∩ exact[:k]| / |exact[:k]| (ids padded with -1; queries whose
+    exact list is empty are skipped; ``None`` when every exact list is empty)."""
+    vals = []
+    for g, e in zip(got[:, :k], exact[:, :k]):
+        es = set(e[e >= 0].tolist())
+        if not es:
+            continue
+        vals.append(len(es & set(g[g >= 0].tolist())) / len(es))
+    return float(np.mean(vals)) if vals else None
+
+
+def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, fusion: Any = None,
+                 depth: int | None = None, n_threads: int = 1, query_vectors: np.ndarray | None = None
+                 ) -> dict[str, np.ndarray | None]:
+    """Exact top-k ids per leg of ``mode`` and, for several legs, the fused list of the exact legs.
+
+    Returns:
+        ``{leg: ids (nq, k) | None, ..., "fused": ids (nq, k)}`` (``None`` where the leg has no
+        exact reference; ``"fused"`` only for multi-leg modes with every leg exact).
+    """
+    from .api import DEFAULT_DEPTH
+
+    engine = retriever.engine
+    names = engine.legs_for(mode)
+    depth = DEFAULT_DEPTH if depth is None else depth
+    leg_depth = k if len(names) == 1 else max(depth, k)
+    per_leg: dict[str, Any] = {}
+    out: dict[str, np.ndarray | None] = {}
+    for name in names:
+        leg = engine.legs[name]
+        if name == "dense" and query_vectors is not None:
+            inp = leg.check_vectors(query_vectors)
+        else:
+            inp = leg.prepare(list(queries))
+        if name in EXACT_SEARCH:
+            parts = EXACT_SEARCH[name](leg, inp, leg_depth, n_threads)
+        elif name in EXACT_LEG_PARAMS:
+            parts = leg.search(inp, leg_depth, n_threads, **EXACT_LEG_PARAMS[name])
+        else:
+            out[name] = None
+            continue
+        per_leg[name] = merge_topk(parts, leg_depth)
+        out[name] = per_leg[name][0][:, :k]
+    if len(names) > 1 and len(per_leg) == len(names):
+        ids, _, _, _ = fuse(per_leg, k, parse_fusion(fusion))
+        out["fused"] = ids
+    return out
+
+
+def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] | None = None, k: int = 10,
+                n_threads: int = 1, batch_size: int = 1, query_vectors: np.ndarray | None = None,
+                fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
+                leg_params: dict[str, dict[str, Any]] | None = None, warmup_batches: int = 5,
+                recall: bool = True, exact_cache: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Benchmark ``modes`` of an opened :class:`~retriever.Retriever` over ``queries``.
+
+    Args:
+        queries: query strings (blank ones are dropped).
+        modes: search modes (default: every leg of the index, and ``hybrid`` when it has several).
+        k: hits per query.
+        n_threads: kernel threads (also FAISS's OpenMP threads for the run).
+        batch_size: queries per ``search_arrays`` call; one latency sample per batch.
+        query_vectors: (nq, dim) dense query vectors aligned with ``queries`` (encoding excluded).
+        fusion, depth, leg_params: as in :meth:`Retriever.search_arrays`.
+        warmup_batches: untimed batches run first.
+        recall: compute recall@k against exact search (costs one exact pass).
+        exact_cache: a dict kept across calls with the same queries, k, fusion and depth, so
+            parameter sweeps compute the exact lists once per mode.
+
+    Returns:
+        a JSON-ready dict: ``{"settings": ..., "index": {...}, "modes": {mode: {...}}}`` where each
+        mode has ``qps``, ``latency_ms`` (per batch: p50/p95/p99/mean/max), ``encode_ms`` /
+        ``search_ms`` / ``fuse_ms`` (per batch percentiles), ``qps_excluding_encode``,
+        ``recall@k`` (per leg and ``fused``) and ``peak_rss_bytes`` after the mode ran.
+    """
+    from index.errors import QueryError
+
+    keep = [i for i, q in enumerate(queries) if q.strip()]
+    qs = [queries[i] for i in keep]
+    if not qs:
+        raise QueryError("no non-blank queries to benchmark")
+    qv = None
+    if query_vectors is not None:
+        qv = np.asarray(query_vectors, dtype=np.float32)
+        if qv.ndim != 2 or qv.shape[0] != len(queries):
+            raise QueryError(f"query_vectors has shape {qv.shape}, expected ({len(queries)}, dim)")
+        qv = np.ascontiguousarray(qv[keep])
+    legs = list(retriever.legs)
+    if not modes:
+        modes = legs + (["hybrid"] if len(legs) > 1 else [])
+    try:
+        import faiss
+        faiss.omp_set_num_threads(n_threads)
+    except ImportError:  # pragma: no cover - faiss is a dependency
+        pass
+    info = retriever.info()
+    report: dict[str, Any] = {
+        "settings": {"k": k, "threads": n_threads, "batch_size": batch_size, "n_queries": len(qs),
+                     "query_vectors": qv is not None, "depth": depth,
+                     "fusion": parse_fusion(fusion).to_dict()},
+        "index": {"n_docs": info.get("n_docs"), "legs": legs, "bytes_on_disk": info.get("bytes_on_disk"),
+                  "n_shards": info.get("n_shards")},
+        "modes": {},
+    }
+    batches = [(s, min(s + batch_size, len(qs))) for s in range(0, len(qs), batch_size)]
+    for mode in modes:
+        uses_dense = "dense" in retriever.engine.legs_for(mode)
+
+        def call(s: int, e: int):
+            return retriever.search_arrays(qs[s:e], k, mode=mode, fusion=fusion, depth=depth,
+                                           n_threads=n_threads, leg_params=leg_params,
+                                           query_vectors=qv[s:e] if (qv is not None and uses_dense) else None)
+
+        for s, e in batches[:warmup_batches]:
+            call(s, e)
+        lat, enc, sea, fus = [], [], [], []
+        ids = np.full((len(qs), k), -1, np.int64)
+        t_all = time.perf_counter()
+        for s, e in batches:
+            t0 = time.perf_counter()
+            res = call(s, e)
+            lat.append((time.perf_counter() - t0) * 1e3)
+            enc.append(res.timings_ms.get("encode", 0.0))
+            sea.append(res.timings_ms.get("search", 0.0))
+            fus.append(res.timings_ms.get("fuse", 0.0))
+            ids[s:e, :res.ids.shape[1]] = res.ids
+        total_s = time.perf_counter() - t_all
+        entry: dict[str, Any] = {
+            "qps": len(qs) / total_s,
+            "qps_excluding_encode": len(qs) / max((sum(lat) - sum(enc)) / 1e3, 1e-12),
+            "latency_ms": _percentiles(lat), "encode_ms": _percentiles(enc),
+            "search_ms": _percentiles(sea), "fuse_ms": _percentiles(fus),
+            "latency_excluding_encode_ms": _percentiles(np.subtract(lat, enc)),
+        }
+        if recall:
+            ex = None if exact_cache is None else exact_cache.get(mode)
+            if ex is None:
+                ex = exact_search(retriever, qs, k=k, mode=mode, fusion=fusion, depth=depth,
+                                  n_threads=n_threads, query_vectors=qv if uses_dense else None)
+                if exact_cache is not None:
+                    exact_cache[mode] = ex
+            rec: dict[str, float | None] = {}
+            names = retriever.engine.legs_for(mode)
+            if len(names) == 1:
+                rec[names[0]] = recall_at_k(ids, ex[names[0]], k) if ex[names[0]] is not None else None
+            else:
+                # Each leg's own top-k (searched on its own, as the fused list's inputs are).
+                for name in names:
+                    if ex.get(name) is None:
+                        rec[name] = None
+                        continue
+                    got = np.full((len(qs), k), -1, np.int64)
+                    for s, e in batches:
+                        r1 = retriever.search_arrays(
+                            qs[s:e], k, mode=name, n_threads=n_threads, leg_params=leg_params,
+                            query_vectors=qv[s:e] if (qv is not None and name == "dense") else None)
+                        got[s:e, :r1.ids.shape[1]] = r1.ids
+                    rec[name] = recall_at_k(got, ex[name], k)
+                rec["fused"] = recall_at_k(ids, ex["fused"], k) if ex.get("fused") is not None else None
+            entry[f"recall@{k}"] = rec
+        entry["peak_rss_bytes"] = peak_rss_bytes()
+        report["modes"][mode] = entry
+    report["peak_rss_bytes"] = peak_rss_bytes()
+    return report
+
+
+def peak_rss_bytes() -> int:
+    """Peak resident set size of this process so far (bytes; Linux ``ru_maxrss`` is in KiB)."""
+    import resource
+    import sys
+
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(r if sys.platform == "darwin" else r * 1024)
+
+
+def format_report(report: dict[str, Any]) -> str:
+    """A short plain-text table of :func:`bench_index`'s report."""
+    st = report["settings"]
+    k = st["k"]
+    lines = [f"{report['index']['n_docs']} docs, {st['n_queries']} queries, k={k}, threads={st['threads']}, "
+             f"batch={st['batch_size']}, index {report['index']['bytes_on_disk'] / 1e6:.1f} MB on disk, "
+             f"peak RSS {report['peak_rss_bytes'] / 1e6:.0f} MB",
+             f"{'mode':<8} {'QPS':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} {'enc p50':>8}  recall@{k}"]
+    for mode, e in report["modes"].items():
+        rec = e.get(f"recall@{k}", {})
+        rs = " ".join(f"{n}={v:.4f}" if v is not None else f"{n}=n/a" for n, v in rec.items())
+        lat = e["latency_ms"]
+        lines.append(f"{mode:<8} {e['qps']:>9.1f} {lat['p50']:>8.2f} {lat['p95']:>8.2f} {lat['p99']:>8.2f} "
+                     f"{e['encode_ms']['p50']:>8.2f}  {rs}")
+    return "\n".join(lines)

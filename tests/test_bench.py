@@ -1,0 +1,168 @@
+"""``retriever bench`` and the benchmark harness pieces, on tiny inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from retriever.cli import main
+
+QUERIES = ["vitamin bone", "cancer therapy trial", "heart blood pressure", "sleep memory brain",
+           "insulin sugar diet", "virus immune cell", "kidney", "gene protein dose"]
+
+
+@pytest.fixture()
+def queries_tsv(tmp_path):
+    p = tmp_path / "queries.tsv"
+    p.write_text("".join(f"q{i}\t{q}\n" for i, q in enumerate(QUERIES)))
+    return p
+
+
+def test_bench_cli_bm25_json(bm25_index, queries_tsv, capsys):
+    rc = main(["bench", str(bm25_index), "--queries", str(queries_tsv), "--mode", "bm25", "-k", "10",
+               "--threads", "1", "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["settings"]["k"] == 10 and rep["settings"]["batch_size"] == 1
+    assert rep["settings"]["n_queries"] == len(QUERIES)
+    assert rep["index"]["n_docs"] == 300 and rep["index"]["bytes_on_disk"] > 0
+    assert rep["peak_rss_bytes"] > 0
+    e = rep["modes"]["bm25"]
+    for key in ("qps", "qps_excluding_encode", "latency_ms", "encode_ms", "search_ms", "fuse_ms",
+                "latency_excluding_encode_ms", "recall@10", "peak_rss_bytes"):
+        assert key in e, key
+    for key in ("p50", "p95", "p99"):
+        assert e["latency_ms"][key] > 0
+    assert e["latency_ms"]["p50"] <= e["latency_ms"]["p95"] <= e["latency_ms"]["p99"]
+    assert e["recall@10"] == {"bm25": 1.0}
+
+
+def test_bench_cli_text_batches(bm25_index, queries_tsv, capsys):
+    rc = main(["bench", str(bm25_index), "--queries", str(queries_tsv), "--batch-size", "3", "-k", "5"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "bm25" in out and "recall@5" in out and "bm25=1.0000" in out
+
+
+def test_recall_at_k():
+    from retriever.bench import recall_at_k
+
+    exact = np.array([[1, 2, 3], [4, 5, -1], [-1, -1, -1]])
+    got = np.array([[3, 2, 9], [4, 5, -1], [-1, -1, -1]])
+    assert recall_at_k(got, exact, 3) == pytest.approx((2 / 3 + 1.0) / 2)
+    assert recall_at_k(exact, exact, 2) == 1.0
+
+
+def _unit(rng, n, d):
+    v = rng.standard_normal((n, d)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def test_build_index_precomputed_vectors(tmp_path, small_corpus):
+    """Precomputed vectors are stored like encoded ones; array and iterable inputs agree; the
+    dense and hybrid legs are exact (recall 1.0) against flat search."""
+    from retriever import ConfigError, DenseConfig, Retriever, build_index
+    from retriever.bench import bench_index
+
+    rng = np.random.default_rng(0)
+    vecs = _unit(rng, len(small_corpus), 16)
+    a, b = tmp_path / "a", tmp_path / "b"
+    m = build_index(small_corpus, a, legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False,
+                    shard_size=128, batch_size=50)
+    assert m["stats"]["dense_dim"] == 16 and m["models"]["dense"]["precomputed"]
+    blocks = (vecs[i:i + 7] for i in range(0, len(vecs), 7))
+    build_index(small_corpus, b, legs=("dense",), dense_vectors=blocks, show_progress=False,
+                dense=DenseConfig(dtype="float32"))
+    ra, rb = Retriever.open(a), Retriever.open(b)
+    stored_a = np.concatenate(ra.engine.legs["dense"].vectors)
+    stored_b = np.concatenate(rb.engine.legs["dense"].vectors)
+    assert stored_a.dtype == np.float16 and np.array_equal(stored_a, vecs.astype(np.float16))
+    assert stored_b.dtype == np.float32 and np.array_equal(stored_b, vecs)
+    qv = _unit(rng, len(QUERIES), 16)
+    hits = ra.search("vitamin bone", k=3, mode="dense", query_vectors=qv[0])
+    assert len(hits) == 3
+    rep = bench_index(ra, QUERIES, modes=["dense", "hybrid"], k=5, query_vectors=qv, n_threads=1)
+    assert rep["modes"]["dense"]["recall@5"] == {"dense": 1.0}
+    assert rep["modes"]["hybrid"]["recall@5"] == {"bm25": 1.0, "dense": 1.0, "fused": 1.0}
+    with pytest.raises(ConfigError, match="fewer rows"):
+        build_index(small_corpus, tmp_path / "c", legs=("dense",), dense_vectors=vecs[:10], show_progress=False)
+    with pytest.raises(ConfigError, match="more rows"):
+        build_index(small_corpus, tmp_path / "d", legs=("dense",), dense_vectors=np.vstack([vecs, vecs[:1]]),
+                    show_progress=False)
+    with pytest.raises(ConfigError, match="not in legs"):
+        build_index(small_corpus, tmp_path / "e", legs=("bm25",), dense_vectors=vecs, show_progress=False)
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+
+
+def test_run_pieces_tiny(tmp_path):
+    """benchmarks/run.py pieces on tiny inputs: hybrid section, non-model indexing, peer guard,
+    summary, plots and the README generator (markers added once, other text untouched)."""
+    import importlib.util
+
+    from benchmarks import run
+    from benchmarks.datasets import synthetic_bm25
+    from benchmarks.report import write_plots, write_summary
+    from benchmarks.update_readme import END, START, update_readme
+
+    e = run.bench_hybrid(1500, tmp_path, threads=1, n_queries=20, nprobes=(1, 64))
+    assert e["n_docs"] == 1500 and e["dense_factory"].startswith("IVF") and len(e["points"]) == 2
+    assert e["bm25"]["recall@10"] == {"bm25": 1.0}
+    for p in e["points"]:
+        assert set(p["hybrid"]["recall@10"]) == {"bm25", "dense", "fused"}
+        assert p["hybrid"]["latency_ms"]["p99"] > 0
+    assert e["points"][1]["dense"]["recall@10"]["dense"] == 1.0  # nprobe >= nlist: exhaustive
+    assert {"p99_ms", "meets_target", "recall@10"} <= set(e["headline"])
+    syn = synthetic_bm25(500, n_queries=1)
+    ix = run._nonmodel(syn.docs, syn.n_docs, tmp_path, "syn")
+    assert ix["docs_per_s"] > 0 and len(ix["breakdown_seconds"]) == 5 and ix["n_unique_tokens"] > 0
+    if importlib.util.find_spec("benchmarks.bench_sparse") is None:
+        assert run._peer_section("sparse", True)["_status"] == "not available"
+    out = tmp_path / "results"
+    out.mkdir()
+    doc = {"section": "hybrid", "status": "ok", "quick": True, "command": "python -m benchmarks.run --quick",
+           "machine": run._machine(), "seconds": 1.0, "results": {"sizes": {"1500": e}}}
+    (out / "run_hybrid.json").write_text(__import__("json").dumps(doc, default=run._json_default))
+    summary = write_summary(out).read_text()
+    assert "Hybrid end to end" in summary and "| 1,500 |" in summary
+    pngs = write_plots(out)
+    assert [p.name for p in pngs] == ["hybrid_recall_qps.png"] and pngs[0].stat().st_size > 1000
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\nkeep me\n")
+    assert update_readme(readme, out)
+    text = readme.read_text()
+    assert text.startswith("# title\n\nkeep me\n") and START in text and END in text and "1,500" in text
+    assert not update_readme(readme, out)  # idempotent
+    readme.write_text(text.replace("keep me", "edited") + "tail\n")
+    update_readme(readme, out)
+    assert "edited" in readme.read_text() and readme.read_text().endswith("tail\n")
+    assert readme.read_text().count(START) == 1
+
+
+@pytest.mark.slow
+def test_run_quick(tmp_path):
+    """The whole quick run (several minutes on 2 cores); asserts nothing about speed."""
+    from benchmarks import run
+
+    assert run.main(["--quick", "--out", str(tmp_path), "--no-readme"]) == 0
+    for name in run.SECTIONS:
+        doc = __import__("json").loads((tmp_path / f"run_{name}.json").read_text())
+        assert doc["status"] in ("ok", "not available"), (name, doc["results"])
+    assert (tmp_path / "SUMMARY.md").is_file() and (tmp_path / "hybrid_recall_qps.png").is_file()
+
+
+def test_bench_cli_query_vectors(tmp_path, small_corpus, queries_tsv, capsys):
+    from retriever import build_index
+
+    rng = np.random.default_rng(3)
+    build_index(small_corpus, tmp_path / "h", legs=("bm25", "dense"), dense_vectors=_unit(rng, 300, 8),
+                show_progress=False)
+    np.save(tmp_path / "qv.npy", _unit(rng, len(QUERIES), 8))
+    rc = main(["bench", str(tmp_path / "h"), "--queries", str(queries_tsv), "--query-vectors",
+               str(tmp_path / "qv.npy"), "--threads", "2", "--max-queries", "5", "--json"])
+    assert rc == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert list(rep["modes"]) == ["bm25", "dense", "hybrid"] and rep["settings"]["n_queries"] == 5
+    assert rep["modes"]["hybrid"]["recall@10"] == {"bm25": 1.0, "dense": 1.0, "fused": 1.0}
+    assert rep["settings"]["query_vectors"] is True
