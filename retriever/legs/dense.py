@@ -109,6 +109,20 @@ class _PrefixIndex:
         self.prefix = prefix
 
 
+def _check_digest(reader: IndexReader, path) -> None:
+    """Compare a file's SHA-256 with the manifest entry.
+
+    Raises:
+        IndexFormatError: unlisted file or digest mismatch (names the file).
+    """
+    from index.format import sha256_file
+
+    rel = path.relative_to(reader.path).as_posix()
+    info = reader.manifest["files"].get(rel)
+    if info is None or sha256_file(path) != info["sha256"]:
+        raise IndexFormatError(f"{path}: not listed in the manifest or SHA-256 mismatch (corrupted or modified)")
+
+
 class DenseLeg:
     """Dense leg of an opened index.
 
@@ -149,9 +163,12 @@ class DenseLeg:
             vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
             self.vectors.append(vec)
             if (s.dir / "dense.faiss").is_file():
+                # FAISS sizes its allocations from the file's own header, so the file's content is
+                # checked against the manifest's SHA-256 before FAISS parses it.
+                _check_digest(reader, s.dir / "dense.faiss")
                 try:
                     index = faiss.read_index(str(s.dir / "dense.faiss"))
-                except RuntimeError as e:
+                except (RuntimeError, MemoryError) as e:
                     raise IndexFormatError(f"{s.dir / 'dense.faiss'}: unreadable FAISS index ({e})") from None
                 if index.d != self.dim or index.ntotal != s.rows:
                     raise IndexFormatError(f"{s.dir / 'dense.faiss'}: d={index.d} ntotal={index.ntotal}, "
