@@ -96,7 +96,7 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
     entry["bm25"] = bm25["modes"]["bm25"]
     entry["bytes_on_disk"] = bm25["index"]["bytes_on_disk"]
     for nprobe in nprobes:
-        lp = {"dense": {"params": faiss.SearchParametersIVF(nprobe=min(nprobe, nlist))}}
+        lp = {"dense": {"nprobe": min(nprobe, nlist)}}
         rep = bench_index(r, col.text.queries, modes=["dense", "hybrid"], k=k, n_threads=threads, batch_size=1,
                           query_vectors=col.dense.queries, leg_params=lp, exact_cache=cache)
         entry["points"].append({"nprobe": nprobe, **rep["modes"]})

@@ -151,6 +151,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
     out = Path(out)
     check_target(out, overwrite)
     t0 = time.perf_counter()
+    documents = read_corpus(corpus)  # a missing or unknown corpus fails here, before models load
 
     analyzer = Analyzer(config.analyzer) if "bm25" in config.legs else None
     postings = PostingsBuilder(analyzer) if analyzer is not None else None
@@ -193,7 +194,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
     with IndexWriter(out, overwrite=overwrite) as writer:
         try:
-            for batch, end_of_shard in _batches(read_corpus(corpus), config):
+            for batch, end_of_shard in _batches(documents, config):
                 for d in batch:
                     if d.id in seen:
                         raise CorpusError(f"duplicate document id {d.id!r}", path=d.path, line=d.line, field="_id")

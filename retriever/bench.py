@@ -29,7 +29,8 @@ from .topk import merge_topk
 #: without an entry in :data:`EXACT_SEARCH` get recall ``None`` (e.g. a new leg until it says how
 #: its exact search is called). Hook for the learned-sparse leg: add ``"sparse": {...}`` here or a
 #: function in :data:`EXACT_SEARCH`.
-EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"}}
+EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"},
+                                               "sparse": {"algorithm": "exact"}}
 
 
 def _exact_dense(leg: Any, inp: np.ndarray, depth: int, n_threads: int):
