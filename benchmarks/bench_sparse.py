@@ -174,8 +174,9 @@ def run_collection(name, docs, queries, args, vocab=30522):
     exact_bytes = sum(ix[k].nbytes for k in ("offsets", "doc_ids", "impacts"))
     seis_bytes = sum(ix[k].nbytes for k in ("fwd_offsets", "fwd_terms", "fwd_values", *_BLOCK_ARGS))
 
-    (ids, _, _), sec = timed(lambda: _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"], scale, n,
-                                                                 *qb, K, n_threads=1), args.repeats)
+    (ids, _, _), sec = timed(lambda: _kernels.sparse_exact_topk(
+        *[ix[k] for k in ("offsets", "doc_ids", "impacts", "fwd_offsets", "fwd_terms", "fwd_values")], scale, *qb, K,
+        n_threads=1), args.repeats)
     truth = ids
     rows.append({"engine": "retriever-exact", "qps": nq / sec, "recall@10": 1.0, "build_s": build_s,
                  "bytes_per_posting": exact_bytes / nnz})
