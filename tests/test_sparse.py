@@ -204,3 +204,24 @@ def test_sparse_leg_end_to_end(tmp_path):
             r1.search_arrays(qs, k=5, mode="sparse", sparse_vectors=[([1, 1], [1.0, 1.0])] * 3)
         with pytest.raises(QueryError, match="algorithm"):
             r1.search_arrays(qs, k=5, mode="sparse", leg_params={"sparse": {"algorithm": "nope"}})
+
+
+def test_impact_ordered_postings_and_check():
+    vocab = 60
+    docs, _ = synthetic(300, vocab, seed=2)
+    indptr, terms, weights = to_csr(docs, vocab)
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=impact_scale(weights.max()), n_postings=0,
+                            block_size=4, summary_energy=0.5, blocks=False)
+    off, d, imp = ix["offsets"], ix["doc_ids"], ix["impacts"]
+    for t in range(vocab):
+        seg_i, seg_d = imp[off[t]:off[t + 1]].astype(np.int64), d[off[t]:off[t + 1]].astype(np.int64)
+        assert np.all(np.diff(seg_i) <= 0)
+        assert np.all((np.diff(seg_i) < 0) | (np.diff(seg_d) > 0))  # ties by doc id
+    _kernels.check_impact_postings(off, d, imp, 300)
+    with pytest.raises(ValueError, match="doc_ids"):
+        _kernels.check_impact_postings(off, d, imp, 10)
+    t = int(np.argmax(np.diff(off.astype(np.int64))))
+    bad = imp.copy()
+    bad[off[t]], bad[off[t] + 1] = bad[off[t] + 1], bad[off[t]] + 1
+    with pytest.raises(ValueError, match="non-increasing"):
+        _kernels.check_impact_postings(off, d, bad, 300)
