@@ -2,6 +2,8 @@
 #include "blocked_topk.hpp"
 
 #include <algorithm>
+#include <functional>
+#include <utility>
 #include <cmath>
 #include <memory>
 #include <numeric>
@@ -76,6 +78,25 @@ void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab) {
     }
 }
 
+void check_impact_postings(const u16_postings_view& p) {
+    const csr_view& c = p.csr;
+    check_offsets(c.offsets, c.n_terms, c.nnz, "offsets");
+    for (size_t t = 0; t < c.n_terms; ++t) {
+        for (uint64_t i = c.offsets[t]; i < c.offsets[t + 1]; ++i) {
+            if (c.doc_ids[i] >= p.n_docs) {
+                bad("doc_ids[" + std::to_string(i) + "] = " + std::to_string(c.doc_ids[i]) +
+                    " must be < n_docs = " + std::to_string(p.n_docs));
+            }
+            if (p.impacts[i] == 0) bad("impacts[" + std::to_string(i) + "] must be >= 1, got 0");
+            if (i > c.offsets[t] && p.impacts[i] > p.impacts[i - 1]) {
+                bad("impacts of term " + std::to_string(t) + " must be non-increasing; impacts[" +
+                    std::to_string(i) + "] = " + std::to_string(p.impacts[i]) + " > " +
+                    std::to_string(p.impacts[i - 1]));
+            }
+        }
+    }
+}
+
 void check_sparse_queries(const query_batch_view& q, size_t n_terms) {
     check_query_batch(q, n_terms);  // offsets, term range, finite weights
     std::vector<uint8_t> seen(n_terms, 0);
@@ -96,37 +117,151 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms) {
     }
 }
 
-void sparse_exact_topk(const u16_postings_view& p, const query_batch_view& queries, int n_threads,
-                       const topk_out& out) {
+namespace {
+
+struct term_cursor {
+    float w;          // query weight
+    uint64_t cur, end;  // position in the impact-ordered list, its end
+};
+
+// Exact score of document d from the forward index: scale * sum over d's terms
+// (in stored order) of qd[t] * value. The same function serves every path of
+// both kernels, so a document's score never depends on how it was reached.
+inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
+    float acc = 0.0f;
+    for (uint64_t p = f.offsets[d], e = f.offsets[d + 1]; p < e; ++p) {
+        acc += qd[f.terms[p]] * static_cast<float>(f.values[p]);
+    }
+    return acc * f.scale;
+}
+
+inline void prefetch_doc(const forward_view& f, uint32_t d) {
+#if defined(__GNUC__)
+    const uint64_t p = f.offsets[d];
+    __builtin_prefetch(f.terms + p);
+    __builtin_prefetch(f.values + p);
+#else
+    (void)f;
+    (void)d;
+#endif
+}
+
+}  // namespace
+
+void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
+                       size_t vocab, int n_threads, const topk_out& out) {
     const size_t n_docs = p.n_docs;
+    const float avg_nnz = n_docs ? static_cast<float>(f.nnz) / static_cast<float>(n_docs) + 1.0f : 1.0f;
+    constexpr float kEps = 1e-4f;  // slack for float rounding between accumulation orders
     parallel_for_items(queries.nq, n_threads, kChunk, [&]() {
-        return [&, acc = std::vector<float>(n_docs, 0.0f), heap = topk_heap()](size_t q) mutable {
-            heap.reset(out.k);
+        struct state {
+            std::vector<float> acc, qd, buf;
+            std::vector<uint32_t> touched, cand;
+            std::vector<term_cursor> terms;
+            topk_heap heap;
+        };
+        auto st = std::make_shared<state>();
+        st->acc.assign(n_docs, 0.0f);
+        st->qd.assign(vocab, 0.0f);
+        return [&, st](size_t q) {
+            state& s = *st;
+            const size_t k = out.k;
+            s.heap.reset(k);
+            s.touched.clear();
+            s.terms.clear();
             const uint64_t lo = queries.q_offsets[q], hi = queries.q_offsets[q + 1];
-            float* a = acc.data();
+            float ub_max = 0.0f;
             for (uint64_t j = lo; j < hi; ++j) {
                 const uint32_t t = queries.q_terms[j];
                 const float w = queries.q_weights[j];
                 const uint64_t b = p.csr.offsets[t], e = p.csr.offsets[t + 1];
-                const uint32_t* ids = p.csr.doc_ids;
-                const uint16_t* imp = p.impacts;
-                for (uint64_t i = b; i < e; ++i) a[ids[i]] += w * static_cast<float>(imp[i]);
+                if (!(w > 0.0f) || b == e) continue;
+                s.terms.push_back(term_cursor{w, b, e});
+                ub_max = std::max(ub_max, w * static_cast<float>(p.impacts[b]));
             }
-            // Scan in doc order: an equal score arriving later never displaces (larger id).
-            const float scale = p.scale;
-            float thr = 0.0f;  // found = score > 0
-            for (size_t d = 0; d < n_docs; ++d) {
-                const float v = a[d];
-                if (v > 0.0f) {
-                    a[d] = 0.0f;
-                    const float s = v * scale;
-                    if (s > thr) {
-                        heap.push(s, static_cast<uint32_t>(d));
-                        if (heap.full()) thr = std::max(thr, heap.threshold());
+            float* a = s.acc.data();
+            const uint32_t* ids = p.csr.doc_ids;
+            const uint16_t* imp = p.impacts;
+            // Phase 1: score-at-a-time over impact-ordered lists, in rounds of
+            // decreasing contribution level lambda. After a round, no unseen
+            // posting contributes more than w * imp[cur] per term, so a doc
+            // never touched scores at most L = sum of those, and a touched one
+            // at most acc + L. theta (the k-th largest partial score) is a
+            // lower bound of the final k-th score; we stop once L < theta.
+            float lambda = ub_max * 0.5f;
+            float theta = 0.0f;
+            float L = 0.0f;
+            for (;;) {
+                for (term_cursor& tc : s.terms) {
+                    const float cut = lambda / tc.w;
+                    uint64_t c = tc.cur;
+                    const uint64_t e = tc.end;
+                    const float w = tc.w;
+                    while (c < e && static_cast<float>(imp[c]) >= cut) {
+                        const uint32_t d = ids[c];
+                        const float v = a[d];
+                        if (v == 0.0f) s.touched.push_back(d);
+                        a[d] = v + w * static_cast<float>(imp[c]);
+                        ++c;
+                    }
+                    tc.cur = c;
+                }
+                L = 0.0f;
+                for (const term_cursor& tc : s.terms) {
+                    if (tc.cur < tc.end) L += tc.w * static_cast<float>(imp[tc.cur]);
+                }
+                if (L == 0.0f) break;  // every list exhausted: partial scores are complete
+                if (s.touched.size() >= k) {
+                    // theta = k-th largest partial score (only values above the old theta matter)
+                    s.buf.clear();
+                    for (uint32_t d : s.touched) {
+                        if (a[d] >= theta) s.buf.push_back(a[d]);
+                    }
+                    if (s.buf.size() >= k) {
+                        std::nth_element(s.buf.begin(), s.buf.begin() + (k - 1), s.buf.end(), std::greater<float>());
+                        theta = std::max(theta, s.buf[k - 1]);
                     }
                 }
+                if (L * (1.0f + kEps) < theta * (1.0f - kEps)) {
+                    // Candidates now vs postings of one more round.
+                    const float lim = theta * (1.0f - kEps) - L * (1.0f + kEps);
+                    size_t n_cand = 0;
+                    for (uint32_t d : s.touched) n_cand += a[d] >= lim;
+                    double next = 0.0;
+                    const float next_lambda = lambda * 0.5f;
+                    for (const term_cursor& tc : s.terms) {
+                        const float cut = next_lambda / tc.w;
+                        // postings in [cur, first index with imp < cut): impacts are non-increasing
+                        uint64_t l = tc.cur, r = tc.end;
+                        while (l < r) {
+                            const uint64_t mid = l + (r - l) / 2;
+                            if (static_cast<float>(imp[mid]) >= cut) l = mid + 1; else r = mid;
+                        }
+                        next += static_cast<double>(l - tc.cur);
+                    }
+                    if (static_cast<double>(n_cand) * avg_nnz <= next * 2.0) break;
+                }
+                lambda *= 0.5f;
+                if (lambda < 1e-30f) lambda = 0.0f;  // final round takes the rest
             }
-            write_row(heap, out, q);
+            // Phase 2: exact scores of the candidates from the forward index.
+            const float lim = L == 0.0f ? theta * (1.0f - kEps) : theta * (1.0f - kEps) - L * (1.0f + kEps);
+            float* qd = s.qd.data();
+            for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
+            s.cand.clear();
+            for (uint32_t d : s.touched) {
+                if (a[d] >= lim) s.cand.push_back(d);
+                a[d] = 0.0f;
+            }
+            const size_t nc = s.cand.size();
+            for (size_t i = 0; i < nc; ++i) {
+                if (i + 4 < nc) prefetch_doc(f, s.cand[i + 4]);
+                const uint32_t d = s.cand[i];
+                const float sc = forward_score(f, qd, d);
+                if (sc > 0.0f) s.heap.push(sc, d);
+            }
+            for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
+            write_row(s.heap, out, q);
         };
     });
 }
@@ -140,6 +275,7 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
             std::vector<uint32_t> stamp;
             uint32_t gen = 0;
             std::vector<uint64_t> order;
+            std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
             topk_heap heap;
         };
         auto st = std::make_shared<state>();
@@ -166,27 +302,33 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 return wx > wy || (wx == wy && queries.q_terms[x] < queries.q_terms[y]);
             });
             const size_t n_cut = std::min<size_t>(query_cut, s.order.size());
-            const float fscale = f.scale;
             for (size_t oi = 0; oi < n_cut; ++oi) {
                 const uint32_t t = queries.q_terms[s.order[oi]];
                 if (queries.q_weights[s.order[oi]] <= 0.0f) break;
+                // Summary scores of all the term's blocks, then the blocks in
+                // decreasing summary score: the heap fills with good documents
+                // first, and the first block below heap_factor * threshold ends
+                // the list (every later one scores lower still).
+                s.blocks.clear();
                 for (uint64_t b = bl.term_blocks[t]; b < bl.term_blocks[t + 1]; ++b) {
-                    if (s.heap.full()) {
-                        float sum = 0.0f;
-                        for (uint64_t i = bl.summary_offsets[b]; i < bl.summary_offsets[b + 1]; ++i) {
-                            sum += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
-                        }
-                        if (sum * bl.summary_scale[b] < heap_factor * s.heap.threshold()) continue;
+                    float sum = 0.0f;
+                    for (uint64_t i = bl.summary_offsets[b]; i < bl.summary_offsets[b + 1]; ++i) {
+                        sum += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
                     }
-                    for (uint64_t i = bl.block_docs_offsets[b]; i < bl.block_docs_offsets[b + 1]; ++i) {
+                    s.blocks.emplace_back(sum * bl.summary_scale[b], b);
+                }
+                std::sort(s.blocks.begin(), s.blocks.end(), [](const auto& x, const auto& y) {
+                    return x.first > y.first || (x.first == y.first && x.second < y.second);
+                });
+                for (const auto& [bound, b] : s.blocks) {
+                    if (s.heap.full() && bound < heap_factor * s.heap.threshold()) break;
+                    const uint64_t e = bl.block_docs_offsets[b + 1];
+                    for (uint64_t i = bl.block_docs_offsets[b]; i < e; ++i) {
+                        if (i + 2 < e) prefetch_doc(f, bl.block_docs[i + 2]);
                         const uint32_t d = bl.block_docs[i];
                         if (s.stamp[d] == gen) continue;
                         s.stamp[d] = gen;
-                        float acc = 0.0f;
-                        for (uint64_t p = f.offsets[d]; p < f.offsets[d + 1]; ++p) {
-                            acc += qd[f.terms[p]] * static_cast<float>(f.values[p]);
-                        }
-                        const float sc = acc * fscale;
+                        const float sc = forward_score(f, qd, d);
                         if (sc > 0.0f) s.heap.push(sc, d);
                     }
                 }

@@ -63,16 +63,29 @@ void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab);
 /// weights finite and >= 0, no term repeated within a query.
 void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 
-/// Exact top-k: term-at-a-time accumulation of q_t * impact into a dense
-/// float32 accumulator (one per worker), then a threshold-filtered scan.
-void sparse_exact_topk(const u16_postings_view& p, const query_batch_view& queries, int n_threads,
-                       const topk_out& out);
+/// Exact top-k over impact-ordered postings (each term's list sorted by
+/// impact descending, ties by doc id). Score-at-a-time with safe early
+/// termination: lists are consumed in rounds of decreasing contribution
+/// q_t * impact into a float32 accumulator (only touched entries are read and
+/// reset); once the largest contribution still unseen, summed over the query's
+/// terms (L), is below the k-th largest partial score (theta), no untouched
+/// document can enter the top-k, and the touched ones whose partial score plus
+/// L reaches theta are scored exactly from the forward index. Every returned
+/// score is the forward-index score (same formula and order as the Seismic
+/// kernel), so results do not depend on where the loop stopped.
+void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
+                       size_t vocab, int n_threads, const topk_out& out);
+
+/// O(nnz) check of impact-ordered postings: offsets valid, doc ids < n_docs,
+/// impacts >= 1 and non-increasing within each term.
+void check_impact_postings(const u16_postings_view& p);
 
 /// Approximate top-k (Seismic). Per query: the `query_cut` largest query
-/// weights are visited in decreasing order; for each of their blocks, when the
-/// heap is full and heap_factor * threshold > summary score, the block is
-/// skipped, otherwise each not-yet-scored document is scored exactly from the
-/// forward index.
+/// weights are visited in decreasing order; for each, the summary scores of
+/// all its blocks are computed and the blocks visited in decreasing summary
+/// score; the first block whose summary score < heap_factor * k-th score (heap
+/// full) ends that term. Documents of visited blocks not yet scored are scored
+/// exactly from the forward index.
 void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
                          size_t query_cut, float heap_factor, int n_threads, const topk_out& out);
 

@@ -420,18 +420,27 @@ void py_check_sparse_index(const carray<uint64_t>& fwd_offsets, const carray<uin
     check_blocks(b, f.n_docs, static_cast<size_t>(n_terms));
 }
 
+void py_check_impact_postings(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                              const carray<uint16_t>& impacts, int64_t n_docs) {
+    const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, 1.0, n_docs);
+    py::gil_scoped_release nogil;
+    check_impact_postings(p);
+}
+
 topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
-                                 const carray<uint16_t>& impacts, double scale, int64_t n_docs,
-                                 const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                                 const carray<uint16_t>& impacts, const carray<uint64_t>& fwd_offsets,
+                                 const carray<uint32_t>& fwd_terms, const carray<uint16_t>& fwd_values,
+                                 double scale, const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
                                  const carray<float>& q_weights, int64_t k, int n_threads) {
-    const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, n_docs);
+    const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
+    const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, static_cast<int64_t>(f.n_docs));
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, p.csr.n_terms);
-        sparse_exact_topk(p, queries, n_threads, res.out);
+        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, res.out);
     }
     return res.result();
 }
@@ -474,13 +483,20 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("summary_scale").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
+    m.def("check_impact_postings", &py_check_impact_postings, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("n_docs"),
+          "O(nnz) check of impact-ordered postings (offsets, doc ids < n_docs, impacts >= 1 and\n"
+          "non-increasing per term), run once at open. Raises ValueError naming the violation.");
     m.def("sparse_exact_topk", &py_sparse_exact_topk, py::arg("offsets").noconvert(),
-          py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("scale"), py::arg("n_docs"),
+          py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("fwd_offsets").noconvert(),
+          py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
           py::arg("k"), py::arg("n_threads") = 0,
           "Exact learned-sparse top-k over uint16 impacts: score = scale * sum_t q_t * impact(t, d)\n"
-          "(float32, query-term order). Only documents with score > 0 are returned. Query weights\n"
-          "must be finite and >= 0 and terms unique per query (ValueError otherwise).\n"
+          "(float32, summed in the document's stored term order). Postings must be impact-ordered\n"
+          "(index.sparse_index.invert); safe early termination, candidates re-scored from the forward\n"
+          "index. Only documents with score > 0 are returned. Query weights must be finite and >= 0\n"
+          "and terms unique per query (ValueError otherwise).\n"
           "Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
     m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),

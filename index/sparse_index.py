@@ -69,19 +69,34 @@ def _transpose(indptr, terms, values, n_terms, offsets, doc_ids, impacts):
             doc_ids[j] = d
             impacts[j] = values[p]
             fill[t] = j + 1
+    # impact-ordered lists: impact descending, ties by doc id ascending
+    for t in range(n_terms):
+        lo = offsets[t]
+        hi = offsets[t + 1]
+        if hi - lo < 2:
+            continue
+        key = np.empty(hi - lo, dtype=np.int64)
+        for i in range(lo, hi):
+            key[i - lo] = (np.int64(65535 - np.int64(impacts[i])) << 32) | np.int64(doc_ids[i])
+        key.sort()
+        for i in range(lo, hi):
+            kk = key[i - lo]
+            doc_ids[i] = np.uint32(kk & 0xFFFFFFFF)
+            impacts[i] = np.uint16(65535 - (kk >> 32))
 
 
 def invert(indptr: np.ndarray, terms: np.ndarray, values: np.ndarray, n_terms: int
            ) -> dict[str, np.ndarray]:
-    """Forward CSR (docs × terms) → postings.
+    """Forward CSR (docs × terms) → impact-ordered postings.
 
     Args:
         indptr: uint64/int64 (n_docs+1,); terms: uint32 (nnz,) < n_terms, unique per row;
         values: uint16 (nnz,) impacts.
 
     Returns:
-        ``offsets`` uint64 (n_terms+1,), ``doc_ids`` uint32 (nnz,) ascending per term,
-        ``impacts`` uint16 (nnz,).
+        ``offsets`` uint64 (n_terms+1,), ``doc_ids`` uint32 (nnz,), ``impacts`` uint16 (nnz,); each
+        term's list is sorted by impact descending, ties by doc id ascending (what the exact
+        kernel's early termination and the static pruning below rely on).
     """
     offsets = np.zeros(n_terms + 1, dtype=np.uint64)
     doc_ids = np.empty(len(terms), dtype=np.uint32)
@@ -266,12 +281,11 @@ def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fw
         if ln == 0:
             term_blocks[t + 1] = nb_total
             continue
+        # lists are impact-ordered: the first n_postings are the kept ones
         if n_postings > 0 and ln > n_postings:
-            imps = post_imps[lo:hi]
-            sel = np.argsort(-imps.astype(np.int64), kind="mergesort")[:n_postings]
-            docs = np.sort(post_docs[lo:hi][sel]).astype(np.int64)
+            docs = np.sort(post_docs[lo:lo + n_postings]).astype(np.int64)
         else:
-            docs = post_docs[lo:hi].astype(np.int64)
+            docs = np.sort(post_docs[lo:hi]).astype(np.int64)
         need_sum = ns_total + docs.shape[0] * 1 + 4096
         # worst case summary size: union of docs' terms; bound by total nnz of docs
         tot = 0

@@ -35,6 +35,10 @@ def to_csr(rows, vocab):
     return indptr, terms, weights
 
 
+def exact_args(ix):
+    return tuple(ix[n] for n in ("offsets", "doc_ids", "impacts", "fwd_offsets", "fwd_terms", "fwd_values"))
+
+
 def brute_topk(ix, scale, qb, vocab, k):
     """Exact scores from the STORED (dequantised) vectors with scipy; returns per-query score lists."""
     n = len(ix["fwd_offsets"]) - 1
@@ -74,8 +78,8 @@ def test_exact_matches_scipy_synthetic(n_threads):
     qb = csr_batch(queries, vocab)
     S = brute_topk(ix, scale, qb, vocab, 10)
     for k in (1, 10, 3000):
-        ids, scores, n_found = _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"], scale, 2000,
-                                                          *qb, k, n_threads=n_threads)
+        ids, scores, n_found = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, k,
+                                                          n_threads=n_threads)
         check_topk_matches(ids, scores, n_found, S, k)
 
 
@@ -131,7 +135,7 @@ def test_kernel_boundary_errors():
     ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=0, block_size=4,
                             summary_energy=0.5)
     qo, qt, qw = np.array([0, 2], np.uint64), np.array([1, 1], np.uint32), np.array([1, 1], np.float32)
-    args = (ix["offsets"], ix["doc_ids"], ix["impacts"], scale, 100)
+    args = (*exact_args(ix), scale)
     with pytest.raises(ValueError, match="repeats a term"):
         _kernels.sparse_exact_topk(*args, qo, qt, qw, 10)
     with pytest.raises(ValueError, match="k must be >= 1, got 0"):
@@ -145,8 +149,8 @@ def test_kernel_boundary_errors():
                                      *[ix[n] for n in _BLOCK_ARGS], qo, np.array([1, 2], np.uint32), qw, 5,
                                      heap_factor=1.5)
     with pytest.raises(TypeError):
-        _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"].astype(np.int32), scale, 100,
-                                   qo, qt, qw, 5)
+        _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"].astype(np.int32), ix["fwd_offsets"],
+                                   ix["fwd_terms"], ix["fwd_values"], scale, qo, qt, qw, 5)
 
 
 def test_exact_is_shard_layout_independent():
@@ -163,8 +167,7 @@ def test_exact_is_shard_layout_independent():
         ip = indptr[lo:hi + 1] - indptr[lo]
         ix = build_sparse_index(ip, terms[indptr[lo]:indptr[hi]], weights[indptr[lo]:indptr[hi]], n_terms=vocab,
                                 scale=scale, n_postings=0, block_size=8, summary_energy=0.4, blocks=False)
-        ids, sc, nf = _kernels.sparse_exact_topk(ix["offsets"], ix["doc_ids"], ix["impacts"], scale, hi - lo,
-                                                 *qb, 20, n_threads=1)
+        ids, sc, nf = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, 20, n_threads=1)
         return np.where(ids >= 0, ids + lo, -1), sc, nf
 
     whole = merge_topk([run(0, 900)], 20)
@@ -201,3 +204,24 @@ def test_sparse_leg_end_to_end(tmp_path):
             r1.search_arrays(qs, k=5, mode="sparse", sparse_vectors=[([1, 1], [1.0, 1.0])] * 3)
         with pytest.raises(QueryError, match="algorithm"):
             r1.search_arrays(qs, k=5, mode="sparse", leg_params={"sparse": {"algorithm": "nope"}})
+
+
+def test_impact_ordered_postings_and_check():
+    vocab = 60
+    docs, _ = synthetic(300, vocab, seed=2)
+    indptr, terms, weights = to_csr(docs, vocab)
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=impact_scale(weights.max()), n_postings=0,
+                            block_size=4, summary_energy=0.5, blocks=False)
+    off, d, imp = ix["offsets"], ix["doc_ids"], ix["impacts"]
+    for t in range(vocab):
+        seg_i, seg_d = imp[off[t]:off[t + 1]].astype(np.int64), d[off[t]:off[t + 1]].astype(np.int64)
+        assert np.all(np.diff(seg_i) <= 0)
+        assert np.all((np.diff(seg_i) < 0) | (np.diff(seg_d) > 0))  # ties by doc id
+    _kernels.check_impact_postings(off, d, imp, 300)
+    with pytest.raises(ValueError, match="doc_ids"):
+        _kernels.check_impact_postings(off, d, imp, 10)
+    t = int(np.argmax(np.diff(off.astype(np.int64))))
+    bad = imp.copy()
+    bad[off[t]], bad[off[t] + 1] = bad[off[t] + 1], bad[off[t]] + 1
+    with pytest.raises(ValueError, match="non-increasing"):
+        _kernels.check_impact_postings(off, d, bad, 300)

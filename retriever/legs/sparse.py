@@ -5,7 +5,8 @@ Scoring: ``score(q, d) = scale · Σ_t q_t · impact(t, d)`` with uint16 impacts
 Only documents with score > 0 are hits.
 
 Modes (leg parameter ``algorithm``):
-  * ``"exact"`` (default): term-at-a-time over the full inverted index (``_kernels.sparse_exact_topk``).
+  * ``"exact"`` (default): score-at-a-time over impact-ordered postings with safe early termination,
+    candidates re-scored from the forward index (``_kernels.sparse_exact_topk``).
   * ``"seismic"``: approximate top-k after Bruch et al., SIGIR 2024 (``_kernels.sparse_seismic_topk``)
     with knobs ``query_cut`` (query terms visited, largest weights first) and ``heap_factor``
     (a block is skipped when its summary score < heap_factor · current k-th score). Postings kept
@@ -144,7 +145,7 @@ class SparseLeg:
                 if len(a["fwd_offsets"]) != s.rows + 1 or len(a["offsets"]) != self.vocab_size + 1:
                     raise ValueError(f"has {len(a['fwd_offsets']) - 1} documents / {len(a['offsets']) - 1} "
                                      f"terms, expected {s.rows} / {self.vocab_size}")
-                _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+                _kernels.check_impact_postings(a["offsets"], a["doc_ids"], a["impacts"], s.rows)
                 _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
                                             self.vocab_size, *[a[n] for n in _BLOCK_ARGS])
             except ValueError as e:
@@ -188,8 +189,8 @@ class SparseLeg:
             try:
                 if algorithm == "exact":
                     ids, scores, n_found = _kernels.sparse_exact_topk(
-                        a["offsets"], a["doc_ids"], a["impacts"], self.scale, s.rows, q_offsets, q_terms,
-                        q_weights, depth, n_threads=n_threads)
+                        a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
+                        a["fwd_values"], self.scale, q_offsets, q_terms, q_weights, depth, n_threads=n_threads)
                 else:
                     ids, scores, n_found = _kernels.sparse_seismic_topk(
                         a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
