@@ -27,7 +27,9 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
-KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"}
+KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk",
+           # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
+           "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk"}
 
 SMALL = st.integers(0, 12)
 U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
