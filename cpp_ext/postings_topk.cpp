@@ -5,8 +5,9 @@
 //   maxscore    MaxScore (Turtle & Flood 1995), document-at-a-time over the
 //               essential lists, galloping seeks in the non-essential ones
 //   bmw         Block-Max WAND (Ding & Suel 2011)
-//   bmm         Block-Max MaxScore (MaxScore with per-block bounds in the
-//               non-essential check, after Chakrabarti et al. 2011 / PISA)
+//   bmm         Block-Max MaxScore (MaxScore whose essential lists skip whole
+//               blocks and pre-check candidates with per-block bounds; block
+//               maxima after Ding & Suel 2011 / Chakrabarti et al. 2011)
 //
 // Determinism: every algorithm computes a candidate's score with the same
 // float32 expression (bm25_contribution) summed in query-term order starting
@@ -26,6 +27,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -134,12 +137,21 @@ struct bound_check {
     double margin;
     double slack;
     explicit bound_check(size_t n_terms)
-        : margin(1.0),
+        : margin(1.0 + static_cast<double>(n_terms + 4) * 0x1p-22),
           slack(static_cast<double>(n_terms + 1) * 0x1p-140) {}
     bool may_enter(double bound, float thr) const {
         const double b = bound * margin + slack;
         if (!(b < static_cast<double>(FLT_MAX))) return true;  // could round to +inf
         return b >= static_cast<double>(thr);
+    }
+    /// A cut c such that a < c implies !may_enter(a + rest, thr): compare a
+    /// partial score with one subtraction-free test in hot loops. Slightly
+    /// below the exact cut, so it never discards what may_enter keeps.
+    double cut(double rest, float thr) const {
+        const double t = std::min(static_cast<double>(thr), static_cast<double>(FLT_MAX));
+        double c = (t - slack) / margin - rest;
+        c -= std::fabs(c) * 1e-9 + 1e-300;
+        return c;
     }
 };
 
@@ -220,11 +232,49 @@ struct posting_cursor {
         if (bi >= nb) return kEndDoc;
         return block_last(bi) + 1;  // block_last <= kMaxDocs - 1, no overflow
     }
-    /// Bound for the block holding the current posting (not exhausted).
-    double current_block_bound() const {
-        return static_cast<double>(weight) * static_cast<double>(bub[(pos - beg) / bs]);
+    // Cached facts about the block holding the current posting (block-max
+    // MaxScore): refreshed by update_block() when pos leaves the block.
+    uint64_t blk_end = 0;   // posting index one past the current block
+    uint32_t blk_last = 0;  // last doc id of the current block
+    double blk_bound = 0.0; // weight * block_ub of the current block
+
+    void update_block() {
+        if (pos < blk_end || pos >= end) return;
+        const uint64_t b = (pos - beg) / bs;
+        blk_end = std::min(end, beg + (b + 1) * bs);
+        blk_last = docs[blk_end - 1];
+        blk_bound = static_cast<double>(weight) * static_cast<double>(bub[b]);
+    }
+    void next_b() {
+        next();
+        update_block();
+    }
+    void seek_b(uint32_t target) {
+        seek(target);
+        update_block();
     }
 };
+
+/// Doc-id window of the window-at-a-time MaxScore, and the most query terms
+/// it handles (one bit each in a uint64 mask); longer queries run DAAT.
+constexpr uint32_t kWindow = 4096;
+constexpr size_t kMaxWindowLists = 64;
+/// Below this many essential postings per window (on average over the
+/// query), maxscore() runs document-at-a-time instead.
+constexpr uint64_t kMinWindowPostings = 256;
+
+/// Threshold priming scores at most this many postings' documents per query.
+constexpr uint64_t kPrimeBudget = 4096;
+
+/// Per-query tf-bound tables cover tf < kTfTable.
+constexpr uint32_t kTfTable = 32;
+
+/// Postings ahead of the current one whose doc_norm is prefetched.
+constexpr uint64_t kPrefetch = 16;
+
+inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
+    if (c.pos + kPrefetch < c.end) __builtin_prefetch(doc_norm + c.docs[c.pos + kPrefetch]);
+}
 
 // ---------------------------------------------------------------------------
 // BM25 worker: one per thread, owns all scratch memory.
@@ -232,9 +282,12 @@ struct posting_cursor {
 
 class bm25_worker {
   public:
+    /// norm_min: a lower bound of doc_norm (>= 0) that enables per-posting
+    /// tf bounds, or a negative value to disable them.
     bm25_worker(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& q,
-                const uint8_t* allow, bm25_algorithm algo, const topk_out& out)
-        : m_data(data), m_bounds(bounds), m_q(q), m_allow(allow), m_algo(algo), m_out(out) {}
+                const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min)
+        : m_data(data), m_bounds(bounds), m_q(q), m_allow(allow), m_algo(algo), m_out(out),
+          m_norm_min(norm_min) {}
 
     void operator()(size_t qi) {
         const uint64_t b = m_q.q_offsets[qi];
@@ -246,9 +299,9 @@ class bm25_worker {
             if (m_algo == bm25_algorithm::exhaustive || negative || m_bounds == nullptr) {
                 exhaustive(b, e);
             } else if (m_algo == bm25_algorithm::maxscore) {
-                maxscore<false>(b, e);
+                maxscore(b, e);
             } else if (m_algo == bm25_algorithm::block_max_maxscore) {
-                maxscore<true>(b, e);
+                block_max_maxscore(b, e);
             } else {
                 block_max_wand(b, e);
             }
@@ -272,6 +325,15 @@ class bm25_worker {
         A.ensure(m_data.n_docs);
         float* acc = A.acc.data();
         uint8_t* seen = A.seen.data();
+        // touched holds at most min(n_docs, postings) entries (+1 scratch slot)
+        uint64_t total = 0;
+        for (uint64_t i = b; i < e; ++i) {
+            const uint32_t t = m_q.q_terms[i];
+            total += m_data.csr.offsets[t + 1] - m_data.csr.offsets[t];
+        }
+        A.touched.resize(std::min<uint64_t>(total, m_data.n_docs) + 1);
+        uint32_t* touched = A.touched.data();
+        size_t n_touched = 0;
         const uint64_t* offsets = m_data.csr.offsets;
         const uint32_t* doc_ids = m_data.csr.doc_ids;
         const uint32_t* tfs = m_data.tfs;
@@ -282,15 +344,22 @@ class bm25_worker {
             const float w = m_q.q_weights[i];
             const uint64_t pe = offsets[t + 1];
             for (uint64_t p = offsets[t]; p < pe; ++p) {
+                if (p + kPrefetch < pe) {
+                    const uint32_t ahead = doc_ids[p + kPrefetch];
+                    __builtin_prefetch(norm + ahead);
+                    __builtin_prefetch(acc + ahead, 1);
+                    __builtin_prefetch(seen + ahead, 1);
+                }
                 const uint32_t d = doc_ids[p];
                 if (d >= n_docs) check_doc(d);
-                if (!seen[d]) {
-                    seen[d] = 1;
-                    A.touched.push_back(d);
-                }
+                // branch-free "append d to touched on first sight"
+                touched[n_touched] = d;
+                n_touched += seen[d] ^ 1;
+                seen[d] = 1;
                 acc[d] += bm25_contribution(w, tfs[p], norm[d]);
             }
         }
+        A.touched.resize(n_touched);
         for (uint32_t d : A.touched) {
             if (allowed(d)) m_heap.push(acc[d], d);
         }
@@ -317,11 +386,32 @@ class bm25_worker {
                 c.bub = m_bounds->block_ub + m_bounds->block_offsets[t];
                 c.nb = m_bounds->block_offsets[t + 1] - m_bounds->block_offsets[t];
                 c.bi = 0;
+                c.blk_end = 0;  // forces update_block() to load the first block
             }
         }
         m_contrib.assign(n, 0.0f);
+        // Per-term table of bounds by tf: weight * min(term_ub, tf / (tf + norm_min)).
+        m_tf_bound.resize(n * kTfTable);
+        for (size_t j = 0; j < n; ++j) {
+            const posting_cursor& c = m_cursors[j];
+            const double term_ub = m_bounds->term_ub[m_q.q_terms[b + j]];
+            double* row = m_tf_bound.data() + j * kTfTable;
+            for (uint32_t tf = 0; tf < kTfTable; ++tf) {
+                double r = term_ub;
+                if (m_norm_min >= 0.0f && tf > 0) {
+                    r = std::min(r, static_cast<double>(tf) / (tf + static_cast<double>(m_norm_min)));
+                }
+                row[tf] = static_cast<double>(c.weight) * r;
+            }
+        }
         m_sorted.resize(n);
         for (size_t j = 0; j < n; ++j) m_sorted[j] = &m_cursors[j];
+    }
+
+    /// Bound of c's contribution at its current posting from the tf alone.
+    double tf_bound(const posting_cursor& c) const {
+        const uint32_t tf = m_data.tfs[c.pos];
+        return tf < kTfTable ? m_tf_bound[c.qpos * kTfTable + tf] : c.ub;
     }
 
     float contribution(const posting_cursor& c, uint32_t d) const {
@@ -338,54 +428,418 @@ class bm25_worker {
         return s;
     }
 
-    // ---- MaxScore / Block-Max MaxScore ----------------------------------
-    template <bool BlockMax>
-    void maxscore(uint64_t b, uint64_t e) {
-        open_cursors(b, e, BlockMax);
+    // ---- threshold priming (all pruning algorithms) ----------------------
+    /// Pruning threshold: the heap's k-th score, or the primed lower bound
+    /// while that is higher.
+    float threshold() const { return std::max(m_heap.threshold(), m_theta0); }
+
+    /// Primes the pruning threshold from the query's short, high-bound lists
+    /// (taken in decreasing bound order while their postings fit in
+    /// kPrimeBudget): each document they hold gets the float32 query-order sum
+    /// of its contributions from those lists only. With non-negative
+    /// contributions such a partial sum never exceeds the document's full
+    /// canonical score (float rounding is monotone), so at least k allowed
+    /// documents score >= m_theta0 = the k-th best partial sum, the final k-th
+    /// score is >= m_theta0, and pruning below it is safe even before the heap
+    /// is full. Nothing is pushed here. Returns the initial pruning threshold.
+    /// Call after open_cursors().
+    float prime_threshold() {
+        m_theta0 = -std::numeric_limits<float>::infinity();
         const size_t n = m_cursors.size();
+        const size_t k = m_out.k;
+        m_prime_order.resize(n);
+        for (size_t j = 0; j < n; ++j) m_prime_order[j] = static_cast<uint32_t>(j);
+        std::sort(m_prime_order.begin(), m_prime_order.end(), [&](uint32_t x, uint32_t y) {
+            return m_cursors[x].ub > m_cursors[y].ub ||
+                   (m_cursors[x].ub == m_cursors[y].ub && x < y);
+        });
+        m_prime_docs.clear();
+        m_prime_use.assign(n, 0);
+        uint64_t budget = kPrimeBudget;
+        for (uint32_t j : m_prime_order) {
+            const posting_cursor& c = m_cursors[j];
+            const uint64_t len = c.end - c.beg;
+            if (len > budget) break;
+            budget -= len;
+            m_prime_use[j] = 1;
+            m_prime_docs.insert(m_prime_docs.end(), c.docs + c.beg, c.docs + c.end);
+        }
+        if (m_prime_docs.size() < k) return threshold();
+        std::sort(m_prime_docs.begin(), m_prime_docs.end());
+        m_prime_docs.erase(std::unique(m_prime_docs.begin(), m_prime_docs.end()), m_prime_docs.end());
+        if (m_prime_docs.size() < k) return threshold();
+        m_prime_scores.assign(m_prime_docs.size(), 0.0f);
+        for (size_t j = 0; j < n; ++j) {  // query order: m_cursors[j].qpos == j
+            if (!m_prime_use[j]) continue;
+            const posting_cursor& c = m_cursors[j];
+            size_t at = 0;
+            for (uint64_t p = c.beg; p < c.end; ++p) {
+                const uint32_t d = c.docs[p];
+                while (m_prime_docs[at] < d) ++at;  // d is in m_prime_docs
+                check_doc(d);
+                const float v = bm25_contribution(c.weight, m_data.tfs[p], m_data.doc_norm[d]);
+                if (!(v >= 0.0f)) return threshold();  // negative or NaN: no priming
+                m_prime_scores[at] += v;
+            }
+        }
+        size_t keep = 0;
+        for (size_t i = 0; i < m_prime_docs.size(); ++i) {
+            if (allowed(m_prime_docs[i]) && !std::isnan(m_prime_scores[i])) {
+                m_prime_scores[keep++] = m_prime_scores[i];
+            }
+        }
+        if (keep < k) return threshold();
+        m_prime_scores.resize(keep);
+        std::nth_element(m_prime_scores.begin(), m_prime_scores.begin() + (k - 1),
+                         m_prime_scores.end(), std::greater<float>());
+        m_theta0 = m_prime_scores[k - 1];
+        return threshold();
+    }
+
+    // ---- MaxScore / Block-Max MaxScore ----------------------------------
+    void sort_by_bound() {
         // Ascending upper bound; ties by query position (deterministic).
         std::sort(m_sorted.begin(), m_sorted.end(),
                   [](const posting_cursor* x, const posting_cursor* y) {
                       return x->ub < y->ub || (x->ub == y->ub && x->qpos < y->qpos);
                   });
+        const size_t n = m_sorted.size();
         m_prefix.resize(n);
         double run = 0.0;
         for (size_t j = 0; j < n; ++j) {
             run += m_sorted[j]->ub;
             m_prefix[j] = run;
         }
-        m_block_prefix.resize(n);
-        const bound_check bc(n);
-        float thr = m_heap.threshold();
-        size_t fe = 0;  // first essential list in m_sorted
-        auto min_essential = [&]() {
-            uint32_t d = kEndDoc;
-            for (size_t j = fe; j < n; ++j) d = std::min(d, m_sorted[j]->doc);
-            return d;
-        };
-        uint32_t cur = min_essential();
-        while (fe < n && cur != kEndDoc) {
-            check_doc(cur);
-            bool candidate = allowed(cur);
-            if (candidate && BlockMax) {
-                // Block-level bound: essential lists holding cur plus the
-                // non-essential lists' blocks that may hold cur.
-                double bb = 0.0;
-                for (size_t j = fe; j < n; ++j) {
-                    if (m_sorted[j]->doc == cur) bb += m_sorted[j]->current_block_bound();
-                }
-                double run_b = 0.0;
-                for (size_t j = 0; j < fe; ++j) {
-                    run_b += m_sorted[j]->block_bound(cur);
-                    m_block_prefix[j] = run_b;
-                }
-                if (!bc.may_enter(bb + run_b, thr)) candidate = false;
+    }
+
+    uint32_t min_doc_from(size_t fe) const {
+        uint32_t d = kEndDoc;
+        for (size_t j = fe; j < m_sorted.size(); ++j) d = std::min(d, m_sorted[j]->doc);
+        return d;
+    }
+
+    /// Evaluates the non-essential lists 0..fe-1 (highest bound first) for
+    /// cur, given the exact essential contributions summed in `partial`;
+    /// returns false as soon as the document cannot reach thr.
+    bool complete_non_essential(uint32_t cur, size_t fe, double partial, float thr,
+                                const bound_check& bc) {
+        for (size_t j = fe; j-- > 0;) {
+            if (!bc.may_enter(partial + m_prefix[j], thr)) return false;
+            posting_cursor& c = *m_sorted[j];
+            c.seek(cur);
+            if (c.doc == cur) {
+                const float v = contribution(c, cur);
+                m_contrib[c.qpos] = v;
+                partial += v;
             }
-            if (!candidate) {
+        }
+        return true;
+    }
+
+    /// Pushes the canonical score of cur (or discards it when pruned) and
+    /// returns the possibly raised threshold; moves fe past lists that became
+    /// non-essential.
+    float finish_candidate(uint32_t cur, bool keep, size_t& fe, float thr, const bound_check& bc) {
+        if (!keep) {
+            std::fill(m_contrib.begin(), m_contrib.end(), 0.0f);
+            return thr;
+        }
+        const float s = take_score();
+        if (m_heap.push(s, cur)) {
+            const float nt = threshold();
+            if (nt != thr) {
+                thr = nt;
+                const size_t n = m_sorted.size();
+                while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
+            }
+        }
+        return thr;
+    }
+
+    /// Fast path for a single essential list (the usual state once the
+    /// threshold has risen): scans its tfs sequentially and stops at the first
+    /// posting whose tf bound plus the non-essential bounds may reach thr,
+    /// without reading doc ids or doc_norm of the postings skipped. Returns
+    /// the new candidate doc (kEndDoc when the list is exhausted).
+    uint32_t scan_single_essential(size_t fe, float thr, const bound_check& bc) {
+        const size_t n = m_sorted.size();
+        posting_cursor& c = *m_sorted[n - 1];
+        if (m_pass_thr != thr || m_pass_fe != fe) {
+            const double non_essential = fe > 0 ? m_prefix[fe - 1] : 0.0;
+            const double* row = m_tf_bound.data() + c.qpos * kTfTable;
+            for (uint32_t tf = 0; tf < kTfTable; ++tf) {
+                m_pass[tf] = bc.may_enter(non_essential + row[tf], thr) ? 1 : 0;
+            }
+            m_pass_thr = thr;
+            m_pass_fe = fe;
+        }
+        const uint32_t* tfs = m_data.tfs;
+        const uint8_t* pass = m_pass;
+        uint64_t p = c.pos;
+        const uint64_t end = c.end;
+        while (p < end) {
+            const uint32_t tf = tfs[p];
+            if (tf >= kTfTable || pass[tf]) break;
+            ++p;
+        }
+        if (p != c.pos) {
+            c.pos = p;
+            c.refresh();
+        }
+        return c.doc;
+    }
+
+    /// MaxScore (Turtle & Flood 1995), evaluated window-at-a-time (as Lucene's
+    /// MaxScoreBulkScorer does). Lists are sorted by upper bound; the prefix
+    /// whose bounds sum below the k-th score is non-essential, and candidates
+    /// come only from the essential lists. For each window of kWindow doc ids
+    /// starting at the smallest essential doc:
+    ///   1. the essential lists are scanned term-at-a-time into a window
+    ///      accumulator (exact contributions; with a single essential list,
+    ///      postings whose tf bound cannot reach the threshold are skipped
+    ///      before doc_norm is read);
+    ///   2. the non-essential lists are visited highest bound first; before
+    ///      each, candidates whose accumulated score plus the bounds of the
+    ///      lists not yet visited cannot reach the threshold are dropped; the
+    ///      survivors are completed by a merge scan of the list's postings in
+    ///      the window, or by galloping seeks when few survive;
+    ///   3. survivors get their canonical query-order float32 score and go to
+    ///      the heap.
+    /// The essential set is fixed within a window and shrinks between windows
+    /// as the threshold rises. Independent loads in the scans keep many cache
+    /// misses in flight, which is where DAAT loses time on frequent terms.
+    /// Queries with more than kMaxWindowLists terms run maxscore_daat().
+    void maxscore(uint64_t b, uint64_t e) {
+        if (e - b > kMaxWindowLists) {
+            maxscore_daat(b, e);
+            return;
+        }
+        open_cursors(b, e, false);
+        sort_by_bound();
+        const size_t n = m_cursors.size();
+        const bound_check bc(n);
+        float thr = prime_threshold();
+        {
+            // Sparse essential lists (few postings per window): DAAT is cheaper.
+            size_t fe0 = 0;
+            while (fe0 < n && !bc.may_enter(m_prefix[fe0], thr)) ++fe0;
+            uint64_t essential_postings = 0;
+            for (size_t j = fe0; j < n; ++j) essential_postings += m_sorted[j]->end - m_sorted[j]->beg;
+            if (essential_postings * kWindow < m_data.n_docs * kMinWindowPostings) {
+                maxscore_daat_run(thr);
+                return;
+            }
+        }
+        m_win_acc.resize(kWindow, 0.0);
+        m_win_mask.resize(kWindow, 0);
+        m_win_live.resize(kWindow, 0);
+        m_win_contrib.resize(n * kWindow);
+        m_slot_of_qpos.resize(n);
+        for (size_t j = 0; j < n; ++j) m_slot_of_qpos[m_sorted[j]->qpos] = static_cast<uint32_t>(j);
+        const uint32_t* docs = m_data.csr.doc_ids;
+        const uint32_t* tfs = m_data.tfs;
+        const float* norm = m_data.doc_norm;
+        const size_t n_docs = m_data.n_docs;
+        double* acc = m_win_acc.data();
+        uint64_t* mask = m_win_mask.data();
+        uint8_t* live = m_win_live.data();
+        float* contrib = m_win_contrib.data();
+        std::vector<uint32_t>& touched = m_win_touched;
+        touched.resize(kWindow + 1);
+        std::vector<uint32_t>& cand = m_win_cand;
+        size_t fe = 0;
+
+        for (;;) {
+            while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
+            if (fe >= n) break;
+            const uint32_t ws = min_doc_from(fe);
+            if (ws == kEndDoc) break;
+            const uint64_t we = static_cast<uint64_t>(ws) + kWindow;
+            const size_t n_ess = n - fe;
+            uint32_t* touched_p = touched.data();  // kWindow + 1 entries
+            size_t n_touched = 0;
+
+            // 1. essential lists -> window accumulator
+            const uint8_t* pass = nullptr;
+            if (n_ess == 1) {
+                const double non_essential = fe > 0 ? m_prefix[fe - 1] : 0.0;
+                const double* row = m_tf_bound.data() + m_sorted[fe]->qpos * kTfTable;
+                for (uint32_t tf = 0; tf < kTfTable; ++tf) {
+                    m_pass[tf] = bc.may_enter(non_essential + row[tf], thr) ? 1 : 0;
+                }
+                pass = m_pass;
+            }
+            for (size_t j = fe; j < n; ++j) {
+                posting_cursor& c = *m_sorted[j];
+                const uint64_t bit = uint64_t{1} << j;
+                float* cb = contrib + j * kWindow;
+                const float w = c.weight;
+                uint64_t p = c.pos;
+                const uint64_t end = c.end;
+                for (; p < end; ++p) {
+                    const uint32_t d = docs[p];
+                    if (d >= we) break;
+                    if (p + kPrefetch < end) {
+                        const uint32_t tf_ahead = tfs[p + kPrefetch];
+                        if (pass == nullptr || tf_ahead >= kTfTable || pass[tf_ahead]) {
+                            __builtin_prefetch(norm + docs[p + kPrefetch]);
+                        }
+                    }
+                    const uint32_t tf = tfs[p];
+                    if (pass != nullptr && tf < kTfTable && !pass[tf]) continue;
+                    if (d >= n_docs) check_doc(d);
+                    const float v = bm25_contribution(w, tf, norm[d]);
+                    const uint32_t off = d - ws;
+                    touched_p[n_touched] = off;  // branch-free first-sight append
+                    n_touched += live[off] ^ 1;
+                    live[off] = 1;
+                    mask[off] |= bit;
+                    acc[off] += v;
+                    cb[off] = v;
+                }
+                c.pos = p;
+                c.refresh();
+            }
+
+            // candidates in doc order
+            if (n_ess == 1) {
+                cand.assign(touched_p, touched_p + n_touched);
+            } else if (n_touched <= 24) {
+                cand.assign(touched_p, touched_p + n_touched);
+                std::sort(cand.begin(), cand.end());
+            } else {
+                cand.clear();
+                for (uint32_t off = 0; off < kWindow; off += 8) {
+                    uint64_t word;
+                    std::memcpy(&word, live + off, 8);
+                    while (word != 0) {
+                        const unsigned byte = static_cast<unsigned>(__builtin_ctzll(word)) >> 3;
+                        cand.push_back(off + byte);
+                        word &= ~(uint64_t{0xFF} << (byte * 8));
+                    }
+                }
+            }
+            if (m_allow != nullptr) {
+                size_t keep = 0;
+                for (uint32_t off : cand) {
+                    cand[keep] = off;
+                    keep += m_allow[ws + off] != 0;
+                }
+                cand.resize(keep);
+            }
+
+            // 2. non-essential lists, highest bound first
+            for (size_t j = fe; j-- > 0 && !cand.empty();) {
+                const double need = bc.cut(m_prefix[j], thr);  // lists 0..j still to add
+                size_t keep = 0;
+                for (uint32_t off : cand) {  // branch-free compaction
+                    cand[keep] = off;
+                    keep += acc[off] >= need;
+                }
+                cand.resize(keep);
+                if (cand.empty()) break;
+                posting_cursor& c = *m_sorted[j];
+                const uint64_t bit = uint64_t{1} << j;
+                float* cb = contrib + j * kWindow;
+                const float w = c.weight;
+                const uint32_t first = ws + cand.front();
+                const uint32_t last = ws + cand.back();
+                c.seek(first);
+                const double list_density =
+                    static_cast<double>(c.end - c.beg) / static_cast<double>(n_docs);
+                const double in_span = list_density * static_cast<double>(last - first + 1);
+                if (in_span <= 8.0 * static_cast<double>(cand.size())) {
+                    // merge scan of the list's postings over the candidates' span;
+                    // candidates dropped above are skipped via live[]
+                    for (uint32_t off : cand) live[off] = 2;
+                    uint64_t p = c.pos;
+                    const uint64_t end = c.end;
+                    for (; p < end; ++p) {
+                        const uint32_t d = docs[p];
+                        if (d > last) break;
+                        const uint32_t off = d - ws;
+                        if (live[off] != 2) continue;
+                        const float v = bm25_contribution(w, tfs[p], norm[d]);
+                        mask[off] |= bit;
+                        acc[off] += v;
+                        cb[off] = v;
+                    }
+                    for (uint32_t off : cand) live[off] = 1;
+                    c.pos = p;
+                    c.refresh();
+                } else {
+                    for (uint32_t off : cand) {
+                        const uint32_t d = ws + off;
+                        c.seek(d);
+                        if (c.doc == d) {
+                            const float v = bm25_contribution(w, tfs[c.pos], norm[d]);
+                            mask[off] |= bit;
+                            acc[off] += v;
+                            cb[off] = v;
+                        }
+                    }
+                }
+            }
+
+            // 3. canonical scores of the survivors
+            for (uint32_t off : cand) {
+                if (acc[off] < bc.cut(0.0, thr)) continue;
+                const uint64_t mk = mask[off];
+                float score = 0.0f;
+                for (size_t q = 0; q < n; ++q) {
+                    const uint32_t slot = m_slot_of_qpos[q];
+                    if (mk & (uint64_t{1} << slot)) score += contrib[slot * kWindow + off];
+                }
+                if (m_heap.push(score, ws + off)) thr = threshold();
+            }
+            for (size_t i = 0; i < n_touched; ++i) {
+                const uint32_t off = touched_p[i];
+                acc[off] = 0.0;
+                mask[off] = 0;
+                live[off] = 0;
+            }
+        }
+    }
+
+    /// MaxScore (Turtle & Flood 1995), document-at-a-time: lists sorted by
+    /// upper bound; the prefix whose bounds sum below the k-th score is
+    /// non-essential. Candidates come only from the essential lists, merged
+    /// DAAT; non-essential lists are probed with galloping seeks, highest bound
+    /// first, while the document can still reach the threshold. Used by
+    /// maxscore() for queries with more than kMaxWindowLists essential lists.
+    void maxscore_daat(uint64_t b, uint64_t e) {
+        open_cursors(b, e, false);
+        sort_by_bound();
+        maxscore_daat_run(prime_threshold());
+    }
+
+    /// maxscore_daat() on cursors already opened and sorted by bound, from
+    /// the (primed) threshold thr.
+    void maxscore_daat_run(float thr) {
+        const size_t n = m_cursors.size();
+        const bound_check bc(n);
+        const float* norm = m_data.doc_norm;
+        size_t fe = 0;  // first essential list in m_sorted
+        while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
+        m_pass_fe = n;  // invalidates the tf pass table
+        uint32_t cur = min_doc_from(fe);
+        while (fe < n && cur != kEndDoc) {
+            if (fe == n - 1) {
+                cur = scan_single_essential(fe, thr, bc);
+                if (cur == kEndDoc) break;
+            }
+            check_doc(cur);
+            // List-level bound of cur: the essential lists holding it plus all
+            // non-essential lists. Checked before doc_norm[cur] is read.
+            double cand_bound = fe > 0 ? m_prefix[fe - 1] : 0.0;
+            for (size_t j = fe; j < n; ++j) {
+                if (m_sorted[j]->doc == cur) cand_bound += tf_bound(*m_sorted[j]);
+            }
+            if (!allowed(cur) || !bc.may_enter(cand_bound, thr)) {
                 for (size_t j = fe; j < n; ++j) {
                     if (m_sorted[j]->doc == cur) m_sorted[j]->next();
                 }
-                cur = min_essential();
+                cur = min_doc_from(fe);
                 continue;
             }
             double partial = 0.0;
@@ -396,36 +850,77 @@ class bm25_worker {
                     m_contrib[c.qpos] = v;
                     partial += v;
                     c.next();
+                    prefetch_norm(c, norm);
                 }
             }
-            bool pruned = false;
-            for (size_t j = fe; j-- > 0;) {
-                const double rest = BlockMax ? m_block_prefix[j] : m_prefix[j];
-                if (!bc.may_enter(partial + rest, thr)) {
-                    pruned = true;
-                    break;
+            const bool keep = complete_non_essential(cur, fe, partial, thr, bc);
+            thr = finish_candidate(cur, keep, fe, thr, bc);
+            cur = min_doc_from(fe);
+        }
+    }
+
+    /// Block-max MaxScore: MaxScore whose essential lists also carry the bound
+    /// of their current block. (1) If the essential lists' current-block
+    /// bounds plus the non-essential list bounds cannot reach the threshold,
+    /// every doc before the nearest block end is skipped at once. (2) Before
+    /// reading doc_norm, a candidate is checked with the block bounds of the
+    /// essential lists holding it.
+    void block_max_maxscore(uint64_t b, uint64_t e) {
+        open_cursors(b, e, true);
+        sort_by_bound();
+        const size_t n = m_cursors.size();
+        for (auto& c : m_cursors) c.update_block();
+        const bound_check bc(n);
+        const float* norm = m_data.doc_norm;
+        float thr = prime_threshold();
+        size_t fe = 0;
+        while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
+        uint32_t cur = min_doc_from(fe);
+        while (fe < n && cur != kEndDoc) {
+            const double non_essential = fe > 0 ? m_prefix[fe - 1] : 0.0;
+            // (1) range skip over the essential lists' current blocks
+            double range_bound = non_essential;
+            uint32_t range_end = kEndDoc;
+            for (size_t j = fe; j < n; ++j) {
+                const posting_cursor& c = *m_sorted[j];
+                if (c.doc == kEndDoc) continue;
+                range_bound += c.blk_bound;
+                range_end = std::min(range_end, c.blk_last + 1);  // blk_last < kEndDoc
+            }
+            if (!bc.may_enter(range_bound, thr)) {
+                for (size_t j = fe; j < n; ++j) m_sorted[j]->seek_b(range_end);
+                cur = min_doc_from(fe);
+                continue;
+            }
+            // (2) candidate bound from the blocks holding cur
+            check_doc(cur);
+            double cand_bound = non_essential;
+            for (size_t j = fe; j < n; ++j) {
+                const posting_cursor& c = *m_sorted[j];
+                if (c.doc == cur) cand_bound += std::min(c.blk_bound, tf_bound(c));
+            }
+            if (!allowed(cur) || !bc.may_enter(cand_bound, thr)) {
+                for (size_t j = fe; j < n; ++j) {
+                    if (m_sorted[j]->doc == cur) m_sorted[j]->next_b();
                 }
+                cur = min_doc_from(fe);
+                continue;
+            }
+            // (3) exact essential contributions, then the non-essential lists
+            double partial = 0.0;
+            for (size_t j = fe; j < n; ++j) {
                 posting_cursor& c = *m_sorted[j];
-                c.seek(cur);
                 if (c.doc == cur) {
                     const float v = contribution(c, cur);
                     m_contrib[c.qpos] = v;
                     partial += v;
+                    c.next_b();
+                    prefetch_norm(c, norm);
                 }
             }
-            if (pruned) {
-                std::fill(m_contrib.begin(), m_contrib.end(), 0.0f);
-            } else {
-                const float s = take_score();
-                if (m_heap.push(s, cur)) {
-                    const float nt = m_heap.threshold();
-                    if (nt != thr) {
-                        thr = nt;
-                        while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
-                    }
-                }
-            }
-            cur = min_essential();
+            const bool keep = complete_non_essential(cur, fe, partial, thr, bc);
+            thr = finish_candidate(cur, keep, fe, thr, bc);
+            cur = min_doc_from(fe);
         }
     }
 
@@ -448,7 +943,7 @@ class bm25_worker {
         open_cursors(b, e, true);
         const size_t n = m_cursors.size();
         const bound_check bc(n);
-        float thr = m_heap.threshold();
+        float thr = prime_threshold();
         for (;;) {
             sort_by_doc();
             // Pivot: first position where the list bounds of all lists up to it may reach thr.
@@ -477,7 +972,7 @@ class bm25_worker {
                             m_contrib[c.qpos] = contribution(c, pivot);
                         }
                         const float s = take_score();
-                        if (m_heap.push(s, pivot)) thr = m_heap.threshold();
+                        if (m_heap.push(s, pivot)) thr = threshold();
                     }
                     for (size_t i = 0; i <= p; ++i) m_sorted[i]->next();
                 } else {
@@ -514,7 +1009,24 @@ class bm25_worker {
     std::vector<posting_cursor*> m_sorted;
     std::vector<float> m_contrib;
     std::vector<double> m_prefix;
-    std::vector<double> m_block_prefix;
+    std::vector<double> m_tf_bound;  // n * kTfTable
+    float m_theta0 = -std::numeric_limits<float>::infinity();  // primed threshold
+    std::vector<uint32_t> m_prime_order;
+    std::vector<uint32_t> m_prime_docs;
+    std::vector<uint8_t> m_prime_use;
+    std::vector<float> m_prime_scores;
+    // window scratch of maxscore(); acc/mask/live are all-zero between windows
+    std::vector<double> m_win_acc;
+    std::vector<uint64_t> m_win_mask;
+    std::vector<uint8_t> m_win_live;
+    std::vector<float> m_win_contrib;  // slot (position in m_sorted) * kWindow + offset
+    std::vector<uint32_t> m_win_touched;
+    std::vector<uint32_t> m_win_cand;
+    std::vector<uint32_t> m_slot_of_qpos;
+    uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
+    float m_pass_thr = 0.0f;
+    size_t m_pass_fe = 0;
+    float m_norm_min;
 };
 
 // ---------------------------------------------------------------------------
@@ -749,8 +1261,23 @@ void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
     if (algorithm != bm25_algorithm::exhaustive && bounds == nullptr) {
         fail("term_ub, block_offsets and block_ub are required for pruning algorithms");
     }
+    // min(doc_norm) gives every posting a bound from its tf alone,
+    // tf / (tf + norm_min), checked before doc_norm[d] is read. Worth its
+    // O(n_docs) pass only for batches; results never depend on it.
+    float norm_min = -1.0f;
+    if (algorithm != bm25_algorithm::exhaustive && data.n_docs > 0 &&
+        queries.nq * 4096 >= data.n_docs) {
+        float mn = std::numeric_limits<float>::infinity();
+        bool ok = true;
+        for (size_t d = 0; d < data.n_docs; ++d) {
+            const float v = data.doc_norm[d];
+            ok &= (v >= 0.0f);  // false for NaN too
+            mn = std::min(mn, v);
+        }
+        if (ok && std::isfinite(mn)) norm_min = mn;
+    }
     parallel_for_items(queries.nq, n_threads, query_chunk(queries.nq, n_threads), [&]() {
-        return bm25_worker(data, bounds, queries, allow, algorithm, out);
+        return bm25_worker(data, bounds, queries, allow, algorithm, out, norm_min);
     });
 }
 

@@ -9,6 +9,9 @@ each other and across thread counts.
 
 from __future__ import annotations
 
+import ast
+import pathlib
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -71,7 +74,9 @@ def make_corpus(rng, n_docs, n_terms, density=0.3, ties=False, zipf=False):
         if ties:
             tf = rng.choice(np.array([1, 2, 3], dtype=np.uint32), size=len(docs))
         else:
-            tf = (1 + rng.geometric(0.4, size=len(docs)) - 1).astype(np.uint32)
+            tf = rng.geometric(0.4, size=len(docs)).astype(np.uint32)
+            heavy = rng.random(len(docs)) < 0.05  # some tfs beyond small-tf tables
+            tf[heavy] = rng.integers(20, 300, size=int(heavy.sum()))
         lists_d.append(docs)
         lists_tf.append(tf)
     lengths = np.array([len(d) for d in lists_d], dtype=np.uint64)
@@ -211,12 +216,60 @@ def test_bm25_negative_and_zero_weights(seed, n_docs, n_terms, ties, k):
 def test_bm25_pruning_zipf(seed, ties):
     """Larger Zipfian corpora where MaxScore / block-max actually prune."""
     rng = np.random.default_rng(100 + seed)
-    c = make_corpus(rng, 4000, 120, density=0.6, ties=ties, zipf=True)
+    n_docs = 4000 + 1000 * seed
+    c = make_corpus(rng, n_docs, 120, density=0.6, ties=ties, zipf=True)
     q = make_queries(rng, 120, 80, 6, ties=ties, repeats=(seed == 2))
     for k, block_size, allow_mode in [(1, 8, "none"), (10, 64, "random"), (100, 16, "none"),
                                       (10, 128, "all")]:
-        allow = make_allow(rng, 4000, allow_mode)
-        check_all_bm25(c, q, k, allow, block_size, threads=(1, 4))
+        allow = make_allow(rng, n_docs, allow_mode)
+        batch = check_all_bm25(c, q, k, allow, block_size, threads=(1, 4))
+        # single-query calls (the kernels choose per-call shortcuts by batch size)
+        for i in range(0, 80, 8):
+            b, e = int(q[0][i]), int(q[0][i + 1])
+            one = (np.array([0, e - b], np.uint64), q[1][b:e].copy(), q[2][b:e].copy())
+            got = check_all_bm25(c, one, k, allow, block_size, threads=(1,))
+            assert_same(got, tuple(x[i : i + 1] for x in batch))
+
+
+def test_bm25_long_queries_and_many_windows():
+    """Queries with more essential lists than the windowed MaxScore handles (DAAT
+    fallback), and a corpus spanning many doc-id windows."""
+    rng = np.random.default_rng(300)
+    c = make_corpus(rng, 3000, 150, density=0.4, zipf=True)
+    q = make_queries(rng, 150, 6, 120, repeats=True)
+    lens = np.diff(q[0])
+    assert lens.max() > 70
+    for k in (1, 10, 200):
+        check_all_bm25(c, q, k, None, 8, threads=(1, 3))
+    rng = np.random.default_rng(301)
+    c = make_corpus(rng, 30000, 60, density=0.3, zipf=True)
+    q = make_queries(rng, 60, 30, 8, repeats=False)
+    for k, allow_mode in [(10, "none"), (50, "random")]:
+        check_all_bm25(c, q, k, make_allow(rng, 30000, allow_mode), 32, threads=(1, 2))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bm25_block_structured(seed):
+    """Dense lists whose scores vary by region, so block bounds differ and
+    block-max algorithms skip whole blocks (including at block boundaries)."""
+    rng = np.random.default_rng(200 + seed)
+    n_docs, n_terms = 3000, 8
+    region = (np.arange(n_docs) // 37) % 5  # 0 = region of short documents
+    doc_norm = np.where(region == 0, 0.3, 2.5).astype(np.float32)
+    doc_norm += rng.uniform(0, 0.05, n_docs).astype(np.float32)
+    lists_d, lists_tf = [], []
+    for t in range(n_terms):
+        docs = np.flatnonzero(rng.random(n_docs) < (0.95 if t < 4 else 0.3)).astype(np.uint32)
+        tf = np.where(region[docs] == 0, rng.integers(3, 60, len(docs)), 1).astype(np.uint32)
+        lists_d.append(docs)
+        lists_tf.append(tf)
+    offsets = np.zeros(n_terms + 1, np.uint64)
+    offsets[1:] = np.cumsum([len(d) for d in lists_d])
+    c = dict(offsets=offsets, doc_ids=np.concatenate(lists_d), tfs=np.concatenate(lists_tf),
+             doc_norm=doc_norm)
+    q = make_queries(rng, n_terms, 40, 5, repeats=False)
+    for k, block_size in [(1, 4), (10, 16), (30, 7)]:
+        check_all_bm25(c, q, k, None, block_size, threads=(1, 3))
 
 
 def test_bm25_hand_example():
@@ -253,6 +306,37 @@ def test_bm25_ties_break_by_doc_id():
     allow[[3, 40, 41]] = 1
     ids, scores, n_found = check_all_bm25(c, q, 7, allow, 4)
     assert ids[0].tolist() == [3, 40, 41, -1, -1, -1, -1] and n_found[0] == 3
+
+
+# (weights, tfs, doc_norm of doc 1, doc_norm of doc 0): doc 1's float32 score rounds
+# above the exact sum of its per-term upper bounds, and doc 0's float32 score lands
+# between the two. A pruning rule without a rounding margin would stop after doc 0.
+ROUNDING_CASES = [
+    ([3.221529006958008, 5.160461902618408, 4.835957050323486, 3.7798149585723877,
+      0.5682241320610046], [12, 8, 4, 2, 5], 0.480660080909729, 0.4806601107120514),
+    ([5.546662330627441, 0.25839993357658386, 9.633015632629395, 0.2927062511444092,
+      0.44654399156570435], [13, 13, 4, 15, 16], 0.569732129573822, 0.5697321891784668),
+]
+
+
+@pytest.mark.parametrize("case", ROUNDING_CASES)
+def test_bm25_pruning_survives_float_rounding(case):
+    w, tf, norm_x, norm_y = case
+    n = len(w)
+    w = np.array(w, np.float32)
+    tf = np.array(tf, np.uint32)
+    doc_norm = np.array([norm_y, norm_x], np.float32)
+    c = dict(offsets=(2 * np.arange(n + 1)).astype(np.uint64),
+             doc_ids=np.tile(np.array([0, 1], np.uint32), n), tfs=np.repeat(tf, 2),
+             doc_norm=doc_norm)
+    q = (np.array([0, n], np.uint64), np.arange(n, dtype=np.uint32), w)
+    ub = bounds_for(c, 128)[0]
+    exact_bound = sum(float(w[i]) * float(ub[i]) for i in range(n))
+    ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, 2)
+    s1, s0 = ref[1][0]
+    assert ref[0][0].tolist() == [1, 0] and exact_bound < s0 < s1  # the trap is armed
+    check_all_bm25(c, q, 1, None, 1)
+    check_all_bm25(c, q, 1, None, 128)
 
 
 def test_bm25_empty_batch_and_empty_index():
@@ -567,3 +651,23 @@ def test_worker_exception_reaches_caller():
         K.bm25_topk(offsets, doc_ids, tfs, doc_norm, *q, 2, n_threads=4, algorithm="exhaustive")
     with pytest.raises(ValueError, match="doc_ids"):
         K.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm)
+
+
+# ---------------------------------------------------------------------------
+# Stubs
+# ---------------------------------------------------------------------------
+
+
+def test_stub_matches_extension():
+    """Every kernel typed in retriever/_kernels.pyi exists with the same parameters."""
+    stub = pathlib.Path(__file__).resolve().parents[1] / "retriever" / "_kernels.pyi"
+    tree = ast.parse(stub.read_text())
+    funcs = {n.name: n for n in tree.body
+             if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
+    assert {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"} <= set(funcs)
+    for name, node in funcs.items():
+        first = getattr(K, name).__doc__.splitlines()[0]
+        runtime = re.findall(r"(\w+):", first[first.index("(") + 1 : first.rindex(")")])
+        runtime = [r for r in runtime if r not in ("numpy", "typing")]
+        assert [a.arg for a in node.args.args] == runtime, name
+        assert ast.get_docstring(node)

@@ -1,0 +1,192 @@
+"""Typed stubs of ``retriever._kernels``, the C++ query-time kernels (pybind11).
+
+Built from ``cpp_ext/*.cpp`` by ``setup.py``. All functions are stateless: no C++
+object outlives a call.
+
+Conventions shared by every function
+------------------------------------
+* Arrays must already have the exact dtype and be C-contiguous. Anything else
+  (another dtype, a strided view, a list) raises ``TypeError``; nothing is ever
+  copied or converted. Read-only arrays (memory-mapped Arrow buffers) are fine.
+* Bad values raise ``ValueError`` whose message names the argument and the value.
+* The GIL is released while the C++ work runs, so calls from several Python
+  threads run in parallel.
+* ``n_threads``: worker threads for this call; ``<= 0`` means
+  ``std::thread::hardware_concurrency()``. A batch is split by queries and every
+  worker owns its scratch memory, so results are bit-identical for any
+  ``n_threads``. An exception in a worker is re-raised in the calling thread.
+* CSR postings of one shard: term ``t`` owns ``doc_ids[offsets[t]:offsets[t+1]]``
+  (strictly increasing shard-local doc ids) and the same slice of ``tfs`` /
+  ``impacts``. :func:`check_csr` validates this once at index open; the per-call
+  kernels only check that the array lengths agree (O(1)) and the query arrays
+  (O(nq + m)). A doc id ``>= n_docs`` met while scoring raises ``ValueError``.
+* A ragged query batch: query ``i`` is ``q_terms[q_offsets[i]:q_offsets[i+1]]``
+  with weights ``q_weights`` (same slice). ``q_offsets[0] == 0``, non-decreasing,
+  ``q_offsets[-1] == len(q_terms)``; every ``q_terms`` value ``< n_terms``;
+  every weight finite. A term repeated in a query counts once per occurrence.
+
+Top-k results
+-------------
+``(ids, scores, n_found)``:
+
+* ``ids``: int64 ``(nq, k)``, shard-local doc ids, padded with -1 past ``n_found``;
+* ``scores``: float32 ``(nq, k)``, padded with ``-inf``;
+* ``n_found``: int32 ``(nq,)``.
+
+Rows are sorted by score descending, ties by smaller doc id. Only documents with
+at least one posting among the query's terms are candidates (a document with no
+matching term is never returned, even when k exceeds the number of matches); a
+query with no terms returns ``n_found == 0``. ``k`` must be >= 1 (``ValueError``)
+and may exceed ``n_docs``. With ``allow`` (uint8 ``(n_docs,)``, nonzero =
+allowed; pass a bool mask as ``mask.view(np.uint8)``) disallowed documents are
+never returned; k is still honoured whenever enough allowed documents match.
+NaN scores are never returned.
+"""
+
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+_U8 = npt.NDArray[np.uint8]
+_U32 = npt.NDArray[np.uint32]
+_U64 = npt.NDArray[np.uint64]
+_I32 = npt.NDArray[np.int32]
+_I64 = npt.NDArray[np.int64]
+_F32 = npt.NDArray[np.float32]
+
+def check_csr(offsets: _U64, doc_ids: _U32, n_docs: int) -> None:
+    """O(nnz) structural check of one shard's CSR postings; run once at index open.
+
+    Checks ``offsets[0] == 0``, ``offsets`` non-decreasing, ``offsets[-1] ==
+    len(doc_ids)``, doc ids strictly increasing within every term and ``< n_docs``
+    (``n_docs <= 2**32 - 1``).
+
+    Raises:
+        ValueError: naming the first violation (term, position and value).
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def bm25_upper_bounds(
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    block_size: int = 128,
+    n_threads: int = 0,
+) -> tuple[_F32, _U64, _F32]:
+    """Upper bounds of the BM25 tf part for MaxScore and block-max pruning.
+
+    With ``part(p) = float32(tf) / (float32(tf) + doc_norm[doc_ids[p]])`` (float32,
+    exactly the expression :func:`bm25_topk` uses):
+
+    * ``term_ub``: float32 ``(n_terms,)``, max of ``part`` over the term's postings
+      (0 for an empty list);
+    * ``block_offsets``: uint64 ``(n_terms + 1,)``; term ``t``'s blocks are
+      ``block_ub[block_offsets[t]:block_offsets[t+1]]``, one per ``block_size``
+      consecutive postings (``ceil(len / block_size)`` blocks);
+    * ``block_ub``: float32 ``(n_blocks,)``, max of ``part`` within each block.
+
+    ``doc_norm`` depends on the corpus-wide avgdl, so compute the bounds when the
+    index is opened, with the same ``doc_norm`` later passed to :func:`bm25_topk`,
+    and pass the same ``block_size`` there. Parallel over terms.
+
+    Raises:
+        ValueError: ``doc_norm`` entry negative or not finite; a doc id ``>= n_docs``;
+            ``block_size < 1``; array lengths disagree.
+    """
+
+def bm25_topk(
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    k: int,
+    n_threads: int = 0,
+    allow: _U8 | None = None,
+    algorithm: Literal["exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
+    term_ub: _F32 | None = None,
+    block_offsets: _U64 | None = None,
+    block_ub: _F32 | None = None,
+    block_size: int = 128,
+) -> tuple[_I64, _F32, _I32]:
+    """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
+
+    Score of doc ``d`` for query ``q`` (float32, summed from 0.0 in query-term
+    order over the query's terms that have a posting for ``d``)::
+
+        score += q_weights[i] * (float32(tf) / (float32(tf) + doc_norm[d]))
+
+    ``tfs``: uint32 ``(nnz,)`` raw term frequencies (>= 1). ``doc_norm``: float32
+    ``(n_docs,)``, ``k1 * (1 - b + b * dl / avgdl)`` from the GLOBAL avgdl.
+    ``q_weights``: float32 (Lucene idf from the GLOBAL N and df).
+
+    Algorithms (all return bit-identical ids and scores; compiled with
+    ``-ffp-contract=off``):
+
+    * ``"exhaustive"``: term-at-a-time over a dense accumulator.
+    * ``"maxscore"``: MaxScore (Turtle & Flood 1995), document-at-a-time over the
+      essential lists, galloping seeks in the non-essential ones; per-posting
+      tf bounds prune candidates before ``doc_norm`` is read. Needs ``term_ub``.
+    * ``"bmw"``: Block-Max WAND (Ding & Suel 2011). Needs all three bounds.
+    * ``"bmm"``: block-max MaxScore: MaxScore whose essential lists skip whole
+      blocks by their block bounds. Needs all three bounds.
+
+    The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
+    ``block_size``). Pruning is safe: a document is discarded only when an upper
+    bound of its float32 score, inflated to cover rounding, is strictly below the
+    current k-th score. Queries with a negative weight are run exhaustively.
+
+    Returns:
+        ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``; see the
+        module docstring for order and padding.
+
+    Raises:
+        ValueError: ``k < 1``; a ``q_terms`` value ``>= n_terms``; non-finite weight;
+            ``offsets[-1] != len(doc_ids)``, ``len(tfs) != len(doc_ids)``,
+            ``len(allow) != n_docs``, ``len(q_weights) != len(q_terms)``, bad
+            ``q_offsets``; unknown ``algorithm``; bounds missing for the algorithm
+            or inconsistent with the postings / ``block_size``; non-finite or
+            negative ``term_ub`` of a query term.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def impact_topk(
+    offsets: _U64,
+    doc_ids: _U32,
+    impacts: _F32,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    k: int,
+    n_threads: int = 0,
+    allow: _U8 | None = None,
+) -> tuple[_I64, _F32, _I32]:
+    """Exact learned-sparse (impact) top-k, term-at-a-time.
+
+    Score of doc ``d`` (float32, summed from 0.0 in query-term order over the
+    query's terms with a posting ``p`` for ``d``)::
+
+        score += q_weights[i] * impacts[p]
+
+    ``impacts``: float32 ``(nnz,)``. Weights and impacts may be negative. The
+    number of documents is not needed (the accumulator grows to the largest doc
+    id met); ``allow`` must cover every doc id that occurs.
+
+    Returns:
+        ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``.
+
+    Raises:
+        ValueError: ``k < 1``; a ``q_terms`` value ``>= n_terms``; non-finite
+            weight; mismatched lengths; a matched doc id ``>= len(allow)``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+# The learned-sparse kernels registered from cpp_ext/blocked_topk.cpp
+# (check_sparse_index, check_impact_postings, sparse_exact_topk,
+# sparse_seismic_topk) are documented in their pybind11 docstrings and
+# cpp_ext/blocked_topk.hpp; this stub leaves them untyped.
+def __getattr__(name: str) -> Any: ...
