@@ -12,7 +12,7 @@ readable by plain pyarrow / DuckDB / Polars)::
 
 "Array files" (``bm25.arrow``) hold one row whose columns are ``large_list`` arrays, one per
 named numpy array, so each array is read back zero-copy from the memory map.
-No pickle anywhere; loading executes no code.
+Loading an index executes no code: only Arrow buffers, JSON and FAISS files are read.
 """
 
 from __future__ import annotations
