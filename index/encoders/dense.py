@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelError
+from .checkpoint import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -34,17 +35,12 @@ def default_dense_model() -> str:
 
 
 def resolve_model_path(model: str | None) -> Path:
-    """Resolve a model argument to an existing local checkpoint directory.
+    """Resolve a model argument (``None`` = the bundled default) to a checkpoint directory.
 
     Raises:
         ModelError: the path does not exist or holds no ``config.json``.
     """
-    path = Path(model if model is not None else default_dense_model())
-    if not path.is_dir():
-        raise ModelError(f"dense model path does not exist or is not a directory: {str(path)!r}")
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: not a Hugging Face checkpoint (no config.json)")
-    return path
+    return resolve_checkpoint(model, default_dense_model, "dense")
 
 
 class DenseEncoder:

@@ -28,6 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelError
+from .checkpoint import resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +47,12 @@ def default_sparse_model() -> str:
 
 
 def resolve_sparse_model(model: str | None) -> Path:
-    """Resolve a model argument to an existing local checkpoint directory.
+    """Resolve a model argument (``None`` = the bundled default) to a checkpoint directory.
 
     Raises:
         ModelError: the path does not exist or holds no ``config.json``.
     """
-    path = Path(model if model is not None else default_sparse_model())
-    if not path.is_dir():
-        raise ModelError(f"sparse model path does not exist or is not a directory: {str(path)!r}")
-    if not (path / "config.json").is_file():
-        raise ModelError(f"{path}: not a Hugging Face checkpoint (no config.json)")
-    return path
+    return resolve_checkpoint(model, default_sparse_model, "sparse")
 
 
 class SparseEncoder:
