@@ -2,12 +2,20 @@
 //
 // Algorithms:
 //   exhaustive  term-at-a-time over a dense float accumulator (+ touched list)
-//   maxscore    MaxScore (Turtle & Flood 1995), document-at-a-time over the
-//               essential lists, galloping seeks in the non-essential ones
+//   maxscore    MaxScore (Turtle & Flood 1995): lists sorted by upper bound,
+//               candidates only from the essential lists, the non-essential
+//               ones probed while a document can still reach the k-th score.
+//               Evaluated window-at-a-time (term-at-a-time inside windows of
+//               kWindow doc ids, as Lucene's MaxScoreBulkScorer does) when the
+//               essential lists are dense, document-at-a-time with galloping
+//               seeks when they are sparse or the query is long.
 //   bmw         Block-Max WAND (Ding & Suel 2011)
-//   bmm         Block-Max MaxScore (MaxScore whose essential lists skip whole
-//               blocks and pre-check candidates with per-block bounds; block
-//               maxima after Ding & Suel 2011 / Chakrabarti et al. 2011)
+//   bmm         Block-Max MaxScore (DAAT MaxScore whose essential lists skip
+//               whole blocks and pre-check candidates with per-block bounds;
+//               block maxima after Ding & Suel 2011 / Chakrabarti et al. 2011)
+// All pruning algorithms first prime the threshold from the query's short,
+// high-bound lists (prime_threshold) and check candidates against
+// per-posting tf bounds before reading doc_norm.
 //
 // Determinism: every algorithm computes a candidate's score with the same
 // float32 expression (bm25_contribution) summed in query-term order starting
@@ -263,8 +271,10 @@ constexpr size_t kMaxWindowLists = 64;
 /// query), maxscore() runs document-at-a-time instead.
 constexpr uint64_t kMinWindowPostings = 256;
 
-/// Threshold priming scores at most this many postings' documents per query.
-constexpr uint64_t kPrimeBudget = 4096;
+/// Threshold priming reads at most max(kPrimeBudget, 4 k) postings per query
+/// (never more than kPrimeBudgetMax).
+constexpr uint64_t kPrimeBudget = 256;
+constexpr uint64_t kPrimeBudgetMax = 4096;
 
 /// Per-query tf-bound tables cover tf < kTfTable.
 constexpr uint32_t kTfTable = 32;
@@ -434,8 +444,8 @@ class bm25_worker {
     float threshold() const { return std::max(m_heap.threshold(), m_theta0); }
 
     /// Primes the pruning threshold from the query's short, high-bound lists
-    /// (taken in decreasing bound order while their postings fit in
-    /// kPrimeBudget): each document they hold gets the float32 query-order sum
+    /// (taken in decreasing bound order while their postings fit in the
+    /// budget): each document they hold gets the float32 query-order sum
     /// of its contributions from those lists only. With non-negative
     /// contributions such a partial sum never exceeds the document's full
     /// canonical score (float rounding is monotone), so at least k allowed
@@ -455,7 +465,7 @@ class bm25_worker {
         });
         m_prime_docs.clear();
         m_prime_use.assign(n, 0);
-        uint64_t budget = kPrimeBudget;
+        uint64_t budget = std::min<uint64_t>(std::max<uint64_t>(kPrimeBudget, 4 * k), kPrimeBudgetMax);
         for (uint32_t j : m_prime_order) {
             const posting_cursor& c = m_cursors[j];
             const uint64_t len = c.end - c.beg;

@@ -128,12 +128,23 @@ def bm25_topk(
     ``-ffp-contract=off``):
 
     * ``"exhaustive"``: term-at-a-time over a dense accumulator.
-    * ``"maxscore"``: MaxScore (Turtle & Flood 1995), document-at-a-time over the
-      essential lists, galloping seeks in the non-essential ones; per-posting
-      tf bounds prune candidates before ``doc_norm`` is read. Needs ``term_ub``.
+    * ``"maxscore"``: MaxScore (Turtle & Flood 1995): terms sorted by upper bound;
+      candidates come only from the essential lists, the non-essential lists are
+      probed only while a document can still reach the k-th score. Dense
+      essential lists are evaluated window-at-a-time (term-at-a-time inside
+      windows of 4096 doc ids, as Lucene's MaxScoreBulkScorer), sparse ones
+      document-at-a-time with galloping seeks. Needs ``term_ub``. Usually the
+      fastest.
     * ``"bmw"``: Block-Max WAND (Ding & Suel 2011). Needs all three bounds.
-    * ``"bmm"``: block-max MaxScore: MaxScore whose essential lists skip whole
-      blocks by their block bounds. Needs all three bounds.
+    * ``"bmm"``: block-max MaxScore, document-at-a-time: MaxScore whose essential
+      lists skip whole blocks by their block bounds. Needs all three bounds.
+
+    Every pruning algorithm first primes its threshold with the k-th best partial
+    score of the documents in the query's shortest high-bound lists, and checks
+    candidates against per-posting tf bounds before reading ``doc_norm``. Per-call
+    scratch (window buffers, pooled dense accumulators for "exhaustive") is
+    reused across the queries of a batch; a batch computes ``min(doc_norm)`` once
+    (O(n_docs)) when ``nq * 4096 >= n_docs``.
 
     The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
     ``block_size``). Pruning is safe: a document is discarded only when an upper
