@@ -147,13 +147,7 @@ struct topk_arrays {
 
 void py_check_csr(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids, int64_t n_docs) {
     if (n_docs < 0) fail("n_docs must be >= 0, got " + std::to_string(n_docs));
-    const size_t n_off = len1d(offsets, "offsets");
-    if (n_off == 0) fail("offsets must have length n_terms + 1 >= 1, got length 0");
-    csr_view csr;
-    csr.offsets = offsets.data();
-    csr.n_terms = n_off - 1;
-    csr.doc_ids = doc_ids.data();
-    csr.nnz = len1d(doc_ids, "doc_ids");
+    const csr_view csr = make_csr(offsets, doc_ids);
     {
         py::gil_scoped_release nogil;
         check_csr(csr, static_cast<uint64_t>(n_docs));
