@@ -197,14 +197,33 @@ std::tuple<carray<float>, carray<uint64_t>, carray<float>> py_bm25_upper_bounds(
     return {term_ub, block_offsets, block_ub};
 }
 
+carray<float> py_bm25_impacts(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                              const carray<uint32_t>& tfs, const carray<float>& doc_norm,
+                              int n_threads) {
+    const bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    check_offsets(data.csr);
+    carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(data.csr.nnz)});
+    float* o = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_impacts(data, n_threads, o);
+    }
+    return out;
+}
+
 topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
                          const carray<uint32_t>& tfs, const carray<float>& doc_norm,
                          const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
                          const carray<float>& q_weights, int64_t k, int n_threads,
                          const opt_carray<uint8_t>& allow, const std::string& algorithm,
                          const opt_carray<float>& term_ub, const opt_carray<uint64_t>& block_offsets,
-                         const opt_carray<float>& block_ub, int64_t block_size) {
-    const bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+                         const opt_carray<float>& block_ub, int64_t block_size,
+                         const opt_carray<float>& impacts) {
+    bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    if (impacts) {
+        require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
+        data.impacts = impacts->data();
+    }
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
     const uint8_t* allow_p = allow_ptr(allow, data.n_docs, true);
@@ -304,11 +323,19 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("algorithm") = "maxscore", py::arg("term_ub").noconvert() = py::none(),
           py::arg("block_offsets").noconvert() = py::none(),
           py::arg("block_ub").noconvert() = py::none(), py::arg("block_size") = 128,
+          py::arg("impacts").noconvert() = py::none(),
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
-          "'maxscore', 'bmw' (block-max WAND) or 'bmm' (block-max MaxScore). Returns\n"
-          "(ids, scores, n_found).");
+          "'maxscore', 'bmw' (block-max WAND) or 'bmm' (block-max MaxScore). impacts:\n"
+          "optional f32[nnz] from bm25_impacts (same doc_norm): the same scores without\n"
+          "a division or a doc_norm read per posting. Returns (ids, scores, n_found).");
+
+    m.def("bm25_impacts", &py_bm25_impacts, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),
+          py::arg("doc_norm").noconvert(), py::arg("n_threads") = 0,
+          "Per-posting tf part of BM25, impacts[p] = tf / (tf + doc_norm[doc_ids[p]]) in\n"
+          "float32 (the exact expression bm25_topk uses). Returns f32[nnz].");
 
     m.def("impact_topk", &py_impact_topk, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(),

@@ -297,7 +297,7 @@ class bm25_worker {
     bm25_worker(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& q,
                 const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min)
         : m_data(data), m_bounds(bounds), m_q(q), m_allow(allow), m_algo(algo), m_out(out),
-          m_norm_min(norm_min) {}
+          m_imp(data.impacts), m_norm_min(m_imp != nullptr ? -1.0f : norm_min) {}
 
     void operator()(size_t qi) {
         const uint64_t b = m_q.q_offsets[qi];
@@ -331,6 +331,16 @@ class bm25_worker {
 
     // ---- exhaustive: term-at-a-time ------------------------------------
     void exhaustive(uint64_t b, uint64_t e) {
+        if (m_imp != nullptr) {
+            exhaustive_impl<true>(b, e);
+        } else {
+            exhaustive_impl<false>(b, e);
+        }
+    }
+
+    /// kImp: contributions from the precomputed impacts (no doc_norm reads).
+    template <bool kImp>
+    void exhaustive_impl(uint64_t b, uint64_t e) {
         dense_accumulator& A = m_acc.get();
         A.ensure(m_data.n_docs);
         float* acc = A.acc.data();
@@ -348,6 +358,7 @@ class bm25_worker {
         const uint32_t* doc_ids = m_data.csr.doc_ids;
         const uint32_t* tfs = m_data.tfs;
         const float* norm = m_data.doc_norm;
+        const float* imp = m_imp;
         const size_t n_docs = m_data.n_docs;
         for (uint64_t i = b; i < e; ++i) {
             const uint32_t t = m_q.q_terms[i];
@@ -356,7 +367,7 @@ class bm25_worker {
             for (uint64_t p = offsets[t]; p < pe; ++p) {
                 if (p + kPrefetch < pe) {
                     const uint32_t ahead = doc_ids[p + kPrefetch];
-                    __builtin_prefetch(norm + ahead);
+                    if (!kImp) __builtin_prefetch(norm + ahead);
                     __builtin_prefetch(acc + ahead, 1);
                     __builtin_prefetch(seen + ahead, 1);
                 }
@@ -366,7 +377,7 @@ class bm25_worker {
                 touched[n_touched] = d;
                 n_touched += seen[d] ^ 1;
                 seen[d] = 1;
-                acc[d] += bm25_contribution(w, tfs[p], norm[d]);
+                acc[d] += kImp ? w * imp[p] : bm25_contribution(w, tfs[p], norm[d]);
             }
         }
         A.touched.resize(n_touched);
@@ -420,12 +431,20 @@ class bm25_worker {
 
     /// Bound of c's contribution at its current posting from the tf alone.
     double tf_bound(const posting_cursor& c) const {
+        if (m_imp != nullptr) return static_cast<double>(c.weight) * static_cast<double>(m_imp[c.pos]);
         const uint32_t tf = m_data.tfs[c.pos];
         return tf < kTfTable ? m_tf_bound[c.qpos * kTfTable + tf] : c.ub;
     }
 
     float contribution(const posting_cursor& c, uint32_t d) const {
-        return bm25_contribution(c.weight, m_data.tfs[c.pos], m_data.doc_norm[d]);
+        return contribution_at(c.weight, c.pos, d);
+    }
+
+    /// weight * (tf part of posting p, whose doc is d): from the impacts when
+    /// present, else computed; both are the same float32 value.
+    float contribution_at(float w, uint64_t p, uint32_t d) const {
+        if (m_imp != nullptr) return w * m_imp[p];
+        return bm25_contribution(w, m_data.tfs[p], m_data.doc_norm[d]);
     }
 
     /// Canonical score: query-order float32 sum of m_contrib; resets m_contrib.
@@ -487,7 +506,7 @@ class bm25_worker {
                 const uint32_t d = c.docs[p];
                 while (m_prime_docs[at] < d) ++at;  // d is in m_prime_docs
                 check_doc(d);
-                const float v = bm25_contribution(c.weight, m_data.tfs[p], m_data.doc_norm[d]);
+                const float v = contribution_at(c.weight, p, d);
                 if (!(v >= 0.0f)) return threshold();  // negative or NaN: no priming
                 m_prime_scores[at] += v;
             }
@@ -574,6 +593,20 @@ class bm25_worker {
     uint32_t scan_single_essential(size_t fe, float thr, const bound_check& bc) {
         const size_t n = m_sorted.size();
         posting_cursor& c = *m_sorted[n - 1];
+        if (m_imp != nullptr) {
+            // skip while weight * impact + non-essential bounds < thr
+            const double cut = bc.cut(fe > 0 ? m_prefix[fe - 1] : 0.0, thr);
+            const double w = c.weight;
+            const float* imp = m_imp;
+            uint64_t p = c.pos;
+            const uint64_t end = c.end;
+            while (p < end && w * static_cast<double>(imp[p]) < cut) ++p;
+            if (p != c.pos) {
+                c.pos = p;
+                c.refresh();
+            }
+            return c.doc;
+        }
         if (m_pass_thr != thr || m_pass_fe != fe) {
             const double non_essential = fe > 0 ? m_prefix[fe - 1] : 0.0;
             const double* row = m_tf_bound.data() + c.qpos * kTfTable;
@@ -649,6 +682,7 @@ class bm25_worker {
         const uint32_t* docs = m_data.csr.doc_ids;
         const uint32_t* tfs = m_data.tfs;
         const float* norm = m_data.doc_norm;
+        const float* imp = m_imp;
         const size_t n_docs = m_data.n_docs;
         double* acc = m_win_acc.data();
         uint64_t* mask = m_win_mask.data();
@@ -671,7 +705,10 @@ class bm25_worker {
 
             // 1. essential lists -> window accumulator
             const uint8_t* pass = nullptr;
-            if (n_ess == 1) {
+            double imp_cut = -std::numeric_limits<double>::infinity();  // impacts: skip below
+            if (n_ess == 1 && imp != nullptr) {
+                imp_cut = bc.cut(fe > 0 ? m_prefix[fe - 1] : 0.0, thr);
+            } else if (n_ess == 1) {
                 const double non_essential = fe > 0 ? m_prefix[fe - 1] : 0.0;
                 const double* row = m_tf_bound.data() + m_sorted[fe]->qpos * kTfTable;
                 for (uint32_t tf = 0; tf < kTfTable; ++tf) {
@@ -686,6 +723,27 @@ class bm25_worker {
                 const float w = c.weight;
                 uint64_t p = c.pos;
                 const uint64_t end = c.end;
+                if (imp != nullptr) {
+                    const double wd = w;
+                    for (; p < end; ++p) {
+                        const uint32_t d = docs[p];
+                        if (d >= we) break;
+                        const float ip = imp[p];
+                        if (wd * static_cast<double>(ip) < imp_cut) continue;
+                        if (d >= n_docs) check_doc(d);
+                        const float v = w * ip;
+                        const uint32_t off = d - ws;
+                        touched_p[n_touched] = off;  // branch-free first-sight append
+                        n_touched += live[off] ^ 1;
+                        live[off] = 1;
+                        mask[off] |= bit;
+                        acc[off] += v;
+                        cb[off] = v;
+                    }
+                    c.pos = p;
+                    c.refresh();
+                    continue;
+                }
                 for (; p < end; ++p) {
                     const uint32_t d = docs[p];
                     if (d >= we) break;
@@ -769,7 +827,7 @@ class bm25_worker {
                         if (d > last) break;
                         const uint32_t off = d - ws;
                         if (live[off] != 2) continue;
-                        const float v = bm25_contribution(w, tfs[p], norm[d]);
+                        const float v = contribution_at(w, p, d);
                         mask[off] |= bit;
                         acc[off] += v;
                         cb[off] = v;
@@ -782,7 +840,7 @@ class bm25_worker {
                         const uint32_t d = ws + off;
                         c.seek(d);
                         if (c.doc == d) {
-                            const float v = bm25_contribution(w, tfs[c.pos], norm[d]);
+                            const float v = contribution_at(w, c.pos, d);
                             mask[off] |= bit;
                             acc[off] += v;
                             cb[off] = v;
@@ -860,7 +918,7 @@ class bm25_worker {
                     m_contrib[c.qpos] = v;
                     partial += v;
                     c.next();
-                    prefetch_norm(c, norm);
+                    if (m_imp == nullptr) prefetch_norm(c, norm);
                 }
             }
             const bool keep = complete_non_essential(cur, fe, partial, thr, bc);
@@ -925,7 +983,7 @@ class bm25_worker {
                     m_contrib[c.qpos] = v;
                     partial += v;
                     c.next_b();
-                    prefetch_norm(c, norm);
+                    if (m_imp == nullptr) prefetch_norm(c, norm);
                 }
             }
             const bool keep = complete_non_essential(cur, fe, partial, thr, bc);
@@ -1036,6 +1094,7 @@ class bm25_worker {
     uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
     float m_pass_thr = 0.0f;
     size_t m_pass_fe = 0;
+    const float* m_imp;  // precomputed impacts or null
     float m_norm_min;
 };
 
@@ -1265,6 +1324,24 @@ void bm25_upper_bounds(const bm25_view& data, uint32_t block_size, const uint64_
     parallel_for_items(data.csr.n_terms, n_threads, 256, make_worker);
 }
 
+void bm25_impacts(const bm25_view& data, int n_threads, float* impacts) {
+    const size_t n_docs = data.n_docs;
+    auto make_worker = [&]() {
+        return [&](size_t t) {
+            const uint64_t b = data.csr.offsets[t], e = data.csr.offsets[t + 1];
+            for (uint64_t p = b; p < e; ++p) {
+                const uint32_t d = data.csr.doc_ids[p];
+                if (d >= n_docs) {
+                    fail("doc_ids[" + std::to_string(p) + "] = " + std::to_string(d) +
+                         " >= n_docs = " + std::to_string(n_docs));
+                }
+                impacts[p] = bm25_tf_part(data.tfs[p], data.doc_norm[d]);
+            }
+        };
+    };
+    parallel_for_items(data.csr.n_terms, n_threads, 256, make_worker);
+}
+
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
                const query_batch_view& queries, const uint8_t* allow, bm25_algorithm algorithm,
                int n_threads, const topk_out& out) {
@@ -1275,7 +1352,7 @@ void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
     // tf / (tf + norm_min), checked before doc_norm[d] is read. Worth its
     // O(n_docs) pass only for batches; results never depend on it.
     float norm_min = -1.0f;
-    if (algorithm != bm25_algorithm::exhaustive && data.n_docs > 0 &&
+    if (algorithm != bm25_algorithm::exhaustive && data.impacts == nullptr && data.n_docs > 0 &&
         queries.nq * 4096 >= data.n_docs) {
         float mn = std::numeric_limits<float>::infinity();
         bool ok = true;

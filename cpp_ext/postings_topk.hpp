@@ -49,6 +49,12 @@ struct bm25_view {
     const uint32_t* tfs = nullptr;      // nnz, parallel to csr.doc_ids
     const float* doc_norm = nullptr;    // n_docs
     size_t n_docs = 0;
+    /// Optional precomputed impacts (nnz, parallel to csr.doc_ids):
+    /// impacts[p] == bm25_tf_part(tfs[p], doc_norm[doc_ids[p]]) bit for bit
+    /// (from bm25_impacts with the same doc_norm). When set, the kernels read
+    /// a posting's contribution as weight * impacts[p] (one load, no division,
+    /// no random doc_norm read); results are identical either way.
+    const float* impacts = nullptr;
 };
 
 /// Per-term and per-block upper bounds of bm25_tf_part (see bm25_upper_bounds).
@@ -112,6 +118,10 @@ uint64_t bm25_block_offsets(const csr_view& csr, uint32_t block_size, uint64_t* 
 void bm25_upper_bounds(const bm25_view& data, uint32_t block_size,
                        const uint64_t* block_offsets, int n_threads, float* term_ub,
                        float* block_ub);
+
+/// impacts[p] = bm25_tf_part(tfs[p], doc_norm[doc_ids[p]]) for every posting
+/// (nnz floats). Requires doc ids < n_docs (checked). Parallel over terms.
+void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
 
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
 /// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.

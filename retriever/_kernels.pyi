@@ -96,6 +96,24 @@ def bm25_upper_bounds(
             ``block_size < 1``; array lengths disagree.
     """
 
+def bm25_impacts(
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    n_threads: int = 0,
+) -> _F32:
+    """Per-posting tf part of BM25 ("impacts" without the query weight):
+    float32 ``(nnz,)`` with ``impacts[p] = float32(tfs[p]) / (float32(tfs[p]) +
+    doc_norm[doc_ids[p]])``, exactly the float32 expression :func:`bm25_topk` computes,
+    so passing them to :func:`bm25_topk` changes no score. 4 bytes per posting.
+    Parallel over terms.
+
+    Raises:
+        ValueError: a doc id ``>= n_docs``; array lengths disagree; bad offsets.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
 def bm25_topk(
     offsets: _U64,
     doc_ids: _U32,
@@ -112,6 +130,7 @@ def bm25_topk(
     block_offsets: _U64 | None = None,
     block_ub: _F32 | None = None,
     block_size: int = 128,
+    impacts: _F32 | None = None,
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -145,6 +164,11 @@ def bm25_topk(
     scratch (window buffers, pooled dense accumulators for "exhaustive") is
     reused across the queries of a batch; a batch computes ``min(doc_norm)`` once
     (O(n_docs)) when ``nq * 4096 >= n_docs``.
+
+    ``impacts``: optional float32 ``(nnz,)`` from :func:`bm25_impacts` with the same
+    ``doc_norm``; each posting's tf part is then read instead of computed (no
+    division, no random ``doc_norm`` read; bit-identical scores). Inconsistent
+    impacts give wrong results, never a memory error.
 
     The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
     ``block_size``). Pruning is safe: a document is discarded only when an upper

@@ -93,6 +93,26 @@ def test_algorithms_identical(bm25_index):
         np.testing.assert_array_equal(a.scores, b.scores)
 
 
+def test_per_call_k1_b_equal_an_index_built_with_them(tmp_path, small_corpus, bm25_index):
+    """k1/b given per call (impacts and bounds built on demand) score like an index built with
+    those parameters; the index's own parameters are unaffected afterwards."""
+    cfg = BuildConfig(legs=("bm25",), bm25=BM25Params(k1=1.2, b=0.75))
+    build_index(small_corpus, tmp_path / "kb", cfg, show_progress=False)
+    want = Retriever.open(tmp_path / "kb").search_arrays(QUERIES, k=10, mode="bm25")
+    r = Retriever.open(bm25_index)
+    default = r.search_arrays(QUERIES, k=10, mode="bm25")
+    for algo in ("exhaustive", "maxscore", "bmw"):
+        got = r.search_arrays(QUERIES, k=10, mode="bm25", leg_params={"bm25": {"k1": 1.2, "b": 0.75, "algorithm": algo}})
+        np.testing.assert_array_equal(got.ids, want.ids)
+        np.testing.assert_array_equal(got.scores, want.scores)
+    assert not np.array_equal(default.scores, want.scores)
+    again = r.search_arrays(QUERIES, k=10, mode="bm25")
+    np.testing.assert_array_equal(again.scores, default.scores)
+    from index.errors import QueryError
+    with pytest.raises(QueryError, match="b must be"):
+        r.search_arrays(QUERIES, k=10, mode="bm25", leg_params={"bm25": {"b": 1.5}})
+
+
 def test_ties_broken_by_corpus_order(tmp_path):
     docs = [{"_id": f"x{i}", "text": "alpha beta"} for i in range(5)] + [{"_id": "y", "text": "alpha"}]
     build_index(docs, tmp_path / "i", legs=("bm25",), show_progress=False)

@@ -27,7 +27,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
-KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk",
+KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk"}
 
@@ -150,6 +150,9 @@ def test_fuzz_bm25_upper_bounds(data):
     if res is not None:
         term_ub, boff, bub = res
         assert len(term_ub) == len(offsets) - 1 and len(boff) == len(offsets) and len(bub) == int(boff[-1])
+    imp = _call(K.bm25_impacts, offsets, doc_ids, tfs, norm, n_threads=data.draw(st.integers(0, 3)))
+    if imp is not None:
+        assert imp.shape == doc_ids.shape
 
 
 @SETTINGS
@@ -176,6 +179,14 @@ def test_fuzz_bm25_topk(data):
                 bounds[which] = arr
             if data.draw(st.integers(0, 5)) == 0:
                 bounds["block_size"] = data.draw(st.sampled_from([1, 3, 128]))
+    if data.draw(st.booleans()):  # impacts: exact, wrong length, or arbitrary values
+        how = data.draw(st.sampled_from(["exact", "exact", "short", "random"]))
+        if how == "random":
+            bounds["impacts"] = _f32(data.draw, len(doc_ids))
+        else:
+            imp = _call(K.bm25_impacts, offsets, doc_ids, tfs, norm, n_threads=1)
+            if imp is not None:
+                bounds["impacts"] = imp[:-1] if how == "short" and len(imp) else imp
     allow = None
     if data.draw(st.integers(0, 3)) == 0:
         allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))

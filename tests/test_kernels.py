@@ -10,6 +10,7 @@ each other and across thread counts.
 from __future__ import annotations
 
 import ast
+import itertools
 import pathlib
 import re
 import threading
@@ -133,11 +134,11 @@ def bounds_for(c, block_size):
                                block_size=block_size)
 
 
-def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128):
-    kw = {}
+def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None):
+    kw = {} if impacts is None else {"impacts": impacts}
     if algorithm != "exhaustive":
         term_ub, block_offsets, block_ub = bounds
-        kw = dict(term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub,
+        kw.update(term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub,
                   block_size=block_size)
     return K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
                        n_threads=n_threads, allow=allow, algorithm=algorithm, **kw)
@@ -155,10 +156,11 @@ def check_all_bm25(c, q, k, allow, block_size, threads=(1, 4), algorithms=ALGORI
     ref64 = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow,
                           exact=False)
     bounds = bounds_for(c, block_size)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
     first = None
-    for algorithm in algorithms:
-        for n_threads in threads:
-            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size)
+    for algorithm, n_threads, imp in itertools.product(algorithms, threads, (None, impacts)):
+        if True:
+            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size, imp)
             ids, scores, n_found = got
             assert ids.shape == (len(q[0]) - 1, k) and ids.dtype == np.int64
             assert scores.shape == ids.shape and scores.dtype == np.float32
@@ -364,6 +366,20 @@ def test_upper_bounds_match_reference(seed, n_docs, n_terms, block_size, n_threa
     ref = bm25_upper_bounds_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], block_size)
     assert [a.dtype for a in got] == [np.float32, np.uint64, np.float32]
     assert_same(got, ref)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_bm25_impacts_equal_the_float32_formula(seed):
+    """impacts[p] == float32(tf) / (float32(tf) + doc_norm[d]), evaluated here in numpy float32."""
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, 300, 40, 0.1, ties=bool(seed % 2))
+    imp = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], n_threads=2)
+    tf = c["tfs"].astype(np.float32)
+    want = tf / (tf + c["doc_norm"][c["doc_ids"]])
+    assert imp.dtype == np.float32 and imp.shape == c["doc_ids"].shape
+    np.testing.assert_array_equal(imp, want)
+    with pytest.raises(ValueError, match="impacts"):
+        run_bm25(c, make_queries(rng, 40, 3, 4), 5, "exhaustive", impacts=imp[:-1])
 
 
 def test_upper_bounds_reject_bad_doc_norm():

@@ -12,7 +12,7 @@ otherwise the exact length. avgdl is always the exact mean length.
 from __future__ import annotations
 
 import os
-from collections import Counter
+from collections import Counter, OrderedDict
 from typing import Sequence
 
 import numpy as np
@@ -102,19 +102,43 @@ class BM25Leg:
         self.idf = np.log1p((self.N - df + 0.5) / (df + 0.5)).astype(np.float32)
         self._idf_list: list[float] = self.idf.tolist()
         self._token_ids: dict[str, int] = {}
-        k1, b = self.params.k1, self.params.b
-        self.kernel_shards = []
+        self._dl = []
         for (s, a) in self.shards:
             dl = a["doc_len"].astype(np.int64)
-            if self.params.lucene_norms:
-                dl = lucene_norm_length(dl)
-            avg = self.avgdl if self.avgdl > 0 else 1.0
+            self._dl.append(lucene_norm_length(dl) if self.params.lucene_norms else dl)
+        self._scoring_cache: OrderedDict[tuple[float, float], list[dict]] = OrderedDict()
+        self.kernel_shards = self._scoring(self.params.k1, self.params.b)
+
+    #: scoring states kept for per-call ``k1``/``b`` other than the index's (LRU).
+    SCORING_CACHE = 2
+
+    def _scoring(self, k1: float, b: float) -> list[dict]:
+        """Per-shard arrays the kernel needs for (k1, b): doc_norm f32[n_docs],
+        impacts f32[nnz] (``tf/(tf + doc_norm[d])`` per posting, 4 bytes per posting) and the
+        MaxScore / block-max upper bounds. The index's own (k1, b) is built at open and kept;
+        other pairs are built on first use and cached (at most :attr:`SCORING_CACHE`)."""
+        key = (float(k1), float(b))
+        if getattr(self, "kernel_shards", None) is not None and key == (float(self.params.k1), float(self.params.b)):
+            return self.kernel_shards
+        hit = self._scoring_cache.get(key)
+        if hit is not None:
+            self._scoring_cache.move_to_end(key)
+            return hit
+        out = []
+        avg = self.avgdl if self.avgdl > 0 else 1.0
+        for (s, a), dl in zip(self.shards, self._dl):
             norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
             term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
                 a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
-            self.kernel_shards.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
-                                       "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
-                                       "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub})
+            impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
+            out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
+                        "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
+                        "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub})
+        if getattr(self, "kernel_shards", None) is not None:
+            self._scoring_cache[key] = out
+            while len(self._scoring_cache) > self.SCORING_CACHE:
+                self._scoring_cache.popitem(last=False)
+        return out
 
     def prepare(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Leg interface: analyse the batch (see :meth:`query_terms`)."""
@@ -156,11 +180,31 @@ class BM25Leg:
         return i
 
     def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
-               allow: list[np.ndarray | None] | None = None, algorithm: str = "maxscore"):
-        """Top-``depth`` per query from every shard (global ordinals), one list per shard."""
+               allow: list[np.ndarray | None] | None = None, algorithm: str = "maxscore",
+               k1: float | None = None, b: float | None = None):
+        """Top-``depth`` per query from every shard (global ordinals), one list per shard.
+
+        Args:
+            batch: from :meth:`query_terms`.
+            algorithm: ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or ``"bmm"`` (same results).
+            k1, b: BM25 parameters for this call (default: the index's). Other values build
+                per-posting impacts and bounds for them on first use (O(nnz), cached).
+
+        Raises:
+            QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]).
+        """
         q_offsets, q_terms, q_weights = batch
+        shards = self.kernel_shards
+        if k1 is not None or b is not None:
+            from index.config import BM25Params
+            from index.errors import ConfigError, QueryError
+            try:
+                p = BM25Params(k1=self.params.k1 if k1 is None else k1, b=self.params.b if b is None else b)
+            except ConfigError as e:
+                raise QueryError(str(e)) from None
+            shards = self._scoring(p.k1, p.b)
         parts = []
-        for si, ks in enumerate(self.kernel_shards):
+        for si, ks in enumerate(shards):
             if len(q_terms) and q_terms.max() >= ks["n_terms"]:
                 keep = q_terms < ks["n_terms"]
                 counts = np.add.reduceat(keep.astype(np.int64), q_offsets[:-1].astype(np.int64)) \
@@ -175,7 +219,8 @@ class BM25Leg:
             ids, scores, n_found = _kernels.bm25_topk(
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
                 n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algorithm,
-                term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"])
+                term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
+                impacts=ks["impacts"])
             ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
         return parts
