@@ -71,9 +71,11 @@ struct dense_accumulator {
         }
     }
     void clear_touched() {
+        float* a = acc.data();  // locals: the uint8 stores would force reloads
+        uint8_t* s = seen.data();
         for (uint32_t d : touched) {
-            acc[d] = 0.0f;
-            seen[d] = 0;
+            a[d] = 0.0f;
+            s[d] = 0;
         }
         touched.clear();
     }
@@ -281,6 +283,9 @@ constexpr uint32_t kTfTable = 32;
 
 /// Postings ahead of the current one whose doc_norm is prefetched.
 constexpr uint64_t kPrefetch = 16;
+/// Exhaustive scoring prefetches accumulator entries only above this many
+/// documents (below, acc + seen fit in the L2 cache).
+constexpr size_t kPrefetchMinDocs = size_t{1} << 16;
 
 inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
     if (c.pos + kPrefetch < c.end) __builtin_prefetch(doc_norm + c.docs[c.pos + kPrefetch]);
@@ -331,15 +336,18 @@ class bm25_worker {
 
     // ---- exhaustive: term-at-a-time ------------------------------------
     void exhaustive(uint64_t b, uint64_t e) {
+        // Prefetching pays only when the accumulator does not sit in cache.
+        const bool pf = m_data.n_docs > kPrefetchMinDocs;
         if (m_imp != nullptr) {
-            exhaustive_impl<true>(b, e);
+            pf ? exhaustive_impl<true, true>(b, e) : exhaustive_impl<true, false>(b, e);
         } else {
-            exhaustive_impl<false>(b, e);
+            pf ? exhaustive_impl<false, true>(b, e) : exhaustive_impl<false, false>(b, e);
         }
     }
 
-    /// kImp: contributions from the precomputed impacts (no doc_norm reads).
-    template <bool kImp>
+    /// kImp: contributions from the precomputed impacts (no doc_norm reads);
+    /// kPf: prefetch the accumulator entries kPrefetch postings ahead.
+    template <bool kImp, bool kPf>
     void exhaustive_impl(uint64_t b, uint64_t e) {
         dense_accumulator& A = m_acc.get();
         A.ensure(m_data.n_docs);
@@ -365,7 +373,7 @@ class bm25_worker {
             const float w = m_q.q_weights[i];
             const uint64_t pe = offsets[t + 1];
             for (uint64_t p = offsets[t]; p < pe; ++p) {
-                if (p + kPrefetch < pe) {
+                if (kPf && p + kPrefetch < pe) {
                     const uint32_t ahead = doc_ids[p + kPrefetch];
                     if (!kImp) __builtin_prefetch(norm + ahead);
                     __builtin_prefetch(acc + ahead, 1);
@@ -381,10 +389,18 @@ class bm25_worker {
             }
         }
         A.touched.resize(n_touched);
-        for (uint32_t d : A.touched) {
-            if (allowed(d)) m_heap.push(acc[d], d);
+        // Only scores >= the heap's k-th score can enter (equal ones by doc id).
+        // Selection and clearing in one pass over touched.
+        float thr = m_heap.threshold();
+        for (size_t i = 0; i < n_touched; ++i) {
+            const uint32_t d = touched[i];
+            const float sc = acc[d];
+            acc[d] = 0.0f;
+            seen[d] = 0;
+            if (sc < thr) continue;
+            if (allowed(d) && m_heap.push(sc, d)) thr = m_heap.threshold();
         }
-        A.clear_touched();
+        A.touched.clear();
     }
 
     // ---- cursor set-up shared by the DAAT algorithms -------------------

@@ -9,7 +9,7 @@ import numpy as np
 
 from index.errors import QueryError
 
-from .fusion import RRF, Linear, fuse, tie_ranks
+from .fusion import RRF, Linear, fuse
 from .results import BatchResult, LegArrays
 from .shards import IndexReader
 from .topk import merge_topk
@@ -107,9 +107,7 @@ class Engine:
         if len(names) == 1:
             name = names[0]
             ids, scores, n_found = per_leg[name]
-            ranks = np.zeros(ids.shape, np.int32)
-            for q in range(nq):
-                ranks[q, :n_found[q]] = tie_ranks(scores[q], int(n_found[q]))
+            ranks = _tie_ranks_rows(scores, n_found)
             legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
             fusion_cfg = None
         else:
@@ -117,6 +115,23 @@ class Engine:
             fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
         return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
+
+
+def _tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
+    """:func:`tie_ranks` for every row at once: scores float32 (nq, k), rows sorted descending,
+    n_found int (nq,) → int32 (nq, k) 1-based ranks, equal scores sharing the best position,
+    0 past n_found."""
+    nq, k = scores.shape
+    ranks = np.zeros((nq, k), np.int32)
+    if nq == 0 or k == 0:
+        return ranks
+    pos = np.arange(k, dtype=np.int32)
+    new = np.ones((nq, k), bool)
+    new[:, 1:] = scores[:, 1:] != scores[:, :-1]
+    np.maximum.accumulate(np.where(new, pos, 0), axis=1, out=ranks)
+    ranks += 1
+    ranks[pos[None, :] >= np.asarray(n_found)[:, None]] = 0
+    return ranks
 
 
 def _scatter(res: tuple[np.ndarray, np.ndarray, np.ndarray], blank: np.ndarray, k: int):

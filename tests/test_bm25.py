@@ -160,3 +160,16 @@ def test_save_open_in_fresh_process_identical(bm25_index):
                          capture_output=True, text=True, check=True)
     there = json.loads(out.stdout)
     assert [[tuple(x) for x in hs] for hs in there] == here
+
+
+def test_query_terms_vectorised_equals_loop(bm25_index):
+    """Batches counted with numpy give the same ragged arrays as the per-query loop."""
+    leg = Retriever.open(bm25_index).engine.legs["bm25"]
+    qs = (QUERIES + ["", "gene gene GENE genes therapy gene", "zzzunknown heart"]) * 3
+    assert len(qs) >= leg.VECTORISE_MIN
+    got = leg.query_terms(qs)
+    want = leg._query_terms_loop([leg.analyzer.tokenize(q) for q in qs])
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    assert len(got[1]) > 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict
+from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -147,21 +148,54 @@ class BM25Leg:
     def query_terms(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Analyse queries into a ragged batch.
 
+        Tokens map to term ids through a cache (token → id, filled on first sight by the
+        analyzer's stop-word / stemming / vocabulary lookup); batches of
+        :attr:`VECTORISE_MIN` or more queries are then deduplicated and counted with numpy,
+        smaller ones in a plain loop (same output).
+
         Returns:
             ``(q_offsets u64[nq+1], q_terms u32[m], q_weights f32[m])``: unique known terms per
-            query in first-occurrence order, weight = occurrences · idf.
+            query in first-occurrence order, weight = float32(occurrences · idf) (product in
+            float64).
         """
+        tokenize = self.analyzer.tokenize
+        toks = [tokenize(q) for q in queries]
+        if len(toks) < self.VECTORISE_MIN:
+            return self._query_terms_loop(toks)
+        nq = len(toks)
+        lens = np.fromiter(map(len, toks), np.int64, nq)
+        flat = list(chain.from_iterable(toks))
+        ids_l = list(map(self._token_ids.get, flat))
+        if None in ids_l:
+            ids_l = [self._token_id(t) if i is None else i for t, i in zip(flat, ids_l)]
+        ids = np.array(ids_l, dtype=np.int64)
+        qidx = np.repeat(np.arange(nq, dtype=np.int64), lens)
+        keep = ids >= 0
+        ids, qidx = ids[keep], qidx[keep]
+        # one key per (query, term); np.unique's first index restores first-occurrence order
+        _, first, counts = np.unique(qidx * (len(self.idf) + 1) + ids, return_index=True, return_counts=True)
+        order = np.argsort(first, kind="stable")
+        at = first[order]
+        terms = ids[at]
+        weights = (counts[order].astype(np.float64) * self.idf[terms].astype(np.float64)).astype(np.float32)
+        offsets = np.zeros(nq + 1, dtype=np.uint64)
+        np.cumsum(np.bincount(qidx[at], minlength=nq), out=offsets[1:])
+        return offsets, terms.astype(np.uint32), weights
+
+    #: query batches at least this large are counted with numpy in :meth:`query_terms`.
+    VECTORISE_MIN = 16
+
+    def _query_terms_loop(self, toks: list[list[str]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`query_terms` for tokenised queries, one query at a time."""
         offsets = [0]
         terms: list[int] = []
         weights: list[float] = []
         idf = self._idf_list
-        tokenize = self.analyzer.tokenize
         get = self._token_ids.get
-        for q in queries:
-            toks = tokenize(q)
-            ids = list(map(get, toks))
+        for qt in toks:
+            ids = list(map(get, qt))
             if None in ids:
-                ids = [self._token_id(t) if i is None else i for t, i in zip(toks, ids)]
+                ids = [self._token_id(t) if i is None else i for t, i in zip(qt, ids)]
             for i, c in Counter(ids).items():  # first-occurrence order
                 if i >= 0:
                     terms.append(i)
