@@ -267,11 +267,15 @@ struct posting_cursor {
 
 /// Doc-id window of the window-at-a-time MaxScore, and the most query terms
 /// it handles (one bit each in a uint64 mask); longer queries run DAAT.
-constexpr uint32_t kWindow = 4096;
+constexpr uint32_t kWindow = 16384;
 constexpr size_t kMaxWindowLists = 64;
 /// Below this many essential postings per window (on average over the
 /// query), maxscore() runs document-at-a-time instead.
-constexpr uint64_t kMinWindowPostings = 256;
+constexpr uint64_t kMinWindowPostings = 1024;
+
+/// Window candidates up to this many are sorted; more are collected in doc
+/// order from the window's live bitmap.
+constexpr size_t kSortCandidatesMax = 512;
 
 /// Threshold priming reads at most max(kPrimeBudget, 4 k) postings per query
 /// (never more than kPrimeBudgetMax).
@@ -311,9 +315,18 @@ class bm25_worker {
         if (e > b) {
             bool negative = false;
             for (uint64_t i = b; i < e; ++i) negative |= (m_q.q_weights[i] < 0.0f);
-            if (m_algo == bm25_algorithm::exhaustive || negative || m_bounds == nullptr) {
+            bm25_algorithm algo = m_algo;
+            if (algo == bm25_algorithm::automatic) {
+                uint64_t total = 0;
+                for (uint64_t i = b; i < e; ++i) {
+                    const uint32_t t = m_q.q_terms[i];
+                    total += m_data.csr.offsets[t + 1] - m_data.csr.offsets[t];
+                }
+                algo = total <= m_auto_limit ? bm25_algorithm::exhaustive : bm25_algorithm::maxscore;
+            }
+            if (algo == bm25_algorithm::exhaustive || negative || m_bounds == nullptr) {
                 exhaustive(b, e);
-            } else if (m_algo == bm25_algorithm::maxscore) {
+            } else if (algo == bm25_algorithm::maxscore) {
                 maxscore(b, e);
             } else if (m_algo == bm25_algorithm::block_max_maxscore) {
                 block_max_maxscore(b, e);
@@ -785,21 +798,36 @@ class bm25_worker {
                 c.refresh();
             }
 
-            // candidates in doc order
-            if (n_ess == 1) {
-                cand.assign(touched_p, touched_p + n_touched);
-            } else if (n_touched <= 24) {
-                cand.assign(touched_p, touched_p + n_touched);
-                std::sort(cand.begin(), cand.end());
-            } else {
-                cand.clear();
-                for (uint32_t off = 0; off < kWindow; off += 8) {
-                    uint64_t word;
-                    std::memcpy(&word, live + off, 8);
-                    while (word != 0) {
-                        const unsigned byte = static_cast<unsigned>(__builtin_ctzll(word)) >> 3;
-                        cand.push_back(off + byte);
-                        word &= ~(uint64_t{0xFF} << (byte * 8));
+            // Candidates in doc order: touched docs that can still reach thr
+            // with every non-essential list added (thr only rises, so this
+            // filter never drops a doc the later checks would keep). Few
+            // survivors are sorted; many are collected from the live bitmap.
+            {
+                const double need0 = bc.cut(fe > 0 ? m_prefix[fe - 1] : 0.0, thr);
+                cand.resize(n_touched);
+                uint32_t* cp = cand.data();
+                size_t nc = 0;
+                for (size_t i = 0; i < n_touched; ++i) {  // branch-free filter
+                    const uint32_t off = touched_p[i];
+                    cp[nc] = off;
+                    nc += acc[off] >= need0;
+                }
+                cand.resize(nc);
+                if (n_ess > 1 && nc > 1) {
+                    if (nc <= kSortCandidatesMax) {
+                        std::sort(cand.begin(), cand.end());
+                    } else {
+                        cand.clear();
+                        for (uint32_t off = 0; off < kWindow; off += 8) {
+                            uint64_t word;
+                            std::memcpy(&word, live + off, 8);
+                            while (word != 0) {
+                                const unsigned byte = static_cast<unsigned>(__builtin_ctzll(word)) >> 3;
+                                const uint32_t o = off + byte;
+                                if (acc[o] >= need0) cand.push_back(o);
+                                word &= ~(uint64_t{0xFF} << (byte * 8));
+                            }
+                        }
                     }
                 }
             }
@@ -1112,6 +1140,9 @@ class bm25_worker {
     size_t m_pass_fe = 0;
     const float* m_imp;  // precomputed impacts or null
     float m_norm_min;
+    // "auto": exhaustive up to this many postings per query; with computed
+    // (not precomputed) contributions the crossover is lower.
+    uint64_t m_auto_limit = m_imp != nullptr ? kAutoExhaustivePostings : kAutoExhaustivePostings / 4;
 };
 
 // ---------------------------------------------------------------------------
@@ -1205,7 +1236,8 @@ bm25_algorithm parse_bm25_algorithm(const std::string& name) {
     if (name == "maxscore") return bm25_algorithm::maxscore;
     if (name == "bmw") return bm25_algorithm::block_max_wand;
     if (name == "bmm") return bm25_algorithm::block_max_maxscore;
-    fail("algorithm must be one of 'exhaustive', 'maxscore', 'bmw', 'bmm'; got '" + name + "'");
+    if (name == "auto") return bm25_algorithm::automatic;
+    fail("algorithm must be one of 'auto', 'exhaustive', 'maxscore', 'bmw', 'bmm'; got '" + name + "'");
 }
 
 void check_csr(const csr_view& csr, uint64_t n_docs) {

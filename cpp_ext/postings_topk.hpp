@@ -83,9 +83,15 @@ struct topk_out {
     size_t k = 0;
 };
 
-enum class bm25_algorithm { exhaustive, maxscore, block_max_wand, block_max_maxscore };
+/// automatic: per query, exhaustive when the query's postings total at most
+/// kAutoExhaustivePostings, else maxscore (same results either way).
+enum class bm25_algorithm { exhaustive, maxscore, block_max_wand, block_max_maxscore, automatic };
 
-/// Parses "exhaustive" | "maxscore" | "bmw" | "bmm"; throws otherwise.
+/// Query posting total up to which "auto" scores exhaustively (measured
+/// crossover against MaxScore, see benchmarks/bench_bm25.py).
+constexpr uint64_t kAutoExhaustivePostings = 16384;
+
+/// Parses "exhaustive" | "maxscore" | "bmw" | "bmm" | "auto"; throws otherwise.
 bm25_algorithm parse_bm25_algorithm(const std::string& name);
 
 // ---- validation (throw std::invalid_argument) -------------------------------

@@ -125,7 +125,7 @@ def bm25_topk(
     k: int,
     n_threads: int = 0,
     allow: _U8 | None = None,
-    algorithm: Literal["exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
+    algorithm: Literal["auto", "exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
     term_ub: _F32 | None = None,
     block_offsets: _U64 | None = None,
     block_ub: _F32 | None = None,
@@ -151,9 +151,12 @@ def bm25_topk(
       candidates come only from the essential lists, the non-essential lists are
       probed only while a document can still reach the k-th score. Dense
       essential lists are evaluated window-at-a-time (term-at-a-time inside
-      windows of 4096 doc ids, as Lucene's MaxScoreBulkScorer), sparse ones
+      windows of 16384 doc ids, as Lucene's MaxScoreBulkScorer), sparse ones
       document-at-a-time with galloping seeks. Needs ``term_ub``. Usually the
       fastest.
+    * ``"auto"``: per query, ``"exhaustive"`` when the query's posting lists total at
+      most 16,384 postings (4,096 without ``impacts``), else ``"maxscore"``. Needs
+      ``term_ub``.
     * ``"bmw"``: Block-Max WAND (Ding & Suel 2011). Needs all three bounds.
     * ``"bmm"``: block-max MaxScore, document-at-a-time: MaxScore whose essential
       lists skip whole blocks by their block bounds. Needs all three bounds.

@@ -86,7 +86,7 @@ def test_scores_equal_formula_and_topk_equals_brute_force(tmp_path, lucene_norms
 
 def test_algorithms_identical(bm25_index):
     r = Retriever.open(bm25_index)
-    for algo in ("maxscore", "bmw"):
+    for algo in ("maxscore", "bmw", "bmm", "auto"):
         a = r.search_arrays(QUERIES, k=7, mode="bm25", leg_params={"bm25": {"algorithm": "exhaustive"}})
         b = r.search_arrays(QUERIES, k=7, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
         np.testing.assert_array_equal(a.ids, b.ids)

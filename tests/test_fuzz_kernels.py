@@ -164,7 +164,7 @@ def test_fuzz_bm25_topk(data):
     norm = _f32(data.draw, n_docs)
     q_offsets, q_terms, q_weights = data.draw(queries(n_terms))
     k = data.draw(st.sampled_from([1, 2, 5, 50, 0, -3]))
-    algo = data.draw(st.sampled_from(["exhaustive", "maxscore", "bmw", "bmm", "bogus"]))
+    algo = data.draw(st.sampled_from(["exhaustive", "maxscore", "bmw", "bmm", "auto", "bogus"]))
     bounds = {}
     if data.draw(st.booleans()):
         ub = _call(K.bm25_upper_bounds, offsets, doc_ids, tfs, norm, block_size=4, n_threads=1)

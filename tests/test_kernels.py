@@ -54,8 +54,8 @@ except ImportError:  # the package __init__ may need deps that are not installed
     sys.modules["retriever._kernels"] = K
     _spec.loader.exec_module(K)
 
-ALGORITHMS = ("exhaustive", "maxscore", "bmw", "bmm")
-PRUNING = ("maxscore", "bmw", "bmm")
+ALGORITHMS = ("exhaustive", "maxscore", "bmw", "bmm", "auto")
+PRUNING = ("maxscore", "bmw", "bmm", "auto")
 
 
 # ---------------------------------------------------------------------------
@@ -244,10 +244,10 @@ def test_bm25_long_queries_and_many_windows():
     for k in (1, 10, 200):
         check_all_bm25(c, q, k, None, 8, threads=(1, 3))
     rng = np.random.default_rng(301)
-    c = make_corpus(rng, 30000, 60, density=0.3, zipf=True)
+    c = make_corpus(rng, 70000, 60, density=0.3, zipf=True)  # 5 windows of 16384 doc ids
     q = make_queries(rng, 60, 30, 8, repeats=False)
     for k, allow_mode in [(10, "none"), (50, "random")]:
-        check_all_bm25(c, q, k, make_allow(rng, 30000, allow_mode), 32, threads=(1, 2))
+        check_all_bm25(c, q, k, make_allow(rng, 70000, allow_mode), 32, threads=(1, 2))
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -214,13 +214,16 @@ class BM25Leg:
         return i
 
     def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
-               allow: list[np.ndarray | None] | None = None, algorithm: str = "maxscore",
+               allow: list[np.ndarray | None] | None = None, algorithm: str = "auto",
                k1: float | None = None, b: float | None = None):
         """Top-``depth`` per query from every shard (global ordinals), one list per shard.
 
         Args:
             batch: from :meth:`query_terms`.
-            algorithm: ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or ``"bmm"`` (same results).
+            algorithm: ``"auto"`` (default: exhaustive term-at-a-time for queries whose lists
+                are short, MaxScore otherwise; the fastest exact choice in
+                ``benchmarks/bench_bm25.py``), ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or
+                ``"bmm"``. All return identical ids and scores.
             k1, b: BM25 parameters for this call (default: the index's). Other values build
                 per-posting impacts and bounds for them on first use (O(nnz), cached).
 
