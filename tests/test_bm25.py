@@ -174,27 +174,3 @@ def test_query_terms_vectorised_equals_loop(bm25_index):
         np.testing.assert_array_equal(a, b)
     assert len(got[1]) > 0
 
-
-@pytest.mark.parametrize("shard_size", [None, 64])
-def test_pipelined_analysis_identical(tmp_path, small_corpus, bm25_index, shard_size):
-    """Large batches on >= 2 threads are analysed chunk by chunk while the kernel runs; results
-    equal one-thread (analyse-first) results, also over several shards."""
-    path = bm25_index
-    if shard_size:
-        path = tmp_path / "s"
-        build_index(small_corpus, path, legs=("bm25",), shard_size=shard_size, show_progress=False)
-    r = Retriever.open(path)
-    leg = r.engine.legs["bm25"]
-    qs = [f"{a} {b}" for a in QUERIES for b in QUERIES] * 5  # 245 queries
-    assert len(qs) >= 2 * leg.PIPELINE_CHUNK and len(qs) >= leg.PIPELINE_MIN
-    one = r.search_arrays(qs, k=10, mode="bm25", n_threads=1)
-    for t in (2, 3):
-        many = r.search_arrays(qs, k=10, mode="bm25", n_threads=t)
-        np.testing.assert_array_equal(one.ids, many.ids)
-        np.testing.assert_array_equal(one.scores, many.scores)
-        np.testing.assert_array_equal(one.n_found, many.n_found)
-    direct = leg.search(leg.query_terms(qs), 10, 1)
-    piped = leg.search(leg.prepare(qs), 10, 2)
-    for a, b in zip(direct, piped):
-        for x, y in zip(a, b):
-            np.testing.assert_array_equal(x, y)

@@ -12,10 +12,7 @@ otherwise the exact length. avgdl is always the exact mean length.
 from __future__ import annotations
 
 import os
-import threading
-import time
 from collections import Counter, OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from itertools import chain
 from typing import Sequence
 
@@ -144,18 +141,8 @@ class BM25Leg:
                 self._scoring_cache.popitem(last=False)
         return out
 
-    #: batches of at least this many queries are analysed inside :meth:`search`, chunk by chunk,
-    #: overlapping the kernel when it has two or more threads.
-    PIPELINE_MIN = 64
-    #: queries per chunk of the analysis/kernel pipeline (at least; at most 8 chunks).
-    PIPELINE_CHUNK = 32
-
-    def prepare(self, queries: Sequence[str]) -> "tuple[np.ndarray, np.ndarray, np.ndarray] | DeferredQueries":
-        """Leg interface: analyse the batch (see :meth:`query_terms`); batches of
-        :attr:`PIPELINE_MIN` or more are returned unanalysed (:class:`DeferredQueries`) and
-        analysed by :meth:`search`, so that analysis overlaps the kernel on multiple threads."""
-        if len(queries) >= self.PIPELINE_MIN:
-            return DeferredQueries(list(queries))
+    def prepare(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Leg interface: analyse the batch (see :meth:`query_terms`)."""
         return self.query_terms(queries)
 
     def query_terms(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -226,7 +213,7 @@ class BM25Leg:
         self._token_ids[token] = i
         return i
 
-    def search(self, batch: "tuple[np.ndarray, np.ndarray, np.ndarray] | DeferredQueries", depth: int, n_threads: int,
+    def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
                allow: list[np.ndarray | None] | None = None, algorithm: str = "auto",
                k1: float | None = None, b: float | None = None):
         """Top-``depth`` per query from every shard (global ordinals), one list per shard.
@@ -240,11 +227,6 @@ class BM25Leg:
             k1, b: BM25 parameters for this call (default: the index's). Other values build
                 per-posting impacts and bounds for them on first use (O(nnz), cached).
 
-        With :class:`DeferredQueries` and ``n_threads >= 2`` the queries are analysed in chunks
-        on the calling thread while a second thread runs the kernel on the chunks already
-        analysed (``n_threads - 1`` kernel threads while analysis goes on, ``n_threads`` after);
-        results are identical to analysing first (every query is scored independently).
-
         Raises:
             QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]).
         """
@@ -257,34 +239,7 @@ class BM25Leg:
             except ConfigError as e:
                 raise QueryError(str(e)) from None
             shards = self._scoring(p.k1, p.b)
-        if isinstance(batch, DeferredQueries):
-            qs = batch.queries
-            if n_threads < 2 or len(qs) < 2 * self.PIPELINE_CHUNK:
-                return self._search_shards(self.query_terms(qs), shards, depth, n_threads, allow, algorithm)
-            return self._pipelined(qs, shards, depth, n_threads, allow, algorithm)
         return self._search_shards(batch, shards, depth, n_threads, allow, algorithm)
-
-    def _pipelined(self, qs: list[str], shards: list[dict], depth: int, n_threads: int,
-                   allow: list[np.ndarray | None] | None, algorithm: str):
-        """Analysis of chunk i+1 (this thread, GIL) overlapping the kernel on chunk i (a worker
-        thread; the kernel releases the GIL). Per-shard results concatenated in query order."""
-        size = max(self.PIPELINE_CHUNK, -(-len(qs) // 8))
-        analysed = threading.Event()
-
-        def run(b):
-            return self._search_shards(b, shards, depth, n_threads if analysed.is_set() else n_threads - 1,
-                                       allow, algorithm)
-
-        futures = []
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            try:
-                for i in range(0, len(qs), size):
-                    futures.append(pool.submit(run, self.query_terms(qs[i:i + size])))
-                    time.sleep(0)  # yield the GIL so the worker can enter the kernel now
-            finally:
-                analysed.set()
-            chunks = [f.result() for f in futures]
-        return [tuple(np.concatenate([c[si][j] for c in chunks]) for j in range(3)) for si in range(len(shards))]
 
     def _search_shards(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], shards: list[dict], depth: int,
                        n_threads: int, allow: list[np.ndarray | None] | None, algorithm: str):
@@ -311,15 +266,6 @@ class BM25Leg:
             ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
         return parts
-
-
-class DeferredQueries:
-    """Query strings whose analysis :meth:`BM25Leg.search` does itself (see :meth:`BM25Leg.prepare`)."""
-
-    __slots__ = ("queries",)
-
-    def __init__(self, queries: list[str]) -> None:
-        self.queries = queries
 
 
 def _fmt_error(path, msg):
