@@ -35,6 +35,64 @@ def impact_scale(max_weight: float) -> float:
     return float(max_weight) / IMPACT_MAX if max_weight > 0 else 1.0
 
 
+def check_doc_vectors(indptr: Any, terms: Any, weights: Any, vocab_size: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate user-supplied document vectors (CSR) and return them in the stored form.
+
+    Same policy as the query-side ``retriever.legs.sparse.csr_batch``: indices may be unsorted
+    (each row is sorted here); duplicate indices within a row, length mismatches, indices outside
+    ``[0, vocab_size)``, NaN/inf or negative weights are errors; zero weights are dropped.
+
+    Args:
+        indptr: integer (n+1,), non-decreasing from 0 to ``len(terms)``.
+        terms: integer (nnz,) term ids; weights: float (nnz,).
+        vocab_size: the sparse model's vocabulary size.
+
+    Returns:
+        ``(indptr int64 (n+1,), terms uint32 (nnz',), weights float32 (nnz',))``, terms ascending
+        per row, all weights > 0.
+
+    Raises:
+        ValueError: naming the row and the offending value (callers wrap it in their error class).
+    """
+    indptr = np.asarray(indptr).reshape(-1)
+    terms = np.asarray(terms).reshape(-1)
+    weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(indptr) < 1 or not np.issubdtype(indptr.dtype, np.integer):
+        raise ValueError("indptr must be a non-empty integer array")
+    if len(terms) != len(weights):
+        raise ValueError(f"{len(terms)} term ids but {len(weights)} weights")
+    if len(terms) and not np.issubdtype(terms.dtype, np.integer):
+        raise ValueError(f"term ids must be integers, got dtype {terms.dtype}")
+    indptr = indptr.astype(np.int64)
+    if indptr[0] != 0 or indptr[-1] != len(terms) or (np.diff(indptr) < 0).any():
+        raise ValueError(f"indptr must rise from 0 to {len(terms)} (got {indptr[0]} .. {indptr[-1]})")
+    terms = terms.astype(np.int64)
+    row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    bad = (terms < 0) | (terms >= vocab_size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: term id {terms[i]} outside the vocabulary [0, {vocab_size})")
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: weight {float(weights[i])!r} is not finite")
+    bad = weights < 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: negative weight {float(weights[i])!r} (learned-sparse weights must be >= 0)")
+    order = np.lexsort((terms, row))
+    terms, weights, row = terms[order], weights[order], row[order]
+    dup = (terms[1:] == terms[:-1]) & (row[1:] == row[:-1])
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0]) + 1
+        raise ValueError(f"row {row[i]}: duplicate term id {terms[i]}")
+    keep = weights > 0
+    out_ptr = np.zeros(len(indptr), np.int64)
+    np.cumsum(np.bincount(row[keep], minlength=len(indptr) - 1), out=out_ptr[1:])
+    return out_ptr, terms[keep].astype(np.uint32), weights[keep].astype(np.float32)
+
+
 @nb.njit(cache=True)
 def _quantise(weights, scale, out):
     inv = 1.0 / scale
