@@ -91,39 +91,6 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
             else:
                 out.append(f"| {name} | {m.get('status', 'n/a')} | | |")
         out.append("")
-    sp = docs.get("sparse")
-    rep = (sp or {}).get("results", {}).get("reports", {}).get("sparse.json")
-    if sp and sp["status"] == "ok" and rep and rep.get("results"):
-        cols = rep["results"]
-        fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)
-        for ax, c in zip(axes[0], cols):
-            for eng, marker in (("retriever-seismic", "o"), ("pyseismic", "s"), ("bmp", "^"),
-                                ("retriever-exact", "*"), ("scipy-exact", "x")):
-                pts = sorted((r["recall@10"], r["cpu_qps"]) for r in c["rows"] if r.get("engine") == eng and "qps" in r)
-                if not pts:
-                    continue
-                if eng in ("retriever-seismic", "pyseismic"):  # the Pareto front of the sweep
-                    front, best = [], 0.0
-                    for x, y in sorted(pts, key=lambda p: -p[0]):
-                        if y > best:
-                            front.append((x, y))
-                            best = y
-                    ax.plot([p[0] for p in front], [p[1] for p in front], marker=marker, label=f"{eng} (front)")
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="", alpha=0.25)
-                else:
-                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="-" if len(pts) > 1 else "",
-                            label=eng)
-            ax.set_xlabel("recall@10 vs exact")
-            ax.set_ylabel("QPS (1 thread, CPU time)")
-            ax.set_yscale("log")
-            ax.set_xlim(0.5, 1.01)
-            ax.set_title(f"{c['collection']} ({c['n_docs']:,} docs)")
-            ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = Path(out) / "sparse_recall_qps.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
     ix = docs.get("indexing")
     if ix and ix["status"] == "ok":
         r = ix["results"]
@@ -282,6 +249,39 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_title("BM25")
         fig.tight_layout()
         p = Path(out) / "bm25_qps.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    sp = docs.get("sparse")
+    rep = (sp or {}).get("results", {}).get("reports", {}).get("sparse.json")
+    if sp and sp["status"] == "ok" and rep and rep.get("results"):
+        cols = rep["results"]
+        fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)
+        for ax, c in zip(axes[0], cols):
+            for eng, marker in (("retriever-seismic", "o"), ("pyseismic", "s"), ("bmp", "^"),
+                                ("retriever-exact", "*"), ("scipy-exact", "x")):
+                pts = sorted((r["recall@10"], r["cpu_qps"]) for r in c["rows"] if r.get("engine") == eng and "qps" in r)
+                if not pts:
+                    continue
+                if eng in ("retriever-seismic", "pyseismic"):  # the Pareto front of the sweep
+                    front, best = [], 0.0
+                    for x, y in sorted(pts, key=lambda p: -p[0]):
+                        if y > best:
+                            front.append((x, y))
+                            best = y
+                    ax.plot([p[0] for p in front], [p[1] for p in front], marker=marker, label=f"{eng} (front)")
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="", alpha=0.25)
+                else:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="-" if len(pts) > 1 else "",
+                            label=eng)
+            ax.set_xlabel("recall@10 vs exact")
+            ax.set_ylabel("QPS (1 thread, CPU time)")
+            ax.set_yscale("log")
+            ax.set_xlim(0.5, 1.01)
+            ax.set_title(f"{c['collection']} ({c['n_docs']:,} docs)")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = Path(out) / "sparse_recall_qps.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
         written.append(p)
