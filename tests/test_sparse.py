@@ -304,3 +304,28 @@ def test_build_index_precomputed_sparse_vectors_equal_encoded(tmp_path):
         x, y = r1.search_arrays(qs, k=10, mode="sparse"), r2.search_arrays(qs, k=10, mode="sparse")
         np.testing.assert_array_equal(x.ids, y.ids)
         np.testing.assert_array_equal(x.scores, y.scores)
+
+
+def test_exact_both_paths_match_scipy():
+    """Queries on either side of the dense-path switch (postings of the query's lists >= 2 per
+    document): a few rare terms (score-at-a-time with early termination) and many popular terms
+    (dense term-at-a-time), both equal to scipy's top-k."""
+    vocab = 300
+    docs, _ = synthetic(1500, vocab, seed=21)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=0, block_size=8,
+                            summary_energy=0.4, blocks=False)
+    df = np.diff(ix["offsets"].astype(np.int64))
+    by_df = np.argsort(-df, kind="stable")
+    rng = np.random.default_rng(4)
+    popular = [(by_df[:25], rng.lognormal(-0.8, 1.0, 25)) for _ in range(10)]
+    rare_pool = by_df[150:250][df[by_df[150:250]] > 0]
+    rare = [(rng.choice(rare_pool, 3, replace=False), rng.lognormal(-0.8, 1.0, 3)) for _ in range(10)]
+    qb = csr_batch(popular + rare, vocab)
+    tot = [df[qb[1][qb[0][i]:qb[0][i + 1]].astype(np.int64)].sum() for i in range(20)]
+    assert min(tot[:10]) >= 2 * 1500 and max(tot[10:]) < 2 * 1500  # both paths exercised
+    S = brute_topk(ix, scale, qb, vocab, 10)
+    for k in (1, 10, 100):
+        ids, scores, n_found = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, k, n_threads=1)
+        check_topk_matches(ids, scores, n_found, S, k)
