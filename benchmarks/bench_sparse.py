@@ -253,11 +253,13 @@ def run_pyseismic(docs, queries, truth, args):
     d_ptr, d_terms, d_w = docs
     q_ptr, q_terms, q_w = queries
     ds = SeismicDataset()
-    names = d_terms.astype(str).astype(st)
-    for i in range(len(d_ptr) - 1):
-        a, b = d_ptr[i], d_ptr[i + 1]
-        ds.add_document(str(i), names[a:b], d_w[a:b])
-    del names
+    n = len(d_ptr) - 1
+    for c in range(0, n, 10_000):  # term names converted per chunk (a 1M-document array would need ~44 GB)
+        e = min(c + 10_000, n)
+        names = d_terms[d_ptr[c]:d_ptr[e]].astype(str).astype(st)
+        for i in range(c, e):
+            a, b = d_ptr[i] - d_ptr[c], d_ptr[i + 1] - d_ptr[c]
+            ds.add_document(str(i), names[a:b], d_w[d_ptr[i]:d_ptr[i + 1]])
     nq = len(q_ptr) - 1
     qids = np.array([str(i) for i in range(nq)], dtype=st)
     # terms no document has contribute nothing; pyseismic is given only known tokens
@@ -297,12 +299,14 @@ def run_bmp(docs, queries, truth, args):
         path = os.path.join(tmp, "index.bmp")
         t = time.perf_counter()
         ind = bmp.Indexer(path, bsize=32, compress_range=False)
-        names = d_terms.astype(str).tolist()
-        imp = np.maximum(1, (d_w * scale).astype(np.int64)).tolist()
-        for i in range(len(d_ptr) - 1):
-            a, b = int(d_ptr[i]), int(d_ptr[i + 1])
-            ind.add_document(str(i), dict(zip(names[a:b], imp[a:b])))
-        del names, imp
+        n = len(d_ptr) - 1
+        for c in range(0, n, 10_000):  # converted per chunk (memory)
+            e = min(c + 10_000, n)
+            names = d_terms[d_ptr[c]:d_ptr[e]].astype(str).tolist()
+            imp = np.maximum(1, (d_w[d_ptr[c]:d_ptr[e]] * scale).astype(np.int64)).tolist()
+            for i in range(c, e):
+                a, b = int(d_ptr[i] - d_ptr[c]), int(d_ptr[i + 1] - d_ptr[c])
+                ind.add_document(str(i), dict(zip(names[a:b], imp[a:b])))
         ind.finish()
         build_s = time.perf_counter() - t
         size = os.path.getsize(path)
