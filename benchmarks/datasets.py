@@ -20,6 +20,15 @@ document ``nnz`` distinct term ids from a 30,522-term (BERT WordPiece-sized) voc
 Zipfian popularity, weights log-normal (as SPLADE impacts are, roughly); queries take half their
 terms from a random document and half from the popularity distribution.
 
+Calibrated learned-sparse vectors with topics (``synthetic_sparse_topical``, what
+``benchmarks/bench_sparse.py`` uses): calibrated to the bundled SPLADE model's SciFact vectors —
+term popularity Zipf–Mandelbrot p(r) ∝ (r + 200)^-2.0 over a random permutation of a 30,522-term
+vocabulary; ``n_topics`` topics, each favouring ``topic_terms`` terms drawn by popularity; a document
+picks one topic and takes ``topic_share`` of its draws from it; Poisson(136) draws per document
+(≈ 120 distinct terms after merging duplicates), weights log-normal(−0.83, 1.21); a query takes
+20 terms of a random source document plus Poisson(20) draws like a document of the same topic
+(≈ 40 terms, about half from the source), weights log-normal(−0.76, 1.23).
+
 ``synthetic_hybrid`` pairs the BM25 text corpus with dense (and optionally sparse) vectors for
 the same documents and queries (same ``n_docs`` and query count; i-th query text ↔ i-th query
 vector).
@@ -196,3 +205,74 @@ def synthetic_hybrid(n_docs: int, *, n_queries: int = 1000, dim: int = 384, spar
     return HybridCollection(synthetic_bm25(n_docs, n_queries=n_queries, seed=seed),
                             synthetic_dense(n_docs, dim, n_queries=n_queries, seed=seed),
                             synthetic_sparse(n_docs, n_queries=n_queries, seed=seed) if sparse else None)
+
+
+def synthetic_sparse_topical(n_docs: int, n_queries: int = 1000, *, vocab: int = 30522, seed: int = 0,
+                             n_topics: int = 200, topic_terms: int = 1500, topic_share: float = 0.5,
+                             doc_draws: float = 136.0, block: int = 100_000):
+    """Seeded learned-sparse collection with topical structure (see the module docstring).
+
+    Generated in blocks of ``block`` documents (memory O(block)), each from its own seeded stream,
+    so the same arguments always give the same vectors.
+
+    Returns:
+        ``(docs, queries)``, each a CSR triple ``(indptr int64 (n+1,), terms uint32 (nnz,) ascending
+        per row, weights float32 (nnz,) > 0)``.
+    """
+    rng = np.random.default_rng([seed, 0])
+    perm = rng.permutation(vocab)
+    p = (np.arange(vocab) + 200.0) ** -2.0
+    p /= p.sum()
+    pop = np.empty(vocab)
+    pop[perm] = p
+    cdf = np.cumsum(pop)
+    topics = [np.unique(np.searchsorted(cdf, rng.random(topic_terms * 2) * cdf[-1]))[:topic_terms]
+              for _ in range(n_topics)]
+    tcdf = [np.cumsum(pop[t]) for t in topics]
+
+    def draw(g, row_topic, counts):
+        n = int(counts.sum())
+        owner = np.repeat(np.arange(len(counts)), counts)
+        terms = np.minimum(np.searchsorted(cdf, g.random(n) * cdf[-1]), vocab - 1).astype(np.int64)
+        sel = np.flatnonzero(g.random(n) < topic_share)
+        tp = row_topic[owner[sel]]
+        order = np.argsort(tp, kind="stable")
+        sel, tp = sel[order], tp[order]
+        bounds = np.searchsorted(tp, np.arange(n_topics + 1))
+        u = g.random(len(sel))
+        for t in range(n_topics):
+            a, b = bounds[t], bounds[t + 1]
+            if b > a:
+                c = tcdf[t]
+                terms[sel[a:b]] = topics[t][np.minimum(np.searchsorted(c, u[a:b] * c[-1]), len(c) - 1)]
+        key = np.sort(owner * vocab + terms)  # np.sort + diff: much faster than np.unique here
+        key = key[np.concatenate(([True], key[1:] != key[:-1]))]
+        own, term = key // vocab, key % vocab
+        indptr = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(np.bincount(own, minlength=len(counts)), out=indptr[1:])
+        return indptr, term.astype(np.uint32)
+
+    doc_topic = rng.integers(0, n_topics, n_docs)
+    ptrs, terms, weights, base = [np.zeros(1, np.int64)], [], [], 0
+    for bi, start in enumerate(range(0, n_docs, block)):
+        g = np.random.default_rng([seed, 1, bi])
+        m = min(block, n_docs - start)
+        ip, t = draw(g, doc_topic[start:start + m], np.maximum(g.poisson(doc_draws, m), 1))
+        ptrs.append(ip[1:] + base)
+        base += int(ip[-1])
+        terms.append(t)
+        weights.append(g.lognormal(-0.83, 1.21, len(t)).astype(np.float32))
+    d_ptr, d_terms, d_w = np.concatenate(ptrs), np.concatenate(terms), np.concatenate(weights)
+    g = np.random.default_rng([seed, 2])
+    src = g.integers(0, n_docs, n_queries)
+    qb_ptr, qb_terms = draw(g, doc_topic[src], np.maximum(g.poisson(20, n_queries), 1))
+    rows = []
+    for i, s in enumerate(src):
+        own = d_terms[d_ptr[s]:d_ptr[s + 1]]
+        pick = g.choice(own, size=min(len(own), 20), replace=False)
+        rows.append(np.union1d(pick, qb_terms[qb_ptr[i]:qb_ptr[i + 1]]))
+    q_ptr = np.zeros(n_queries + 1, np.int64)
+    q_ptr[1:] = np.cumsum([len(r) for r in rows])
+    q_terms = np.concatenate(rows).astype(np.uint32)
+    q_w = g.lognormal(-0.76, 1.23, len(q_terms)).astype(np.float32)
+    return (d_ptr, d_terms, d_w), (q_ptr, q_terms, q_w)

@@ -129,7 +129,10 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
         out.append("")
     for leg in ("dense", "sparse"):
         d = docs.get(leg)
-        if d:
+        rep = (d or {}).get("results", {}).get("reports", {}).get("sparse.json") if leg == "sparse" else None
+        if d and d["status"] == "ok" and rep and rep.get("results"):
+            out += ["### Learned sparse (top-10, 1 thread)", "", _where(d), "", sparse_markdown(rep, detail=detail)]
+        elif d:
             label = {"dense": "Dense vs FAISS flat", "sparse": "Learned sparse"}[leg]
             if d["status"] == "not available":
                 out += [f"### {label}", "", f"not available: {d['results'].get('reason', '')}", ""]
@@ -138,6 +141,51 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                         f"status {d['status']}; reports: {', '.join(d['results'].get('files', [])) or 'none'} "
                         f"(see `benchmarks/results/`).", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def _knobs(r: dict) -> str:
+    parts = [f"{k} {r[k]}" for k in ("n_postings", "query_cut", "heap_factor", "alpha") if k in r]
+    return ", ".join(parts)
+
+
+def sparse_markdown(report: dict[str, Any], detail: bool = True) -> str:
+    """Markdown of ``benchmarks/results/sparse.json`` (``benchmarks/bench_sparse.py``): per collection
+    the recall–QPS curve of every engine (``detail=False``: only points with recall@10 >= 0.85 and
+    the exact engines) and the targets."""
+    out: list[str] = []
+    for c in report.get("results", []):
+        load = c.get("load_avg") or ["?"]
+        out += [f"**{c['collection']}** — {c['n_docs']:,} documents ({c['nnz_per_doc']:.0f} non-zeros each), "
+                f"{c['n_queries']:,} queries ({c['nnz_per_query']:.0f}); {c.get('date', '')}, load average "
+                f"{load[0] if isinstance(load[0], str) else round(load[0], 2)}; `{c.get('command', '')}`", "",
+                "| engine | knobs | QPS (wall) | QPS (CPU time) | recall@10 | build s | bytes / posting |",
+                "|---|---|---:|---:|---:|---:|---:|"]
+        for r in c["rows"]:
+            if "qps" not in r:
+                out.append(f"| {r['engine']} | error: {r.get('error', '')} | | | | | |")
+                continue
+            if not detail and r["recall@10"] < 0.85 and "exact" not in r["engine"]:
+                continue
+            extra = f" ({r['queries']} queries)" if "queries" in r else ""
+            out.append(f"| {r['engine']}{extra} | {_knobs(r)} | {r['qps']:,.0f} | {r['cpu_qps']:,.0f} | "
+                       f"{r['recall@10']:.3f} | {_f(r.get('build_s'), ',.1f')} | "
+                       f"{_f(r.get('bytes_per_posting'), '.2f')} |")
+        t = c.get("targets") or {}
+        if t:
+            line = "Targets (CPU-time QPS): "
+            if "exact_over_scipy" in t:
+                line += (f"exact / scipy = {t['exact_over_scipy']:.1f}× (≥ 5×: "
+                         f"{'met' if t['exact_met'] else 'missed'}); ")
+            if t.get("approx"):
+                worst = min(t["approx"], key=lambda a: a["ratio"])
+                line += (f"approximate vs pyseismic at its {len(t['approx'])} points with recall ≥ 0.90: "
+                         f"{'met at all' if t['approx_met'] else 'missed at some'} (lowest ratio "
+                         f"{worst['ratio']:.2f}× at recall {worst['recall']:.3f}).")
+            else:
+                line += "approximate: pyseismic reached no recall ≥ 0.90 point."
+            out += ["", line]
+        out.append("")
+    return "\n".join(out)
 
 
 def write_summary(out: Path = RESULTS) -> Path:
@@ -201,6 +249,39 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_title("BM25")
         fig.tight_layout()
         p = Path(out) / "bm25_qps.png"
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    sp = docs.get("sparse")
+    rep = (sp or {}).get("results", {}).get("reports", {}).get("sparse.json")
+    if sp and sp["status"] == "ok" and rep and rep.get("results"):
+        cols = rep["results"]
+        fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)
+        for ax, c in zip(axes[0], cols):
+            for eng, marker in (("retriever-seismic", "o"), ("pyseismic", "s"), ("bmp", "^"),
+                                ("retriever-exact", "*"), ("scipy-exact", "x")):
+                pts = sorted((r["recall@10"], r["cpu_qps"]) for r in c["rows"] if r.get("engine") == eng and "qps" in r)
+                if not pts:
+                    continue
+                if eng in ("retriever-seismic", "pyseismic"):  # the Pareto front of the sweep
+                    front, best = [], 0.0
+                    for x, y in sorted(pts, key=lambda p: -p[0]):
+                        if y > best:
+                            front.append((x, y))
+                            best = y
+                    ax.plot([p[0] for p in front], [p[1] for p in front], marker=marker, label=f"{eng} (front)")
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="", alpha=0.25)
+                else:
+                    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, linestyle="-" if len(pts) > 1 else "",
+                            label=eng)
+            ax.set_xlabel("recall@10 vs exact")
+            ax.set_ylabel("QPS (1 thread, CPU time)")
+            ax.set_yscale("log")
+            ax.set_xlim(0.5, 1.01)
+            ax.set_title(f"{c['collection']} ({c['n_docs']:,} docs)")
+            ax.legend(fontsize=7)
+        fig.tight_layout()
+        p = Path(out) / "sparse_recall_qps.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
         written.append(p)

@@ -35,6 +35,13 @@ void check_offsets(const uint64_t* off, size_t n, size_t total, const char* name
 }
 
 constexpr size_t kChunk = 4;
+// Exact kernel: a query whose lists hold at least kDenseRatio postings per document of the shard
+// is scored term-at-a-time into the dense accumulator (no early termination). Chosen from
+// benchmarks/bench_sparse.py (SciFact: ~10 postings per document per query).
+#ifndef RETRIEVER_DENSE_RATIO
+#define RETRIEVER_DENSE_RATIO 2.0
+#endif
+constexpr double kDenseRatio = RETRIEVER_DENSE_RATIO;
 
 void write_row(topk_heap& heap, const topk_out& out, size_t q) {
     out.n_found[q] = heap.finalize(out.ids + q * out.k, out.scores + q * out.k);
@@ -127,12 +134,26 @@ struct term_cursor {
 // Exact score of document d from the forward index: scale * sum over d's terms
 // (in stored order) of qd[t] * value. The same function serves every path of
 // both kernels, so a document's score never depends on how it was reached.
+// Four independent partial sums (entries p with p % 4 == j from the row start go to sum j, then
+// (s0 + s1) + (s2 + s3)): the float adds overlap instead of forming one serial dependency chain,
+// which made this loop latency-bound (about 4x faster; the order is fixed, so every path still
+// computes the same score for a document).
 inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
-    float acc = 0.0f;
-    for (uint64_t p = f.offsets[d], e = f.offsets[d + 1]; p < e; ++p) {
-        acc += qd[f.terms[p]] * static_cast<float>(f.values[p]);
+    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+    uint64_t p = f.offsets[d];
+    const uint64_t e = f.offsets[d + 1];
+    const uint32_t* t = f.terms;
+    const uint16_t* v = f.values;
+    for (; p + 4 <= e; p += 4) {
+        s0 += qd[t[p]] * static_cast<float>(v[p]);
+        s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
+        s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
+        s3 += qd[t[p + 3]] * static_cast<float>(v[p + 3]);
     }
-    return acc * f.scale;
+    if (p < e) s0 += qd[t[p]] * static_cast<float>(v[p]);
+    if (p + 1 < e) s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
+    if (p + 2 < e) s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
+    return ((s0 + s1) + (s2 + s3)) * f.scale;
 }
 
 inline void prefetch_doc(const forward_view& f, uint32_t d) {
@@ -182,6 +203,54 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             float* a = s.acc.data();
             const uint32_t* ids = p.csr.doc_ids;
             const uint16_t* imp = p.impacts;
+            size_t total = 0;
+            for (const term_cursor& tc : s.terms) total += static_cast<size_t>(tc.end - tc.cur);
+            float* qd = s.qd.data();
+            if (static_cast<double>(total) >= kDenseRatio * static_cast<double>(n_docs)) {
+                // Dense path: the query's lists cover the collection several times over, so plain
+                // term-at-a-time into the dense accumulator beats any bookkeeping. theta = k-th
+                // largest accumulated score; documents within the float slack of it are re-scored
+                // exactly from the forward index (same final scores as every other path).
+                for (const term_cursor& tc : s.terms) {
+                    const float w = tc.w;
+                    uint64_t c = tc.cur;
+                    constexpr uint64_t kAhead = 16;  // accumulator lines fetched ahead (random access)
+                    for (; c + kAhead < tc.end; ++c) {
+#if defined(__GNUC__)
+                        __builtin_prefetch(a + ids[c + kAhead], 1);
+#endif
+                        a[ids[c]] += w * static_cast<float>(imp[c]);
+                    }
+                    for (; c < tc.end; ++c) a[ids[c]] += w * static_cast<float>(imp[c]);
+                }
+                s.buf.clear();
+                for (size_t d = 0; d < n_docs; ++d) {
+                    const float v = a[d];
+                    if (!(v > 0.0f)) continue;
+                    if (s.buf.size() < k) {
+                        s.buf.push_back(v);
+                        std::push_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
+                    } else if (v > s.buf.front()) {
+                        std::pop_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
+                        s.buf.back() = v;
+                        std::push_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
+                    }
+                }
+                const float lim = s.buf.size() < k ? 0.0f : s.buf.front() * (1.0f - kEps);
+                for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
+                s.cand.clear();
+                for (size_t d = 0; d < n_docs; ++d) {
+                    if (a[d] > 0.0f && a[d] >= lim) s.cand.push_back(static_cast<uint32_t>(d));
+                }
+                std::fill(s.acc.begin(), s.acc.end(), 0.0f);
+                for (uint32_t d : s.cand) {
+                    const float sc = forward_score(f, qd, d);
+                    if (sc > 0.0f) s.heap.push(sc, d);
+                }
+                for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
+                write_row(s.heap, out, q);
+                return;
+            }
             // Phase 1: score-at-a-time over impact-ordered lists, in rounds of
             // decreasing contribution level lambda. After a round, no unseen
             // posting contributes more than w * imp[cur] per term, so a doc
@@ -246,7 +315,6 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             }
             // Phase 2: exact scores of the candidates from the forward index.
             const float lim = L == 0.0f ? theta * (1.0f - kEps) : theta * (1.0f - kEps) - L * (1.0f + kEps);
-            float* qd = s.qd.data();
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
             s.cand.clear();
             for (uint32_t d : s.touched) {
@@ -311,11 +379,15 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 // the list (every later one scores lower still).
                 s.blocks.clear();
                 for (uint64_t b = bl.term_blocks[t]; b < bl.term_blocks[t + 1]; ++b) {
-                    float sum = 0.0f;
-                    for (uint64_t i = bl.summary_offsets[b]; i < bl.summary_offsets[b + 1]; ++i) {
-                        sum += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
+                    float u0 = 0.0f, u1 = 0.0f;  // two partial sums (see forward_score)
+                    uint64_t i = bl.summary_offsets[b];
+                    const uint64_t ie = bl.summary_offsets[b + 1];
+                    for (; i + 2 <= ie; i += 2) {
+                        u0 += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
+                        u1 += qd[bl.summary_terms[i + 1]] * static_cast<float>(bl.summary_values[i + 1]);
                     }
-                    s.blocks.emplace_back(sum * bl.summary_scale[b], b);
+                    if (i < ie) u0 += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
+                    s.blocks.emplace_back((u0 + u1) * bl.summary_scale[b], b);
                 }
                 std::sort(s.blocks.begin(), s.blocks.end(), [](const auto& x, const auto& y) {
                     return x.first > y.first || (x.first == y.first && x.second < y.second);

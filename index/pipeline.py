@@ -113,7 +113,8 @@ class _VectorFeed:
 
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
                 config: BuildConfig | None = None, *, overwrite: bool = False,
-                show_progress: bool = True, dense_vectors: Any = None, **overrides: Any) -> dict[str, Any]:
+                show_progress: bool = True, dense_vectors: Any = None, sparse_vectors: Any = None,
+                **overrides: Any) -> dict[str, Any]:
     """Build an index directory from a corpus.
 
     Args:
@@ -129,6 +130,13 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             order. Stored exactly like encoded vectors (``config.dense.dtype``; not re-normalised).
             The manifest records the dense model as ``"precomputed"``; search such an index's dense
             leg with ``query_vectors=``. Needs ``"dense"`` in ``legs``.
+        sparse_vectors: precomputed SPLADE document vectors for the sparse leg instead of running
+            the model: a CSR triple ``(indptr (n+1,), term ids (nnz,), weights (nnz,))`` in corpus
+            order (e.g. from ``SparseEncoder.encode``), validated like query vectors (unsorted
+            indices fine; duplicates, ids outside the vocabulary, NaN/inf, negative weights are
+            errors; zeros dropped). They must come from ``config.sparse.model`` (queries are
+            encoded with it); the manifest's ``stats.sparse_precomputed`` says they were supplied.
+            Needs ``"sparse"`` in ``legs``.
 
     Returns:
         the manifest (dict) of the new index.
@@ -176,10 +184,12 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
         mat = MatryoshkaBuilder(dense_enc.dim, config.dense.matryoshka_dims, mrl_trained=config.dense.mrl_trained,
                                 dtype=config.dense.dtype, rotation_sample=config.dense.rotation_sample)
     sparse_builder = None
+    if sparse_vectors is not None and "sparse" not in config.legs:
+        raise ConfigError("sparse_vectors given but 'sparse' is not in legs")
     if "sparse" in config.legs:
         from .sparse_build import SparseBuilder  # provided by the learned-sparse leg
 
-        sparse_builder = SparseBuilder(config, device=config.device)
+        sparse_builder = SparseBuilder(config, device=config.device, vectors=sparse_vectors)
         model_info["sparse"] = sparse_builder.model_info()
 
     seen: set[str] = set()
@@ -223,7 +233,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                         shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
                     crash_point("encode_dense")
                 if sparse_builder is not None:
-                    sparse_builder.add(full)
+                    sparse_builder.add(full, batch[0].id)
                 n_docs += len(batch)
                 if progress is not None:
                     progress.update(len(batch))
@@ -247,6 +257,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 stats.update(dense_dim=feed.dim, dense_dtype=dense_dtype, dense_truncated_docs=0)
                 model_info["dense"] = {"path": None, "name": "precomputed", "precomputed": True, "dim": feed.dim}
             if sparse_builder is not None:
+                sparse_builder.check_exhausted(n_docs)
                 stats.update(sparse_builder.stats())
                 sparse_builder.write_global(writer)
             extra: dict[str, Any] = {"models": model_info}

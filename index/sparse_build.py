@@ -19,8 +19,9 @@ from typing import Any
 import numpy as np
 
 from .config import BuildConfig
+from .errors import ConfigError
 from .format import read_arrays, sha256_file
-from .sparse_index import build_sparse_index, impact_scale
+from .sparse_index import build_sparse_index, check_doc_vectors, impact_scale
 from .writer import IndexWriter
 
 SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
@@ -32,9 +33,16 @@ class SparseBuilder:
     Args:
         config: the build configuration (``config.sparse``).
         device: encoder device.
+        vectors: precomputed document vectors instead of running the model: a CSR triple
+            ``(indptr (n+1,), term ids (nnz,), weights (nnz,))`` in corpus order, validated by
+            :func:`index.sparse_index.check_doc_vectors` (same policy as query vectors). They must
+            come from ``config.sparse.model``: queries are still encoded with it.
+
+    Raises:
+        ConfigError: invalid precomputed vectors (names the row and value).
     """
 
-    def __init__(self, config: BuildConfig, device: str = "cpu") -> None:
+    def __init__(self, config: BuildConfig, device: str = "cpu", vectors: Any = None) -> None:
         from .encoders.sparse import SparseEncoder
 
         sc = config.sparse
@@ -43,6 +51,14 @@ class SparseBuilder:
                                      query_max_length=sc.query_max_length, batch_size=sc.batch_size,
                                      device=device)
         self.vocab_size = self.encoder.vocab_size
+        self._vectors: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._pos = 0
+        if vectors is not None:
+            try:
+                ip, t, w = vectors
+                self._vectors = check_doc_vectors(ip, t, w, self.vocab_size)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"sparse_vectors: {e}") from None
         self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self._shard_dirs: list[str] = []
         self.max_weight = 0.0
@@ -56,9 +72,19 @@ class SparseBuilder:
         return {"path": str(path), "name": path.name, "sha256": {p.name: sha256_file(p) for p in weights},
                 "vocab_size": self.vocab_size, "pooling": "max", "activation": "log1p(relu)"}
 
-    def add(self, texts: list[str]) -> None:
-        """Encode a batch of documents (kept until the shard is flushed)."""
-        indptr, terms, weights = self.encoder.encode(texts)
+    def add(self, texts: list[str], first_id: str = "?") -> None:
+        """Encode a batch of documents, or take their precomputed vectors (kept until the shard
+        is flushed). Raises ConfigError when precomputed vectors run out (names ``first_id``)."""
+        if self._vectors is None:
+            indptr, terms, weights = self.encoder.encode(texts)
+        else:
+            ip, t, w = self._vectors
+            a, b = self._pos, self._pos + len(texts)
+            if b > len(ip) - 1:
+                raise ConfigError(f"sparse_vectors has fewer rows than the corpus (ran out at document {first_id!r})")
+            indptr = ip[a:b + 1] - ip[a]
+            terms, weights = t[ip[a]:ip[b]], w[ip[a]:ip[b]]
+            self._pos = b
         self._parts.append((indptr, terms, weights))
         if len(weights):
             self.max_weight = max(self.max_weight, float(weights.max()))
@@ -84,6 +110,11 @@ class SparseBuilder:
         self.n_docs += len(indptr) - 1
         return {"sparse_nnz": int(len(arrays["terms"]))}
 
+    def check_exhausted(self, n_docs: int) -> None:
+        """Raise ConfigError when precomputed vectors have more rows than the ``n_docs`` documents."""
+        if self._vectors is not None and len(self._vectors[0]) - 1 != self._pos:
+            raise ConfigError(f"sparse_vectors has {len(self._vectors[0]) - 1} rows, the corpus {n_docs} documents")
+
     @property
     def scale(self) -> float:
         return impact_scale(self.max_weight)
@@ -91,6 +122,7 @@ class SparseBuilder:
     def stats(self) -> dict[str, Any]:
         """Build-summary fields for the manifest's ``stats``."""
         return {"sparse_scale": self.scale, "sparse_vocab_size": self.vocab_size, "sparse_nnz": self.nnz,
+                "sparse_precomputed": self._vectors is not None,
                 "sparse_truncated_docs": self.encoder.n_truncated,
                 "sparse_doc_max_length": self.config.doc_max_length}
 

@@ -13,7 +13,8 @@ for Approximate Retrieval over Learned Sparse Representations", SIGIR 2024):
   1. *static pruning*: each term keeps its ``n_postings`` highest-impact postings;
   2. *blocking*: the kept postings are clustered into ``ceil(len / block_size)`` blocks of
      similar documents by one round of "random k-means" (random documents of the list are the
-     centroids; every document joins the centroid with the largest inner product);
+     centroids; every document joins the centroid with the largest inner product between the
+     centroid and the document's ``DOC_CUT`` = 15 largest entries, as Seismic's default);
   3. *summaries*: per block, the coordinate-wise max of its documents' vectors, pruned to the
      largest entries holding ``summary_energy`` of its L1 mass, quantised to uint8 with a
      per-block scale (value = u8 · block_scale, rounded up so kept entries never shrink).
@@ -28,11 +29,71 @@ import numba as nb
 import numpy as np
 
 IMPACT_MAX = 65535
+#: Entries of each document used to assign it to a block centroid (Seismic's ``doc_cut``, its default).
+DOC_CUT = 15
 
 
 def impact_scale(max_weight: float) -> float:
     """Global uint16 quantisation step for weights up to ``max_weight`` (1.0 for an all-zero index)."""
     return float(max_weight) / IMPACT_MAX if max_weight > 0 else 1.0
+
+
+def check_doc_vectors(indptr: Any, terms: Any, weights: Any, vocab_size: int
+                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Validate user-supplied document vectors (CSR) and return them in the stored form.
+
+    Same policy as the query-side ``retriever.legs.sparse.csr_batch``: indices may be unsorted
+    (each row is sorted here); duplicate indices within a row, length mismatches, indices outside
+    ``[0, vocab_size)``, NaN/inf or negative weights are errors; zero weights are dropped.
+
+    Args:
+        indptr: integer (n+1,), non-decreasing from 0 to ``len(terms)``.
+        terms: integer (nnz,) term ids; weights: float (nnz,).
+        vocab_size: the sparse model's vocabulary size.
+
+    Returns:
+        ``(indptr int64 (n+1,), terms uint32 (nnz',), weights float32 (nnz',))``, terms ascending
+        per row, all weights > 0.
+
+    Raises:
+        ValueError: naming the row and the offending value (callers wrap it in their error class).
+    """
+    indptr = np.asarray(indptr).reshape(-1)
+    terms = np.asarray(terms).reshape(-1)
+    weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+    if len(indptr) < 1 or not np.issubdtype(indptr.dtype, np.integer):
+        raise ValueError("indptr must be a non-empty integer array")
+    if len(terms) != len(weights):
+        raise ValueError(f"{len(terms)} term ids but {len(weights)} weights")
+    if len(terms) and not np.issubdtype(terms.dtype, np.integer):
+        raise ValueError(f"term ids must be integers, got dtype {terms.dtype}")
+    indptr = indptr.astype(np.int64)
+    if indptr[0] != 0 or indptr[-1] != len(terms) or (np.diff(indptr) < 0).any():
+        raise ValueError(f"indptr must rise from 0 to {len(terms)} (got {indptr[0]} .. {indptr[-1]})")
+    terms = terms.astype(np.int64)
+    row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
+    bad = (terms < 0) | (terms >= vocab_size)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: term id {terms[i]} outside the vocabulary [0, {vocab_size})")
+    bad = ~np.isfinite(weights)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: weight {float(weights[i])!r} is not finite")
+    bad = weights < 0
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"row {row[i]}: negative weight {float(weights[i])!r} (learned-sparse weights must be >= 0)")
+    order = np.lexsort((terms, row))
+    terms, weights, row = terms[order], weights[order], row[order]
+    dup = (terms[1:] == terms[:-1]) & (row[1:] == row[:-1])
+    if dup.any():
+        i = int(np.flatnonzero(dup)[0]) + 1
+        raise ValueError(f"row {row[i]}: duplicate term id {terms[i]}")
+    keep = weights > 0
+    out_ptr = np.zeros(len(indptr), np.int64)
+    np.cumsum(np.bincount(row[keep], minlength=len(indptr) - 1), out=out_ptr[1:])
+    return out_ptr, terms[keep].astype(np.uint32), weights[keep].astype(np.float32)
 
 
 @nb.njit(cache=True)
@@ -111,7 +172,8 @@ def _lcg(state):
 
 
 @nb.njit(cache=True)
-def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, energy,
+def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values,
+                     block_size, energy,
                      dense, acc, cstart, ccount, centroid_of, blk_docs_out, sum_terms_out,
                      sum_vals_out, sum_scale_out, blk_sizes_out, sum_sizes_out, seed):
     """Blocks of one term's (pruned) list; returns the number of blocks written."""
@@ -154,24 +216,35 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, en
                 c_ids[j] = c
                 c_vals[j] = np.float32(fwd_values[p])
                 ccount[tt] += 1
+        # assignment by the inner product of the document's doc_cut largest entries (Seismic's
+        # "RandomKmeansInvertedIndexApprox") with each centroid; only touched centroids scanned
         assign = np.empty(n, dtype=np.int64)
+        tc = np.empty(nc, dtype=np.int64)
         for i in range(n):
             d = docs[i]
-            for c in range(nc):
-                acc[c] = 0.0
-            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
-                tt = fwd_terms[p]
+            ntc = 0
+            for p in range(cut_offsets[d], cut_offsets[d + 1]):
+                tt = cut_terms[p]
                 cnt = ccount[tt]
                 if cnt == 0:
                     continue
-                v = np.float32(fwd_values[p])
+                v = cut_values[p]
                 s0 = cstart[tt]
                 for j in range(s0, s0 + cnt):
-                    acc[c_ids[j]] += v * c_vals[j]
+                    c = c_ids[j]
+                    if acc[c] == 0.0:
+                        tc[ntc] = c
+                        ntc += 1
+                    acc[c] += v * c_vals[j]
             best = 0
-            for c in range(1, nc):
-                if acc[c] > acc[best]:
+            bv = 0.0
+            for j in range(ntc):
+                c = tc[j]
+                a = acc[c]
+                if a > bv or (a == bv and c < best):
+                    bv = a
                     best = c
+                acc[c] = 0.0
             assign[i] = best
         for tt in touched:
             ccount[tt] = 0
@@ -201,42 +274,61 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, en
         n_docs_w += bd.shape[0]
         blk_sizes_out[nb_out] = bd.shape[0]
         # summary: coordinate-wise max
-        touched2 = []
+        tot = 0
+        for d in bd:
+            tot += fwd_offsets[d + 1] - fwd_offsets[d]
+        touched2 = np.empty(tot, dtype=np.int64)
+        m = 0
         for d in bd:
             for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
                 tt = fwd_terms[p]
                 v = np.float32(fwd_values[p])
                 if dense[tt] == 0.0:
-                    touched2.append(tt)
+                    touched2[m] = tt
+                    m += 1
                 if v > dense[tt]:
                     dense[tt] = v
-        m = len(touched2)
-        terms_arr = np.empty(m, dtype=np.int64)
+        terms_arr = touched2[:m]
         vals = np.empty(m, dtype=np.float32)
         l1 = 0.0
+        vmax = np.float32(0.0)
         for i in range(m):
-            terms_arr[i] = touched2[i]
-            vals[i] = dense[touched2[i]]
+            vals[i] = dense[terms_arr[i]]
             l1 += vals[i]
-            dense[touched2[i]] = 0.0
-        ordv = np.argsort(-vals, kind="mergesort")
+            vmax = max(vmax, vals[i])
+            dense[terms_arr[i]] = 0.0
+        # the shortest prefix of the values sorted descending (stable) holding energy * l1: sort
+        # only the entries >= tau, tau halved until they hold that mass (same prefix as a full sort)
+        target = energy * l1
+        tau = vmax * 0.5
+        while True:
+            mass = 0.0
+            for i in range(m):
+                if vals[i] >= tau:
+                    mass += vals[i]
+            if mass >= target or tau <= 0.0:
+                break
+            tau = tau * 0.5 if tau > 1.0 else 0.0
+        cand = np.empty(m, dtype=np.int64)
+        nc2 = 0
+        for i in range(m):
+            if vals[i] >= tau:
+                cand[nc2] = i
+                nc2 += 1
+        cand = cand[:nc2]
+        ordv = cand[np.argsort(-vals[cand], kind="mergesort")]
         keep = 0
         mass = 0.0
-        while keep < m and (keep == 0 or mass < energy * l1):
+        while keep < nc2 and (keep == 0 or mass < target):
             mass += vals[ordv[keep]]
             keep += 1
-        kept_terms = np.sort(terms_arr[ordv[:keep]])
-        vmax = vals[ordv[0]]
+        kept = ordv[:keep]
+        kord = np.argsort(terms_arr[kept])
         bscale = vmax / 255.0
         sum_scale_out[nb_out] = bscale
         for i in range(keep):
-            tt = kept_terms[i]
-            # value of tt among the kept: find in terms_arr (small m)
-            v = 0.0
-            for j in range(m):
-                if terms_arr[j] == tt:
-                    v = vals[j]
-                    break
+            tt = terms_arr[kept[kord[i]]]
+            v = vals[kept[kord[i]]]
             qv = np.ceil(v / bscale - 1e-6)
             if qv < 1.0:
                 qv = 1.0
@@ -251,9 +343,29 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, en
 
 
 @nb.njit(cache=True)
+def _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut):
+    """Each document's ``doc_cut`` largest entries (ties: smaller term first), for clustering."""
+    n = fwd_offsets.shape[0] - 1
+    off = np.zeros(n + 1, dtype=np.int64)
+    for d in range(n):
+        off[d + 1] = off[d] + min(doc_cut, fwd_offsets[d + 1] - fwd_offsets[d])
+    terms = np.empty(off[n], dtype=np.int64)
+    vals = np.empty(off[n], dtype=np.float32)
+    for d in range(n):
+        lo = fwd_offsets[d]
+        hi = fwd_offsets[d + 1]
+        o = np.argsort(-fwd_values[lo:hi].astype(np.int64), kind="mergesort")
+        for i in range(off[d + 1] - off[d]):
+            terms[off[d] + i] = fwd_terms[lo + o[i]]
+            vals[off[d] + i] = np.float32(fwd_values[lo + o[i]])
+    return off, terms, vals
+
+
+@nb.njit(cache=True)
 def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fwd_values, n_postings,
-                  block_size, energy, seed, n_terms_total):
+                  block_size, energy, seed, n_terms_total, doc_cut):
     n_terms = post_offsets.shape[0] - 1
+    cut_offsets, cut_terms, cut_values = _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut)
     cap_docs = 0
     for t in range(n_terms):
         ln = post_offsets[t + 1] - post_offsets[t]
@@ -301,7 +413,7 @@ def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fw
             sum_terms = st
             sum_vals = sv
         nbk, ndw, nsw = _blocks_for_term(
-            t, docs, fwd_offsets, fwd_terms, fwd_values, block_size, energy, dense, acc, cstart, ccount,
+            t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values, block_size, energy, dense, acc, cstart, ccount,
             centroid_of, blk_docs[nd_total:], sum_terms[ns_total:], sum_vals[ns_total:],
             sum_scale[nb_total:], blk_sizes[nb_total:], sum_sizes[nb_total:], seed)
         nb_total += nbk
@@ -333,7 +445,7 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
     tb, bdocs, bsizes, sterms, svals, ssizes, sscale = _build_blocks(
         postings["offsets"].astype(np.int64), postings["doc_ids"], postings["impacts"],
         fwd_offsets.astype(np.int64), fwd_terms, fwd_values, int(n_postings), int(block_size),
-        float(summary_energy), int(seed), int(n_terms))
+        float(summary_energy), int(seed), int(n_terms), DOC_CUT)
     bo = np.zeros(len(bsizes) + 1, dtype=np.uint64)
     np.cumsum(bsizes, out=bo[1:])
     so = np.zeros(len(ssizes) + 1, dtype=np.uint64)

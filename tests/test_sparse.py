@@ -225,3 +225,107 @@ def test_impact_ordered_postings_and_check():
     bad[off[t]], bad[off[t] + 1] = bad[off[t] + 1], bad[off[t]] + 1
     with pytest.raises(ValueError, match="non-increasing"):
         _kernels.check_impact_postings(off, d, bad, 300)
+
+
+def test_check_doc_vectors_policy():
+    """Precomputed document vectors: rows sorted, zeros dropped, bad input named."""
+    from index.sparse_index import check_doc_vectors
+
+    ip, t, w = check_doc_vectors(np.array([0, 3, 3, 5]), np.array([7, 2, 5, 1, 0]),
+                                 np.array([0.5, 1.0, 0.0, 2.0, 3.0]), 10)
+    np.testing.assert_array_equal(ip, [0, 2, 2, 4])
+    np.testing.assert_array_equal(t, [2, 7, 0, 1])
+    np.testing.assert_array_equal(w, np.array([1.0, 0.5, 3.0, 2.0], np.float32))
+    assert t.dtype == np.uint32 and w.dtype == np.float32
+    for args, msg in [(([0, 2], [1, 1], [1.0, 1.0]), "row 0: duplicate term id 1"),
+                      (([0, 2], [1, 10], [1.0, 1.0]), "term id 10 outside"),
+                      (([0, 1, 2], [1, 2], [1.0, np.nan]), "row 1: weight nan"),
+                      (([0, 2], [1, 2], [1.0, -1.0]), "negative weight"),
+                      (([0, 3], [1, 2], [1.0, 1.0]), "indptr"),
+                      (([0, 2], [1, 2], [1.0]), "2 term ids but 1 weights")]:
+        with pytest.raises(ValueError, match=msg):
+            check_doc_vectors(*(np.asarray(a) for a in args), 10)
+
+
+def test_build_index_sparse_vectors_errors(tmp_path):
+    from index.errors import ConfigError
+    from retriever import build_index
+    from tests.conftest import random_corpus
+
+    docs = random_corpus(12, seed=3, min_len=3)
+    vec = (np.arange(13, dtype=np.int64), np.arange(12) % 50, np.ones(12, np.float32))
+    with pytest.raises(ConfigError, match="'sparse' is not in legs"):
+        build_index(docs, tmp_path / "a", legs=("bm25",), sparse_vectors=vec, show_progress=False)
+    with pytest.raises(ConfigError, match="fewer rows"):
+        build_index(docs, tmp_path / "b", legs=("sparse",), sparse_vectors=(vec[0][:6], vec[1][:5], vec[2][:5]),
+                    show_progress=False)
+    more = (np.arange(14, dtype=np.int64), np.arange(13) % 50, np.ones(13, np.float32))
+    with pytest.raises(ConfigError, match="13 rows, the corpus 12"):
+        build_index(docs, tmp_path / "c", legs=("sparse",), sparse_vectors=more, show_progress=False)
+    with pytest.raises(ConfigError, match="duplicate term id"):
+        build_index(docs, tmp_path / "d", legs=("sparse",), show_progress=False,
+                    sparse_vectors=(np.array([0, 2] + [2] * 11), np.array([4, 4]), np.ones(2, np.float32)))
+    assert not any((tmp_path / n).exists() for n in "abcd")
+
+
+@pytest.mark.slow
+def test_build_index_precomputed_sparse_vectors_equal_encoded(tmp_path):
+    """sparse_vectors= from the same encoder gives the same stored vectors and search results."""
+    from index.encoders.sparse import SparseEncoder
+    from index.format import read_arrays
+    from index.sparse_build import SPARSE_FWD
+    from retriever import Retriever, build_index
+    from tests.conftest import random_corpus
+
+    docs = random_corpus(30, seed=5, min_len=3)
+    a = build_index(docs, tmp_path / "enc", legs=("sparse",), shard_size=11, show_progress=False)
+    texts = [f"{d['title']} {d['text']}" if d.get("title") else d["text"] for d in docs]
+    # encoded as the build does (one call per shard batch), so padding and hence rounding agree
+    enc = SparseEncoder()
+    parts = [enc.encode(texts[i:i + 11]) for i in range(0, len(texts), 11)]
+    ip = np.concatenate([[0]] + [p[0][1:] + sum(int(q[0][-1]) for q in parts[:j]) for j, p in enumerate(parts)])
+    t, w = np.concatenate([p[1] for p in parts]), np.concatenate([p[2] for p in parts])
+    rng = np.random.default_rng(0)
+    perm_t, perm_w = t.copy(), w.copy()
+    for i in range(len(ip) - 1):  # unsorted rows are accepted
+        p = rng.permutation(ip[i + 1] - ip[i]) + ip[i]
+        perm_t[ip[i]:ip[i + 1]], perm_w[ip[i]:ip[i + 1]] = t[p], w[p]
+    b = build_index(docs, tmp_path / "pre", legs=("sparse",), shard_size=11, show_progress=False,
+                    sparse_vectors=(ip, perm_t, perm_w))
+    assert b["stats"]["sparse_precomputed"] and not a["stats"]["sparse_precomputed"]
+    assert a["stats"]["sparse_scale"] == b["stats"]["sparse_scale"]
+    for s in ("00000", "00001", "00002"):
+        x = read_arrays(tmp_path / "enc" / "shards" / s / "sparse.arrow", SPARSE_FWD)
+        y = read_arrays(tmp_path / "pre" / "shards" / s / "sparse.arrow", SPARSE_FWD)
+        for k in SPARSE_FWD:
+            np.testing.assert_array_equal(x[k], y[k])
+    qs = ["vitamin bone fracture", "insulin liver sugar"]
+    with Retriever.open(tmp_path / "enc") as r1, Retriever.open(tmp_path / "pre") as r2:
+        x, y = r1.search_arrays(qs, k=10, mode="sparse"), r2.search_arrays(qs, k=10, mode="sparse")
+        np.testing.assert_array_equal(x.ids, y.ids)
+        np.testing.assert_array_equal(x.scores, y.scores)
+
+
+def test_exact_both_paths_match_scipy():
+    """Queries on either side of the dense-path switch (postings of the query's lists >= 2 per
+    document): a few rare terms (score-at-a-time with early termination) and many popular terms
+    (dense term-at-a-time), both equal to scipy's top-k."""
+    vocab = 300
+    docs, _ = synthetic(1500, vocab, seed=21)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=0, block_size=8,
+                            summary_energy=0.4, blocks=False)
+    df = np.diff(ix["offsets"].astype(np.int64))
+    by_df = np.argsort(-df, kind="stable")
+    rng = np.random.default_rng(4)
+    popular = [(by_df[:25], rng.lognormal(-0.8, 1.0, 25)) for _ in range(10)]
+    rare_pool = by_df[150:250][df[by_df[150:250]] > 0]
+    rare = [(rng.choice(rare_pool, 3, replace=False), rng.lognormal(-0.8, 1.0, 3)) for _ in range(10)]
+    qb = csr_batch(popular + rare, vocab)
+    tot = [df[qb[1][qb[0][i]:qb[0][i + 1]].astype(np.int64)].sum() for i in range(20)]
+    assert min(tot[:10]) >= 2 * 1500 and max(tot[10:]) < 2 * 1500  # both paths exercised
+    S = brute_topk(ix, scale, qb, vocab, 10)
+    for k in (1, 10, 100):
+        ids, scores, n_found = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, k, n_threads=1)
+        check_topk_matches(ids, scores, n_found, S, k)
