@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from .analyzer import Analyzer
+from .analyzer_kernels import count_terms, csr_by_term
 
 
 class PostingsBuilder:
@@ -35,36 +36,31 @@ class PostingsBuilder:
         self.sum_dl = 0
 
     def add(self, texts: Sequence[str]) -> None:
-        """Analyse and add a batch of documents (in shard order)."""
-        cache = self._token_ids
-        get = cache.get
-        flat: list[int | None] = []
-        counts = np.empty(len(texts), dtype=np.int64)
-        for j, text in enumerate(texts):
-            toks = self.analyzer.tokenize(text)
-            counts[j] = len(toks)
-            ids = list(map(get, toks))
-            if None in ids:
-                ids = [self._token_id(t) if i is None else i for t, i in zip(toks, ids)]
-            flat.extend(ids)
-        tok = np.asarray(flat, dtype=np.int64)
-        keep = tok >= 0
-        doc = np.repeat(np.arange(self._n, self._n + len(texts), dtype=np.int64), counts)[keep]
-        tid = tok[keep]
-        lens = np.bincount(doc - self._n, minlength=len(texts)).astype(np.int64)
-        n_terms = len(self.terms)
-        key = doc * max(n_terms, 1) + tid
-        uniq, tf = np.unique(key, return_counts=True)
-        self._docs.append((uniq // max(n_terms, 1)).astype(np.uint32))
-        self._term_ids.append((uniq % max(n_terms, 1)).astype(np.uint32))
-        self._tfs.append(tf.astype(np.uint32))
-        self._lens.append(lens.astype(np.uint32))
-        self._n += len(texts)
-        self.sum_dl += int(lens.sum())
+        """Analyse and add a batch of documents (in shard order).
 
-    def _token_id(self, token: str) -> int:
-        """Term id of a token not seen before (-1 for stop words / over-long tokens); cached."""
-        term = self.analyzer.term(token)
+        Each distinct token of the batch is looked up once (:meth:`Analyzer.tokenize_batch`);
+        tokens never seen before are resolved to terms in first-occurrence order, so term ids
+        are those of analysing the documents one by one.
+        """
+        batch = self.analyzer.tokenize_batch(texts)
+        get = self._token_ids.get
+        ids = list(map(get, batch.tokens))
+        if None in ids:
+            new = [t for t, i in zip(batch.tokens, ids) if i is None]
+            for tok, term in zip(new, self.analyzer.terms(new)):
+                self._assign(tok, term)
+            ids = list(map(get, batch.tokens))
+        lmap = np.fromiter(ids, dtype=np.int64, count=len(ids))
+        doc, tid, tf, lens = count_terms(batch.token_ids, np.diff(batch.offsets), lmap, len(self.terms), self._n)
+        self._docs.append(doc)
+        self._term_ids.append(tid)
+        self._tfs.append(tf)
+        self._lens.append(lens)
+        self._n += len(texts)
+        self.sum_dl += int(lens.sum(dtype=np.int64))
+
+    def _assign(self, token: str, term: str | None) -> int:
+        """Record the term id of a new token (-1 for ``term`` None), adding ``term`` to the vocabulary."""
         if term is None:
             i = -1
         else:
@@ -75,6 +71,10 @@ class PostingsBuilder:
                 self.terms.append(term)
         self._token_ids[token] = i
         return i
+
+    def _token_id(self, token: str) -> int:
+        """Term id of a token not seen before (-1 for stop words / over-long tokens); cached."""
+        return self._assign(token, self.analyzer.term(token))
 
     def flush(self) -> dict[str, np.ndarray]:
         """Return the current shard's arrays and reset for the next shard.
@@ -88,10 +88,8 @@ class PostingsBuilder:
         tid = np.concatenate(self._term_ids) if self._term_ids else np.zeros(0, np.uint32)
         tfs = np.concatenate(self._tfs) if self._tfs else np.zeros(0, np.uint32)
         lens = np.concatenate(self._lens) if self._lens else np.zeros(0, np.uint32)
-        order = np.lexsort((doc, tid))
-        offsets = np.zeros(n_terms + 1, dtype=np.uint64)
-        np.cumsum(np.bincount(tid, minlength=n_terms), out=offsets[1:])
-        out = {"offsets": offsets, "doc_ids": doc[order], "tfs": tfs[order], "doc_len": lens}
+        offsets, doc_ids, tf_sorted = csr_by_term(doc, tid, tfs, n_terms)
+        out = {"offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": lens}
         self._docs, self._term_ids, self._tfs, self._lens = [], [], [], []
         self._n = 0
         return out

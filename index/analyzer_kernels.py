@@ -1,0 +1,366 @@
+"""Build-time array kernels (numba) of the BM25 analyzer and postings builder.
+
+The analyzer's Python definition (:mod:`index.analyzer`: ``str.casefold``, the possessive regex,
+the token regex) is the reference; these kernels compute the same token streams over a whole
+batch of UTF-8 encoded texts without creating a Python object per token:
+
+1. *decode + fold*: UTF-8 → code points, each replaced by its ``str.casefold`` expansion (a table
+   built from Python itself for the Basic Multilingual Plane; Python's casefold is per character,
+   without context). A text containing a code point above U+FFFF is not handled: the kernel stops
+   before it and the caller analyses that text in Python.
+2. *possessive strip*: ``(?<=\\w)['’][sS]\\b`` removed, left to right, lookbehind on the unstripped
+   text (as ``re.sub`` does).
+3. *tokenise*: the token regex of :mod:`index.analyzer` written as a scanner: an ideograph /
+   Hiragana character alone, or a maximal chain of non-ideographic word-character runs joined by
+   ``.``, ``'``, ``’`` (followed by a word character) or ``,`` between two digits.
+   ``\\w`` / ``\\d`` membership comes from a table built by running Python's own ``re`` over every
+   BMP character, so the classes are Python's by construction.
+4. *dedupe*: each distinct token of the batch gets a local id (first-occurrence order) through an
+   open-addressing hash table (FNV-1a 64 over the token's UTF-8 bytes), so the caller stems and
+   looks up each distinct token once per batch.
+
+Then :func:`count_terms` turns local ids into per-document (term id, tf) pairs and document
+lengths, and :func:`csr_by_term` is the stable counting sort that turns a shard's pairs into CSR
+postings (doc ids ascending within each term). All functions are pure functions of arrays.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import numba as nb
+import numpy as np
+
+WORD = np.uint8(1)
+DIGIT = np.uint8(2)
+IDEO = np.uint8(4)
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@lru_cache(maxsize=1)
+def char_tables(ideo_class: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-BMP-code-point tables, computed from Python's own ``re`` and ``str.casefold``.
+
+    Args:
+        ideo_class: the body of the regex character class of single-character tokens
+            (``index.analyzer._IDEO``).
+
+    Returns:
+        ``flags`` u8[65536] (bit 1: ``\\w``, bit 2: ``\\d``, bit 4: in ``ideo_class``),
+        ``fold_n`` u8[65536] (length of ``chr(c).casefold()``, 1..3) and ``fold_cp``
+        u32[65536 * 3] (its code points; all of them are in the BMP).
+    """
+    chars = "".join(map(chr, range(0x10000)))
+    flags = np.zeros(0x10000, dtype=np.uint8)
+    for pat, bit in ((r"\w", WORD), (r"\d", DIGIT), (f"[{ideo_class}]", IDEO)):
+        idx = np.fromiter((m.start() for m in re.finditer(pat, chars)), dtype=np.int64)
+        flags[idx] |= bit
+    fold_n = np.ones(0x10000, dtype=np.uint8)
+    fold_cp = np.zeros(0x10000 * 3, dtype=np.uint32)
+    fold_cp[0::3] = np.arange(0x10000, dtype=np.uint32)
+    for c in range(0x10000):
+        f = chars[c].casefold()
+        if f != chars[c]:
+            if len(f) > 3 or any(ord(x) > 0xFFFF for x in f):  # never true (checked for Python 3.11)
+                raise ValueError(f"casefold of U+{c:04X} is {f!r}: outside the table's layout")
+            fold_n[c] = len(f)
+            for j, x in enumerate(f):
+                fold_cp[3 * c + j] = ord(x)
+    return flags, fold_n, fold_cp
+
+
+@nb.njit(cache=True, inline="always")
+def _put_utf8(buf, n, cp):
+    if cp < 0x80:
+        buf[n] = cp
+        return n + 1
+    if cp < 0x800:
+        buf[n] = 0xC0 | (cp >> 6)
+        buf[n + 1] = 0x80 | (cp & 0x3F)
+        return n + 2
+    buf[n] = 0xE0 | (cp >> 12)
+    buf[n + 1] = 0x80 | ((cp >> 6) & 0x3F)
+    buf[n + 2] = 0x80 | (cp & 0x3F)
+    return n + 3
+
+
+@nb.njit(cache=True)
+def _tokenize(data, offsets, flags, fold_n, fold_cp, lowercase, tok_out, doc_ntok):
+    n_docs = offsets.shape[0] - 1
+    max_bytes = 0
+    for d in range(n_docs):
+        ln = offsets[d + 1] - offsets[d]
+        if ln > max_bytes:
+            max_bytes = ln
+    cps = np.empty(3 * max_bytes + 3, dtype=np.int64)
+    tokb = np.empty(3 * (3 * max_bytes + 3), dtype=np.uint8)
+    cap = 1024
+    slots = np.full(cap, -1, dtype=np.int64)
+    u_hash = np.empty(256, dtype=np.uint64)
+    u_off = np.zeros(257, dtype=np.int64)  # unique u: blob[u_off[u] : u_off[u + 1] - 1] + b"\n"
+    blob = np.empty(4096, dtype=np.uint8)
+    n_u = 0
+    n_tok = 0
+    for d in range(n_docs):
+        # 1. decode + fold
+        i = offsets[d]
+        end = offsets[d + 1]
+        n = 0
+        apos = False
+        bad = False
+        while i < end:
+            b = np.int64(data[i])
+            if b < 0x80:
+                cp = b
+                i += 1
+            elif b < 0xE0:
+                cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif b < 0xF0:
+                cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:  # above U+FFFF: not handled here
+                bad = True
+                break
+            if lowercase:
+                k = fold_n[cp]
+                for j in range(k):
+                    c2 = np.int64(fold_cp[3 * cp + j])
+                    cps[n] = c2
+                    n += 1
+                    if c2 == 0x27 or c2 == 0x2019:
+                        apos = True
+            else:
+                cps[n] = cp
+                n += 1
+                if cp == 0x27 or cp == 0x2019:
+                    apos = True
+        if bad:
+            doc_ntok[d] = -1
+            continue
+        # 2. possessive strip: (?<=\w)['’][sS]\b, lookbehind on the unstripped text
+        if apos:
+            w = 0
+            i = 0
+            while i < n:
+                c = cps[i]
+                if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[cps[i - 1]] & 1) != 0 and i + 1 < n
+                        and (cps[i + 1] == 0x73 or cps[i + 1] == 0x53)
+                        and (i + 2 >= n or (flags[cps[i + 2]] & 1) == 0)):
+                    i += 2
+                    continue
+                cps[w] = c
+                w += 1
+                i += 1
+            n = w
+        # 3. tokenise
+        first_tok = n_tok
+        i = 0
+        while i < n:
+            f = flags[cps[i]]
+            if (f & 4) != 0:
+                s = i
+                i += 1
+            elif (f & 1) != 0:
+                s = i
+                i += 1
+                while True:
+                    while i < n and (flags[cps[i]] & 5) == 1:
+                        i += 1
+                    if i + 1 < n and (flags[cps[i + 1]] & 5) == 1:
+                        c = cps[i]
+                        if c == 0x2E or c == 0x27 or c == 0x2019:
+                            i += 2
+                            continue
+                        if c == 0x2C and (flags[cps[i - 1]] & 2) != 0 and (flags[cps[i + 1]] & 2) != 0:
+                            i += 2
+                            continue
+                    break
+            else:
+                i += 1
+                continue
+            # 4. token cps[s:i] -> UTF-8 -> local id
+            m = 0
+            h = _FNV_OFFSET
+            for j in range(s, i):
+                m = _put_utf8(tokb, m, cps[j])
+            for j in range(m):
+                h = (h ^ np.uint64(tokb[j])) * _FNV_PRIME
+            mask = cap - 1
+            slot = np.int64(h & np.uint64(mask))
+            while True:
+                u = slots[slot]
+                if u < 0:
+                    break
+                if u_hash[u] == h and u_off[u + 1] - 1 - u_off[u] == m:
+                    o = u_off[u]
+                    same = True
+                    for j in range(m):
+                        if blob[o + j] != tokb[j]:
+                            same = False
+                            break
+                    if same:
+                        break
+                slot = (slot + 1) & mask
+            if u < 0:
+                u = n_u
+                if n_u + 1 >= u_hash.shape[0]:
+                    nh = np.empty(2 * u_hash.shape[0], dtype=np.uint64)
+                    nh[:n_u] = u_hash[:n_u]
+                    u_hash = nh
+                    no = np.zeros(2 * u_off.shape[0], dtype=np.int64)
+                    no[:n_u + 1] = u_off[:n_u + 1]
+                    u_off = no
+                o = u_off[n_u]
+                if o + m + 1 > blob.shape[0]:
+                    nb_ = np.empty(2 * blob.shape[0] + m + 1, dtype=np.uint8)
+                    nb_[:o] = blob[:o]
+                    blob = nb_
+                for j in range(m):
+                    blob[o + j] = tokb[j]
+                blob[o + m] = 0x0A
+                u_off[n_u + 1] = o + m + 1
+                u_hash[n_u] = h
+                slots[slot] = n_u
+                n_u += 1
+                if 2 * n_u > cap:  # grow and rehash
+                    cap *= 2
+                    slots = np.full(cap, -1, dtype=np.int64)
+                    mask = cap - 1
+                    for v in range(n_u):
+                        sl = np.int64(u_hash[v] & np.uint64(mask))
+                        while slots[sl] >= 0:
+                            sl = (sl + 1) & mask
+                        slots[sl] = v
+            tok_out[n_tok] = u
+            n_tok += 1
+        doc_ntok[d] = n_tok - first_tok
+    return n_tok, blob, u_off, n_u
+
+
+def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
+                  ideo_class: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Tokenise a batch of UTF-8 texts (those it handles; see the module docstring).
+
+    Args:
+        data: u8[total] UTF-8 bytes of all texts (valid UTF-8, e.g. an Arrow string buffer).
+        offsets: i64[n+1] byte offsets; text i is ``data[offsets[i]:offsets[i+1]]``.
+        lowercase: apply ``str.casefold``.
+        ideo_class: regex class body of single-character tokens.
+
+    Returns:
+        ``(local_ids i32[m], counts i64[n], tokens)``: ``tokens[local_ids[...]]`` is the token
+        stream of the handled texts in order, ``counts`` the number of tokens per text (-1 for a
+        text not handled: it has a code point above U+FFFF), ``tokens`` the distinct tokens in
+        first-occurrence order.
+
+    Raises:
+        ValueError: ``offsets`` is not non-decreasing from 0 or does not fit ``data``.
+    """
+    if len(offsets) < 1 or offsets[0] < 0 or offsets[-1] > len(data) or bool((np.diff(offsets) < 0).any()):
+        raise ValueError(f"offsets must be non-decreasing within [0, {len(data)}]")
+    flags, fold_n, fold_cp = char_tables(ideo_class)
+    n = len(offsets) - 1
+    # a token takes >= 1 byte and two word tokens are >= 1 byte apart; an ideograph is 3 bytes
+    bound = (int(offsets[n] - offsets[0]) + 1) // 2 + n + 1
+    tok_out = np.empty(bound, dtype=np.int32)
+    doc_ntok = np.zeros(n, dtype=np.int64)
+    n_tok, blob, u_off, n_u = _tokenize(data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp,
+                                        bool(lowercase), tok_out, doc_ntok)
+    tokens = blob[:u_off[n_u]].tobytes().decode("utf-8").split("\n")[:-1] if n_u else []
+    return tok_out[:n_tok], doc_ntok, tokens
+
+
+@nb.njit(cache=True)
+def _count_terms(local_ids, counts, lmap, n_terms, first_doc):
+    n_docs = counts.shape[0]
+    last = np.full(max(n_terms, 1), -1, dtype=np.int64)
+    pos = np.empty(max(n_terms, 1), dtype=np.int64)
+    out_doc = np.empty(local_ids.shape[0], dtype=np.uint32)
+    out_tid = np.empty(local_ids.shape[0], dtype=np.uint32)
+    out_tf = np.empty(local_ids.shape[0], dtype=np.uint32)
+    lens = np.zeros(n_docs, dtype=np.uint32)
+    k = 0
+    p = 0
+    for d in range(n_docs):
+        for _ in range(counts[d]):
+            g = lmap[local_ids[p]]
+            p += 1
+            if g < 0:
+                continue
+            lens[d] += 1
+            if last[g] != d:
+                last[g] = d
+                pos[g] = k
+                out_doc[k] = first_doc + d
+                out_tid[k] = g
+                out_tf[k] = 1
+                k += 1
+            else:
+                out_tf[pos[g]] += 1
+    return out_doc[:k], out_tid[:k], out_tf[:k], lens
+
+
+def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray, n_terms: int,
+                first_doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-document term frequencies of a tokenised batch.
+
+    Args:
+        local_ids: i32[m] token occurrences (local ids), texts one after another.
+        counts: i64[n] tokens per text (sum = m).
+        lmap: i64[n_local] term id of each local id (-1: not indexed, e.g. a stop word);
+            every id must be < ``n_terms``.
+        n_terms: vocabulary size.
+        first_doc: document number of the batch's first text.
+
+    Returns:
+        ``(doc u32[nnz], term u32[nnz], tf u32[nnz], doc_len u32[n])``; pairs grouped by
+        document in ascending order (terms in first-occurrence order within a document).
+
+    Raises:
+        ValueError: ``counts`` does not sum to ``len(local_ids)`` or a term id is out of range.
+    """
+    if int(counts.sum()) != len(local_ids):
+        raise ValueError(f"counts sum to {int(counts.sum())}, expected len(local_ids) = {len(local_ids)}")
+    if len(lmap) and (int(lmap.max()) >= n_terms or int(lmap.min()) < -1):
+        raise ValueError(f"lmap has term ids outside [-1, {n_terms}): {int(lmap.min())}..{int(lmap.max())}")
+    return _count_terms(local_ids, counts.astype(np.int64), lmap.astype(np.int64), int(n_terms), np.int64(first_doc))
+
+
+@nb.njit(cache=True)
+def _scatter(doc, tid, tf, offsets, out_doc, out_tf):
+    cur = offsets[:-1].astype(np.int64)
+    for i in range(doc.shape[0]):
+        t = tid[i]
+        p = cur[t]
+        cur[t] = p + 1
+        out_doc[p] = doc[i]
+        out_tf[p] = tf[i]
+
+
+def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stable counting sort of (doc, term, tf) triples by term: CSR postings.
+
+    Equal to ``order = np.lexsort((doc, tid))`` when ``doc`` is non-decreasing (it is: batches
+    are appended in document order), in O(nnz + n_terms).
+
+    Returns:
+        ``offsets`` u64[n_terms+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz].
+
+    Raises:
+        ValueError: the arrays differ in length, a term id is >= ``n_terms``, or ``doc``
+            decreases.
+    """
+    if not (len(doc) == len(tid) == len(tf)):
+        raise ValueError(f"doc, tid, tf lengths differ: {len(doc)}, {len(tid)}, {len(tf)}")
+    if len(doc) and (int(tid.max()) >= n_terms or bool((np.diff(doc.astype(np.int64)) < 0).any())):
+        raise ValueError("term id out of range or documents not in ascending order")
+    offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    np.cumsum(np.bincount(tid, minlength=n_terms), out=offsets[1:])
+    out_doc = np.empty(len(doc), dtype=np.uint32)
+    out_tf = np.empty(len(doc), dtype=np.uint32)
+    _scatter(doc, tid, tf, offsets, out_doc, out_tf)
+    return offsets, out_doc, out_tf
