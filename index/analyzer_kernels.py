@@ -87,134 +87,238 @@ def _put_utf8(buf, n, cp):
     return n + 3
 
 
+_KEY_LONG = np.int64(-72057594037927936)  # 0xFF << 56: keys of tokens longer than 7 bytes
+_MIX = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15
+
+
+@nb.njit(cache=True, inline="always")
+def _key(buf, start, m):
+    """Slot key of the token buf[start:start+m] (m >= 1): the bytes themselves and the length when
+    m <= 7 (exact), else 0xFF and 56 bits of its FNV-1a hash (the bytes are compared too)."""
+    if m <= 7:
+        k = np.int64(m) << 56
+        for j in range(m):
+            k |= np.int64(buf[start + j]) << (8 * j)
+        return k
+    h = _FNV_OFFSET
+    for j in range(m):
+        h = (h ^ np.uint64(buf[start + j])) * _FNV_PRIME
+    return np.int64(h >> np.uint64(8)) | _KEY_LONG
+
+
+@nb.njit(cache=True, inline="always")
+def _slot_of(key, mask):
+    x = key * _MIX
+    x ^= x >> 29
+    x *= _MIX
+    x ^= x >> 32
+    return x & mask
+
+
 @nb.njit(cache=True)
-def _tokenize(data, offsets, flags, fold_n, fold_cp, lowercase, tok_out, doc_ntok):
+def _set_values(slots, e_off, blob, lo, hi, values):
+    """Write ``values[e - lo]`` as the value of entries ``lo..hi-1`` (in ``slots``)."""
+    mask = (slots.shape[0] >> 1) - 1
+    for e in range(lo, hi):
+        o = e_off[e]
+        key = _key(blob, o, e_off[e + 1] - 1 - o)
+        slot = _slot_of(key, mask)
+        while True:
+            if slots[2 * slot] == key and (slots[2 * slot + 1] >> 32) == e:
+                slots[2 * slot + 1] = (np.int64(e) << 32) | (values[e - lo] & 0xFFFFFFFF)
+                break
+            if slots[2 * slot] == 0:
+                raise ValueError("token table entry not found")
+            slot = (slot + 1) & mask
+
+
+class TokenTable:
+    """A token → value hash table kept in numpy arrays, so the kernels stay pure functions.
+
+    ``slots`` i64[2 * cap] (cap a power of two, load <= 1/2, linear probing): pairs
+    ``(key, entry << 32 | value as int32)``, key 0 = empty (see ``_key``); ``off`` i64[n+1] and
+    ``blob`` u8 (entry e's UTF-8 bytes are ``blob[off[e]:off[e+1]-1]``, each followed by
+    ``\n``); ``value`` i64[n] (the caller's value of each entry, e.g. a term id, in
+    [-2**31, 2**31)). Set values with :meth:`set_values`.
+    """
+
+    def __init__(self) -> None:
+        self.slots = np.zeros(2 * 1024, dtype=np.int64)
+        self.off = np.zeros(1025, dtype=np.int64)
+        self.blob = np.empty(8192, dtype=np.uint8)
+        self.value = np.empty(1024, dtype=np.int64)
+        self.n = 0
+
+    def set_values(self, lo: int, values: np.ndarray) -> None:
+        """Set the values of entries ``lo .. lo + len(values) - 1`` (int64 in int32 range).
+
+        Raises:
+            ValueError: a value outside the int32 range or entries that do not exist.
+        """
+        values = np.asarray(values, dtype=np.int64)
+        hi = lo + len(values)
+        if lo < 0 or hi > self.n:
+            raise ValueError(f"entries {lo}..{hi - 1} do not exist (table has {self.n})")
+        if len(values) and (values.min() < -2**31 or values.max() >= 2**31):
+            raise ValueError("values must be in the int32 range")
+        self.value[lo:hi] = values
+        _set_values(self.slots, self.off, self.blob, np.int64(lo), np.int64(hi), values)
+
+    def tokens(self, lo: int, hi: int) -> list[str]:
+        """Entries ``lo..hi-1`` as strings."""
+        if hi <= lo:
+            return []
+        return self.blob[self.off[lo]:self.off[hi]].tobytes().decode("utf-8").split("\n")[:-1]
+
+
+@nb.njit(cache=True)
+def _scan(data, offsets, flags, fold_n, fold_cp, lowercase, verbatim, stop_on_astral,
+          slots, e_off, blob, e_val, n_e, tok_out, doc_ntok):
+    """See :func:`scan_tokens`; returns (docs done, tokens written, arrays, n_e)."""
     n_docs = offsets.shape[0] - 1
-    max_bytes = 0
-    for d in range(n_docs):
-        ln = offsets[d + 1] - offsets[d]
-        if ln > max_bytes:
-            max_bytes = ln
-    cps = np.empty(3 * max_bytes + 3, dtype=np.int64)
-    tokb = np.empty(3 * (3 * max_bytes + 3), dtype=np.uint8)
-    cap = 1024
-    slots = np.full(cap, -1, dtype=np.int64)
-    u_hash = np.empty(256, dtype=np.uint64)
-    u_off = np.zeros(257, dtype=np.int64)  # unique u: blob[u_off[u] : u_off[u + 1] - 1] + b"\n"
-    blob = np.empty(4096, dtype=np.uint8)
-    n_u = 0
+    n_e0 = n_e
+    cps = np.empty(1024, dtype=np.int64)
+    tokb = np.empty(3 * 1024, dtype=np.uint8)
     n_tok = 0
     for d in range(n_docs):
-        # 1. decode + fold
         i = offsets[d]
         end = offsets[d + 1]
+        if 3 * (end - i) + 3 > cps.shape[0]:
+            cps = np.empty(2 * (3 * (end - i) + 3), dtype=np.int64)
+            tokb = np.empty(3 * cps.shape[0], dtype=np.uint8)
         n = 0
-        apos = False
-        bad = False
-        while i < end:
-            b = np.int64(data[i])
-            if b < 0x80:
-                cp = b
-                i += 1
-            elif b < 0xE0:
-                cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-                i += 2
-            elif b < 0xF0:
-                cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-                i += 3
-            else:  # above U+FFFF: not handled here
-                bad = True
-                break
-            if lowercase:
-                k = fold_n[cp]
-                for j in range(k):
-                    c2 = np.int64(fold_cp[3 * cp + j])
-                    cps[n] = c2
-                    n += 1
-                    if c2 == 0x27 or c2 == 0x2019:
-                        apos = True
-            else:
-                cps[n] = cp
-                n += 1
-                if cp == 0x27 or cp == 0x2019:
-                    apos = True
-        if bad:
-            doc_ntok[d] = -1
-            continue
-        # 2. possessive strip: (?<=\w)['’][sS]\b, lookbehind on the unstripped text
-        if apos:
-            w = 0
-            i = 0
-            while i < n:
-                c = cps[i]
-                if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[cps[i - 1]] & 1) != 0 and i + 1 < n
-                        and (cps[i + 1] == 0x73 or cps[i + 1] == 0x53)
-                        and (i + 2 >= n or (flags[cps[i + 2]] & 1) == 0)):
-                    i += 2
-                    continue
-                cps[w] = c
-                w += 1
-                i += 1
-            n = w
-        # 3. tokenise
         first_tok = n_tok
-        i = 0
-        while i < n:
-            f = flags[cps[i]]
-            if (f & 4) != 0:
-                s = i
-                i += 1
-            elif (f & 1) != 0:
-                s = i
-                i += 1
-                while True:
-                    while i < n and (flags[cps[i]] & 5) == 1:
-                        i += 1
-                    if i + 1 < n and (flags[cps[i + 1]] & 5) == 1:
-                        c = cps[i]
-                        if c == 0x2E or c == 0x27 or c == 0x2019:
-                            i += 2
-                            continue
-                        if c == 0x2C and (flags[cps[i - 1]] & 2) != 0 and (flags[cps[i + 1]] & 2) != 0:
-                            i += 2
-                            continue
+        if verbatim:  # the text is one token already
+            s_v = 0
+            e_v = 0
+        else:
+            # 1. decode + fold
+            apos = False
+            bad = False
+            while i < end:
+                b = np.int64(data[i])
+                if b < 0x80:
+                    cp = b
+                    i += 1
+                elif b < 0xE0:
+                    cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                    i += 2
+                elif b < 0xF0:
+                    cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                    i += 3
+                else:  # above U+FFFF: not handled here
+                    bad = True
                     break
-            else:
-                i += 1
+                if lowercase:
+                    k = fold_n[cp]
+                    for j in range(k):
+                        c2 = np.int64(fold_cp[3 * cp + j])
+                        cps[n] = c2
+                        n += 1
+                        if c2 == 0x27 or c2 == 0x2019:
+                            apos = True
+                else:
+                    cps[n] = cp
+                    n += 1
+                    if cp == 0x27 or cp == 0x2019:
+                        apos = True
+            if bad:
+                if stop_on_astral:
+                    return d, n_tok, slots, e_off, blob, e_val, n_e
+                doc_ntok[d] = -1
                 continue
-            # 4. token cps[s:i] -> UTF-8 -> local id
-            m = 0
-            h = _FNV_OFFSET
-            for j in range(s, i):
-                m = _put_utf8(tokb, m, cps[j])
-            for j in range(m):
-                h = (h ^ np.uint64(tokb[j])) * _FNV_PRIME
-            mask = cap - 1
-            slot = np.int64(h & np.uint64(mask))
-            while True:
-                u = slots[slot]
-                if u < 0:
+            # 2. possessive strip: (?<=\w)['’][sS]\b, lookbehind on the unstripped text
+            if apos:
+                w = 0
+                i = 0
+                while i < n:
+                    c = cps[i]
+                    if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[cps[i - 1]] & 1) != 0 and i + 1 < n
+                            and (cps[i + 1] == 0x73 or cps[i + 1] == 0x53)
+                            and (i + 2 >= n or (flags[cps[i + 2]] & 1) == 0)):
+                        i += 2
+                        continue
+                    cps[w] = c
+                    w += 1
+                    i += 1
+                n = w
+        # 3. tokenise
+        i = 0
+        while True:
+            if verbatim:
+                if i > 0:
                     break
-                if u_hash[u] == h and u_off[u + 1] - 1 - u_off[u] == m:
-                    o = u_off[u]
-                    same = True
-                    for j in range(m):
-                        if blob[o + j] != tokb[j]:
-                            same = False
-                            break
-                    if same:
+                i = 1
+                m = end - offsets[d]
+                for j in range(m):
+                    tokb[j] = data[offsets[d] + j]
+            else:
+                if i >= n:
+                    break
+                f = flags[cps[i]]
+                if (f & 4) != 0:
+                    s = i
+                    i += 1
+                elif (f & 1) != 0:
+                    s = i
+                    i += 1
+                    while True:
+                        while i < n and (flags[cps[i]] & 5) == 1:
+                            i += 1
+                        if i + 1 < n and (flags[cps[i + 1]] & 5) == 1:
+                            c = cps[i]
+                            if c == 0x2E or c == 0x27 or c == 0x2019:
+                                i += 2
+                                continue
+                            if c == 0x2C and (flags[cps[i - 1]] & 2) != 0 and (flags[cps[i + 1]] & 2) != 0:
+                                i += 2
+                                continue
                         break
+                else:
+                    i += 1
+                    continue
+                m = 0
+                for j in range(s, i):
+                    m = _put_utf8(tokb, m, cps[j])
+            # 4. token bytes tokb[:m] -> entry of the table
+            key = _key(tokb, 0, m)
+            mask = (slots.shape[0] >> 1) - 1
+            slot = _slot_of(key, mask)
+            val = np.int64(0)
+            found = False
+            while True:
+                k2 = slots[2 * slot]
+                if k2 == 0:
+                    break
+                if k2 == key:
+                    val = slots[2 * slot + 1]
+                    if m <= 7:
+                        found = True
+                        break
+                    e = val >> 32
+                    o = e_off[e]
+                    if e_off[e + 1] - 1 - o == m:
+                        same = True
+                        for j in range(m):
+                            if blob[o + j] != tokb[j]:
+                                same = False
+                                break
+                        if same:
+                            found = True
+                            break
                 slot = (slot + 1) & mask
-            if u < 0:
-                u = n_u
-                if n_u + 1 >= u_hash.shape[0]:
-                    nh = np.empty(2 * u_hash.shape[0], dtype=np.uint64)
-                    nh[:n_u] = u_hash[:n_u]
-                    u_hash = nh
-                    no = np.zeros(2 * u_off.shape[0], dtype=np.int64)
-                    no[:n_u + 1] = u_off[:n_u + 1]
-                    u_off = no
-                o = u_off[n_u]
+            if found:
+                lv = val & 0xFFFFFFFF
+                value = lv - 0x100000000 if lv >= 0x80000000 else lv
+            else:  # new entry, value pending: -(2 + its index among this call's new entries)
+                if n_e + 2 > e_off.shape[0] or n_e + 1 > e_val.shape[0]:
+                    no = np.zeros(2 * n_e + 2, dtype=np.int64)
+                    no[:n_e + 1] = e_off[:n_e + 1]
+                    e_off = no
+                    nv = np.empty(2 * n_e + 2, dtype=np.int64)
+                    nv[:n_e] = e_val[:n_e]
+                    e_val = nv
+                o = e_off[n_e]
                 if o + m + 1 > blob.shape[0]:
                     nb_ = np.empty(2 * blob.shape[0] + m + 1, dtype=np.uint8)
                     nb_[:o] = blob[:o]
@@ -222,23 +326,69 @@ def _tokenize(data, offsets, flags, fold_n, fold_cp, lowercase, tok_out, doc_nto
                 for j in range(m):
                     blob[o + j] = tokb[j]
                 blob[o + m] = 0x0A
-                u_off[n_u + 1] = o + m + 1
-                u_hash[n_u] = h
-                slots[slot] = n_u
-                n_u += 1
-                if 2 * n_u > cap:  # grow and rehash
-                    cap *= 2
-                    slots = np.full(cap, -1, dtype=np.int64)
-                    mask = cap - 1
-                    for v in range(n_u):
-                        sl = np.int64(u_hash[v] & np.uint64(mask))
-                        while slots[sl] >= 0:
-                            sl = (sl + 1) & mask
-                        slots[sl] = v
-            tok_out[n_tok] = u
+                e_off[n_e + 1] = o + m + 1
+                value = -2 - (n_e - n_e0)
+                e_val[n_e] = value
+                slots[2 * slot] = key
+                slots[2 * slot + 1] = (n_e << 32) | (value & 0xFFFFFFFF)
+                n_e += 1
+                if 4 * n_e > slots.shape[0]:  # load > 1/2: grow and rehash
+                    old = slots
+                    slots = np.zeros(2 * old.shape[0], dtype=np.int64)
+                    mask = (slots.shape[0] >> 1) - 1
+                    for q in range(old.shape[0] >> 1):
+                        k3 = old[2 * q]
+                        if k3 != 0:
+                            sl = _slot_of(k3, mask)
+                            while slots[2 * sl] != 0:
+                                sl = (sl + 1) & mask
+                            slots[2 * sl] = k3
+                            slots[2 * sl + 1] = old[2 * q + 1]
+            if n_tok >= tok_out.shape[0]:
+                raise ValueError("token output buffer too small")
+            tok_out[n_tok] = value
             n_tok += 1
         doc_ntok[d] = n_tok - first_tok
-    return n_tok, blob, u_off, n_u
+    return n_docs, n_tok, slots, e_off, blob, e_val, n_e
+
+
+def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, lowercase: bool, ideo_class: str,
+                verbatim: bool = False, stop_on_astral: bool = False) -> tuple[int, np.ndarray, np.ndarray, int]:
+    """Tokenise UTF-8 texts and look every token up in ``table``, adding the new ones.
+
+    Args:
+        data: u8[total] UTF-8 bytes of all texts (valid UTF-8, e.g. an Arrow string buffer).
+        offsets: i64[n+1] byte offsets; text i is ``data[offsets[i]:offsets[i+1]]``.
+        table: token table; grows in place (its arrays may be replaced).
+        lowercase: apply ``str.casefold``.
+        ideo_class: regex class body of single-character tokens (``index.analyzer._IDEO``).
+        verbatim: each text is one token as it is (no folding or splitting).
+        stop_on_astral: stop before the first text with a code point above U+FFFF (otherwise
+            such a text is skipped and its count is -1).
+
+    Returns:
+        ``(done, values i64[m], counts i64[done], first_new)``: texts ``0..done-1`` were
+        scanned; ``values`` holds, per token occurrence in order, the table value of its entry,
+        or ``-2 - j`` for the j-th entry this call added (entries ``first_new..table.n-1``, in
+        first-occurrence order; their ``table.value`` is the same placeholder until the caller
+        sets it); ``counts`` the number of tokens per text.
+
+    Raises:
+        ValueError: ``offsets`` is not non-decreasing within ``data``.
+    """
+    if len(offsets) < 1 or offsets[0] < 0 or offsets[-1] > len(data) or bool((np.diff(offsets) < 0).any()):
+        raise ValueError(f"offsets must be non-decreasing within [0, {len(data)}]")
+    flags, fold_n, fold_cp = char_tables(ideo_class)
+    n = len(offsets) - 1
+    # a token takes >= 1 byte and two word tokens are >= 1 byte apart; an ideograph is 3 bytes
+    bound = (int(offsets[n] - offsets[0]) + 1) // 2 + n + 1
+    tok_out = np.empty(bound, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    first_new = table.n
+    done, n_tok, table.slots, table.off, table.blob, table.value, table.n = _scan(
+        data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp, bool(lowercase), bool(verbatim),
+        bool(stop_on_astral), table.slots, table.off, table.blob, table.value, np.int64(table.n), tok_out, counts)
+    return int(done), tok_out[:n_tok], counts[:done], first_new
 
 
 def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
@@ -260,22 +410,13 @@ def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
     Raises:
         ValueError: ``offsets`` is not non-decreasing from 0 or does not fit ``data``.
     """
-    if len(offsets) < 1 or offsets[0] < 0 or offsets[-1] > len(data) or bool((np.diff(offsets) < 0).any()):
-        raise ValueError(f"offsets must be non-decreasing within [0, {len(data)}]")
-    flags, fold_n, fold_cp = char_tables(ideo_class)
-    n = len(offsets) - 1
-    # a token takes >= 1 byte and two word tokens are >= 1 byte apart; an ideograph is 3 bytes
-    bound = (int(offsets[n] - offsets[0]) + 1) // 2 + n + 1
-    tok_out = np.empty(bound, dtype=np.int32)
-    doc_ntok = np.zeros(n, dtype=np.int64)
-    n_tok, blob, u_off, n_u = _tokenize(data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp,
-                                        bool(lowercase), tok_out, doc_ntok)
-    tokens = blob[:u_off[n_u]].tobytes().decode("utf-8").split("\n")[:-1] if n_u else []
-    return tok_out[:n_tok], doc_ntok, tokens
+    table = TokenTable()
+    _, vals, counts, _ = scan_tokens(data, offsets, table, lowercase=lowercase, ideo_class=ideo_class)
+    return (-2 - vals).astype(np.int32), counts, table.tokens(0, table.n)
 
 
 @nb.njit(cache=True)
-def _count_terms(local_ids, counts, lmap, n_terms, first_doc):
+def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
     n_docs = counts.shape[0]
     last = np.full(max(n_terms, 1), -1, dtype=np.int64)
     pos = np.empty(max(n_terms, 1), dtype=np.int64)
@@ -287,7 +428,7 @@ def _count_terms(local_ids, counts, lmap, n_terms, first_doc):
     p = 0
     for d in range(n_docs):
         for _ in range(counts[d]):
-            g = lmap[local_ids[p]]
+            g = local_ids[p] if identity else lmap[local_ids[p]]
             p += 1
             if g < 0:
                 continue
@@ -304,15 +445,15 @@ def _count_terms(local_ids, counts, lmap, n_terms, first_doc):
     return out_doc[:k], out_tid[:k], out_tf[:k], lens
 
 
-def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray, n_terms: int,
+def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | None, n_terms: int,
                 first_doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-document term frequencies of a tokenised batch.
 
     Args:
-        local_ids: i32[m] token occurrences (local ids), texts one after another.
+        local_ids: int[m] token occurrences (local ids), texts one after another.
         counts: i64[n] tokens per text (sum = m).
         lmap: i64[n_local] term id of each local id (-1: not indexed, e.g. a stop word);
-            every id must be < ``n_terms``.
+            every id must be < ``n_terms``. ``None``: ``local_ids`` are term ids already.
         n_terms: vocabulary size.
         first_doc: document number of the batch's first text.
 
@@ -325,9 +466,13 @@ def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray, n_t
     """
     if int(counts.sum()) != len(local_ids):
         raise ValueError(f"counts sum to {int(counts.sum())}, expected len(local_ids) = {len(local_ids)}")
-    if len(lmap) and (int(lmap.max()) >= n_terms or int(lmap.min()) < -1):
-        raise ValueError(f"lmap has term ids outside [-1, {n_terms}): {int(lmap.min())}..{int(lmap.max())}")
-    return _count_terms(local_ids, counts.astype(np.int64), lmap.astype(np.int64), int(n_terms), np.int64(first_doc))
+    identity = lmap is None
+    ids = local_ids if identity else lmap
+    if len(ids) and (int(ids.max()) >= n_terms or int(ids.min()) < -1):
+        raise ValueError(f"term ids outside [-1, {n_terms}): {int(ids.min())}..{int(ids.max())}")
+    lmap = np.zeros(0, dtype=np.int64) if identity else lmap.astype(np.int64, copy=False)
+    return _count_terms(local_ids, counts.astype(np.int64, copy=False), lmap, int(n_terms), np.int64(first_doc),
+                        identity)
 
 
 @nb.njit(cache=True)

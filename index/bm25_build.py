@@ -12,8 +12,8 @@ from typing import Sequence
 
 import numpy as np
 
-from .analyzer import Analyzer
-from .analyzer_kernels import count_terms, csr_by_term
+from .analyzer import _IDEO, Analyzer
+from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens
 
 
 class PostingsBuilder:
@@ -26,8 +26,8 @@ class PostingsBuilder:
     def __init__(self, analyzer: Analyzer) -> None:
         self.analyzer = analyzer
         self.vocab: dict[str, int] = {}
-        self._token_ids: dict[str, int] = {}
         self.terms: list[str] = []
+        self._table = TokenTable()  # token -> term id (-1: not indexed), every token seen so far
         self._docs: list[np.ndarray] = []
         self._term_ids: list[np.ndarray] = []
         self._tfs: list[np.ndarray] = []
@@ -38,43 +38,79 @@ class PostingsBuilder:
     def add(self, texts: Sequence[str]) -> None:
         """Analyse and add a batch of documents (in shard order).
 
-        Each distinct token of the batch is looked up once (:meth:`Analyzer.tokenize_batch`);
-        tokens never seen before are resolved to terms in first-occurrence order, so term ids
-        are those of analysing the documents one by one.
+        Tokens are scanned and looked up in a token table by :func:`index.analyzer_kernels.scan_tokens`
+        (the same token streams as :meth:`Analyzer.tokenize`); tokens never seen before are
+        resolved to terms (stop words, length limit, stemming) in first-occurrence order, so term
+        ids are those of analysing the documents one by one. A text the scanner does not handle
+        (a code point above U+FFFF) is tokenised in Python, in its place in the order.
         """
-        batch = self.analyzer.tokenize_batch(texts)
-        get = self._token_ids.get
-        ids = list(map(get, batch.tokens))
-        if None in ids:
-            new = [t for t, i in zip(batch.tokens, ids) if i is None]
-            for tok, term in zip(new, self.analyzer.terms(new)):
-                self._assign(tok, term)
-            ids = list(map(get, batch.tokens))
-        lmap = np.fromiter(ids, dtype=np.int64, count=len(ids))
-        doc, tid, tf, lens = count_terms(batch.token_ids, np.diff(batch.offsets), lmap, len(self.terms), self._n)
+        import pyarrow as pa
+
+        texts = texts if isinstance(texts, list) else list(texts)
+        n = len(texts)
+        cfg = self.analyzer.config
+        try:
+            arr = pa.array(texts, type=pa.large_string())
+        except (pa.ArrowException, UnicodeError):  # lone surrogates: whole batch in Python
+            arr = None
+        vals: list[np.ndarray] = []
+        counts = np.zeros(n, dtype=np.int64)
+        start = 0
+        if arr is not None:
+            bufs = arr.buffers()
+            offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
+            data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+        while start < n:
+            if arr is not None:
+                done, v, cnt, first_new = scan_tokens(data, offsets[start:], self._table, lowercase=cfg.lowercase,
+                                                      ideo_class=_IDEO, stop_on_astral=True)
+                vals.append(self._resolve(v, first_new))
+                counts[start:start + done] = cnt
+                start += done
+                if start == n:
+                    break
+            # text `start` in Python, its tokens looked up as whole tokens
+            toks = self.analyzer.tokenize(texts[start])
+            if toks:
+                tarr = pa.array(toks, type=pa.large_string())
+                tb = tarr.buffers()
+                _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
+                                                 np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
+                                                 self._table, lowercase=False, ideo_class=_IDEO, verbatim=True)
+                vals.append(self._resolve(v, first_new))
+            counts[start] = len(toks)
+            start += 1
+        tids = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
+        doc, tid, tf, lens = count_terms(tids, counts, None, len(self.terms), self._n)
         self._docs.append(doc)
         self._term_ids.append(tid)
         self._tfs.append(tf)
         self._lens.append(lens)
-        self._n += len(texts)
+        self._n += n
         self.sum_dl += int(lens.sum(dtype=np.int64))
 
-    def _assign(self, token: str, term: str | None) -> int:
-        """Record the term id of a new token (-1 for ``term`` None), adding ``term`` to the vocabulary."""
-        if term is None:
-            i = -1
-        else:
-            i = self.vocab.get(term)
-            if i is None:
-                i = len(self.terms)
-                self.vocab[term] = i
-                self.terms.append(term)
-        self._token_ids[token] = i
-        return i
-
-    def _token_id(self, token: str) -> int:
-        """Term id of a token not seen before (-1 for stop words / over-long tokens); cached."""
-        return self._assign(token, self.analyzer.term(token))
+    def _resolve(self, values: np.ndarray, first_new: int) -> np.ndarray:
+        """Give the table entries added since ``first_new`` their term ids (in order) and replace
+        their placeholders in ``values``."""
+        table = self._table
+        if table.n > first_new:
+            new_tokens = table.tokens(first_new, table.n)
+            vocab, terms = self.vocab, self.terms
+            ids = []
+            for term in self.analyzer.terms(new_tokens):
+                if term is None:
+                    ids.append(-1)
+                    continue
+                i = vocab.get(term)
+                if i is None:
+                    i = vocab[term] = len(terms)
+                    terms.append(term)
+                ids.append(i)
+            new_ids = np.asarray(ids, dtype=np.int64)
+            table.set_values(first_new, new_ids)
+            pending = values < -1
+            values[pending] = new_ids[-2 - values[pending]]
+        return values
 
     def flush(self) -> dict[str, np.ndarray]:
         """Return the current shard's arrays and reset for the next shard.

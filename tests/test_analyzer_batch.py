@@ -91,6 +91,24 @@ def test_postings_equal_reference(texts, batch):
     assert out["doc_len"].tolist() == lens
 
 
+def test_postings_many_tokens_growing_table():
+    """Thousands of distinct tokens over several batches (the token table grows and rehashes)."""
+    rng = np.random.default_rng(5)
+    words = [f"w{i}x" if i % 3 else f"Run{i}ning" for i in range(6000)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 50)))) for _ in range(700)]
+    texts[100] = "astral 😀 w1x then run4ning"  # Python fallback mid-batch
+    pb = PostingsBuilder(Analyzer())
+    for i in range(0, len(texts), 256):
+        pb.add(texts[i:i + 256])
+    out = pb.flush()
+    terms, pairs, lens = _reference_postings(texts)
+    assert pb.terms == terms and len(terms) > 4000
+    off = out["offsets"].astype(np.int64)
+    got = [(t, int(out["doc_ids"][p]), int(out["tfs"][p])) for t in range(len(terms)) for p in range(off[t], off[t + 1])]
+    assert got == pairs
+    assert out["doc_len"].tolist() == lens
+
+
 def test_csr_by_term_matches_lexsort_and_checks():
     rng = np.random.default_rng(3)
     doc = np.sort(rng.integers(0, 50, 400)).astype(np.uint32)
