@@ -106,8 +106,11 @@ class Analyzer:
         """
         stop, longest = self._stop, self.config.max_token_length
         keep = [t for t in tokens if t not in stop and len(t) <= longest]
-        stems = iter(self._batch_stemmer.stemWords(keep) if self._batch_stemmer is not None else keep)
-        return [None if t in stop or len(t) > longest else next(stems) for t in tokens]
+        stems = self._batch_stemmer.stemWords(keep) if self._batch_stemmer is not None else keep
+        if len(keep) == len(tokens):
+            return stems
+        it = iter(stems)
+        return [None if t in stop or len(t) > longest else next(it) for t in tokens]
 
     def tokenize_batch(self, texts: Sequence[str]) -> TokenBatch:
         """:meth:`tokenize` of a batch of texts, each distinct token returned once.

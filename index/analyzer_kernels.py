@@ -479,11 +479,15 @@ def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | No
 def _scatter(doc, tid, tf, offsets, out_doc, out_tf):
     cur = offsets[:-1].astype(np.int64)
     for i in range(doc.shape[0]):
+        if i > 0 and doc[i] < doc[i - 1]:
+            return False
+    for i in range(doc.shape[0]):
         t = tid[i]
         p = cur[t]
         cur[t] = p + 1
         out_doc[p] = doc[i]
         out_tf[p] = tf[i]
+    return True
 
 
 def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -501,11 +505,12 @@ def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) 
     """
     if not (len(doc) == len(tid) == len(tf)):
         raise ValueError(f"doc, tid, tf lengths differ: {len(doc)}, {len(tid)}, {len(tf)}")
-    if len(doc) and (int(tid.max()) >= n_terms or bool((np.diff(doc.astype(np.int64)) < 0).any())):
-        raise ValueError("term id out of range or documents not in ascending order")
+    if len(doc) and int(tid.max()) >= n_terms:
+        raise ValueError(f"term id {int(tid.max())} out of range (n_terms = {n_terms})")
     offsets = np.zeros(n_terms + 1, dtype=np.uint64)
     np.cumsum(np.bincount(tid, minlength=n_terms), out=offsets[1:])
     out_doc = np.empty(len(doc), dtype=np.uint32)
     out_tf = np.empty(len(doc), dtype=np.uint32)
-    _scatter(doc, tid, tf, offsets, out_doc, out_tf)
+    if not _scatter(doc, tid, tf, offsets, out_doc, out_tf):
+        raise ValueError("documents not in ascending order")
     return offsets, out_doc, out_tf

@@ -8,6 +8,7 @@ a shard's ``offsets`` cover the terms known when it was written.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
@@ -95,17 +96,12 @@ class PostingsBuilder:
         table = self._table
         if table.n > first_new:
             new_tokens = table.tokens(first_new, table.n)
-            vocab, terms = self.vocab, self.terms
-            ids = []
-            for term in self.analyzer.terms(new_tokens):
-                if term is None:
-                    ids.append(-1)
-                    continue
-                i = vocab.get(term)
-                if i is None:
-                    i = vocab[term] = len(terms)
-                    terms.append(term)
-                ids.append(i)
+            vocab = self.vocab
+            new_terms = self.analyzer.terms(new_tokens)  # None: not indexed
+            fresh = [t for t in dict.fromkeys(new_terms) if t is not None and t not in vocab]
+            vocab.update(zip(fresh, range(len(self.terms), len(self.terms) + len(fresh))))
+            self.terms.extend(fresh)
+            ids = list(map(vocab.get, new_terms, repeat(-1, len(new_terms))))
             new_ids = np.asarray(ids, dtype=np.int64)
             table.set_values(first_new, new_ids)
             pending = values < -1
