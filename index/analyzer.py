@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import re
 from functools import lru_cache
-from typing import Iterable, Sequence
+from typing import Iterable, NamedTuple, Sequence
 
+import numpy as np
 import Stemmer
 
 from .config import AnalyzerConfig
@@ -33,6 +34,26 @@ _TOKEN_RE = re.compile(
     rf"|(?:[^\W{_IDEO}]+(?:(?:[.'\u2019]|(?<=\d),(?=\d))[^\W{_IDEO}]+)*)"
 )
 _POSSESSIVE_RE = re.compile(r"(?<=\w)['\u2019][sS]\b")
+
+
+#: Batches with fewer characters than this are tokenised in Python (the compiled scanner's fixed
+#: cost, Arrow conversion and the dispatch, exceeds the regex's below about this size).
+BATCH_MIN_CHARS = 2000
+
+
+class TokenBatch(NamedTuple):
+    """Tokens of a batch of texts, each distinct token once.
+
+    Attributes:
+        tokens: the batch's distinct tokens (as :meth:`Analyzer.tokenize` returns them), in
+            first-occurrence order.
+        token_ids: int32[m]: every token occurrence as an index into ``tokens``, texts in order.
+        offsets: int64[n+1]: text i's occurrences are ``token_ids[offsets[i]:offsets[i+1]]``.
+    """
+
+    tokens: list[str]
+    token_ids: np.ndarray
+    offsets: np.ndarray
 
 
 class Analyzer:
@@ -53,6 +74,10 @@ class Analyzer:
         if self._stemmer is not None:
             self._stemmer.maxCacheSize = 1_000_000
         self._stem_one = lru_cache(maxsize=1_000_000)(self._stem_uncached)
+        # for batches of distinct tokens PyStemmer's own cache only costs (measured 7x slower)
+        self._batch_stemmer = Stemmer.Stemmer("porter") if self.config.stemmer == "porter" else None
+        if self._batch_stemmer is not None:
+            self._batch_stemmer.maxCacheSize = 0
 
     def _stem_uncached(self, token: str) -> str:
         return self._stemmer.stemWord(token) if self._stemmer is not None else token
@@ -71,6 +96,88 @@ class Analyzer:
         if token in self._stop or len(token) > self.config.max_token_length:
             return None
         return self._stem_one(token)
+
+    def terms(self, tokens: Sequence[str]) -> list[str | None]:
+        """:meth:`term` of many tokens (stemmed in one PyStemmer call, without caching).
+
+        Returns:
+            one entry per token, in order: the index term, or ``None`` for a stop word or an
+            over-long token.
+        """
+        stop, longest = self._stop, self.config.max_token_length
+        keep = [t for t in tokens if t not in stop and len(t) <= longest]
+        stems = self._batch_stemmer.stemWords(keep) if self._batch_stemmer is not None else keep
+        if len(keep) == len(tokens):
+            return stems
+        it = iter(stems)
+        return [None if t in stop or len(t) > longest else next(it) for t in tokens]
+
+    def tokenize_batch(self, texts: Sequence[str]) -> TokenBatch:
+        """:meth:`tokenize` of a batch of texts, each distinct token returned once.
+
+        ``[batch.tokens[i] for i in batch.token_ids[batch.offsets[j]:batch.offsets[j + 1]]]``
+        equals ``self.tokenize(texts[j])`` exactly. Large batches go through the compiled scanner of
+        :mod:`index.analyzer_kernels` (same definition, tables built from Python's ``re`` and
+        ``str.casefold``); texts it does not handle (code points above U+FFFF, lone surrogates) and
+        small batches are tokenised here in Python.
+
+        Args:
+            texts: n strings.
+
+        Returns:
+            a :class:`TokenBatch`.
+        """
+        texts = texts if isinstance(texts, list) else list(texts)
+        n = len(texts)
+        if sum(map(len, texts)) < BATCH_MIN_CHARS:
+            return self._tokenize_batch_py(texts)
+        import pyarrow as pa
+
+        from .analyzer_kernels import tokenize_utf8
+
+        try:
+            arr = pa.array(texts, type=pa.large_string())
+        except (pa.ArrowException, UnicodeError):  # lone surrogates
+            return self._tokenize_batch_py(texts)
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+        local, counts, tokens = tokenize_utf8(data, offsets, lowercase=self.config.lowercase, ideo_class=_IDEO)
+        todo = np.flatnonzero(counts < 0)
+        if len(todo) == 0:
+            off = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(counts, out=off[1:])
+            return TokenBatch(tokens, local, off)
+        # texts the scanner left to Python: merge their tokens in, keeping first-occurrence order
+        pos = {t: i for i, t in enumerate(tokens)}
+        extra = {j: np.fromiter((pos.setdefault(t, len(pos)) for t in self.tokenize(texts[j])), dtype=np.int64)
+                 for j in todo.tolist()}
+        for j, ids in extra.items():
+            counts[j] = len(ids)
+        bounds = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        stream = np.empty(int(bounds[-1]), dtype=np.int64)
+        handled = np.ones(int(bounds[-1]), dtype=bool)
+        for j, ids in extra.items():
+            stream[bounds[j]:bounds[j + 1]] = ids
+            handled[bounds[j]:bounds[j + 1]] = False
+        stream[handled] = local
+        all_tokens = list(pos)
+        uniq, first = np.unique(stream, return_index=True)
+        order = uniq[np.argsort(first, kind="stable")]
+        rank = np.empty(len(all_tokens), dtype=np.int32)
+        rank[order] = np.arange(len(order), dtype=np.int32)
+        return TokenBatch([all_tokens[i] for i in order.tolist()], rank[stream], bounds)
+
+    def _tokenize_batch_py(self, texts: Sequence[str]) -> TokenBatch:
+        """Python :meth:`tokenize_batch` (the reference)."""
+        pos: dict[str, int] = {}
+        ids: list[int] = []
+        offsets = [0]
+        for text in texts:
+            ids.extend(pos.setdefault(t, len(pos)) for t in self.tokenize(text))
+            offsets.append(len(ids))
+        return TokenBatch(list(pos), np.asarray(ids, dtype=np.int32), np.asarray(offsets, dtype=np.int64))
 
     def analyze(self, text: str) -> list[str]:
         """Terms of ``text`` in order, repeats kept (a term occurring n times counts n times)."""

@@ -8,11 +8,13 @@ a shard's ``offsets`` cover the terms known when it was written.
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Sequence
 
 import numpy as np
 
-from .analyzer import Analyzer
+from .analyzer import _IDEO, Analyzer
+from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens
 
 
 class PostingsBuilder:
@@ -25,8 +27,8 @@ class PostingsBuilder:
     def __init__(self, analyzer: Analyzer) -> None:
         self.analyzer = analyzer
         self.vocab: dict[str, int] = {}
-        self._token_ids: dict[str, int] = {}
         self.terms: list[str] = []
+        self._table = TokenTable()  # token -> term id (-1: not indexed), every token seen so far
         self._docs: list[np.ndarray] = []
         self._term_ids: list[np.ndarray] = []
         self._tfs: list[np.ndarray] = []
@@ -35,46 +37,76 @@ class PostingsBuilder:
         self.sum_dl = 0
 
     def add(self, texts: Sequence[str]) -> None:
-        """Analyse and add a batch of documents (in shard order)."""
-        cache = self._token_ids
-        get = cache.get
-        flat: list[int | None] = []
-        counts = np.empty(len(texts), dtype=np.int64)
-        for j, text in enumerate(texts):
-            toks = self.analyzer.tokenize(text)
-            counts[j] = len(toks)
-            ids = list(map(get, toks))
-            if None in ids:
-                ids = [self._token_id(t) if i is None else i for t, i in zip(toks, ids)]
-            flat.extend(ids)
-        tok = np.asarray(flat, dtype=np.int64)
-        keep = tok >= 0
-        doc = np.repeat(np.arange(self._n, self._n + len(texts), dtype=np.int64), counts)[keep]
-        tid = tok[keep]
-        lens = np.bincount(doc - self._n, minlength=len(texts)).astype(np.int64)
-        n_terms = len(self.terms)
-        key = doc * max(n_terms, 1) + tid
-        uniq, tf = np.unique(key, return_counts=True)
-        self._docs.append((uniq // max(n_terms, 1)).astype(np.uint32))
-        self._term_ids.append((uniq % max(n_terms, 1)).astype(np.uint32))
-        self._tfs.append(tf.astype(np.uint32))
-        self._lens.append(lens.astype(np.uint32))
-        self._n += len(texts)
-        self.sum_dl += int(lens.sum())
+        """Analyse and add a batch of documents (in shard order).
 
-    def _token_id(self, token: str) -> int:
-        """Term id of a token not seen before (-1 for stop words / over-long tokens); cached."""
-        term = self.analyzer.term(token)
-        if term is None:
-            i = -1
-        else:
-            i = self.vocab.get(term)
-            if i is None:
-                i = len(self.terms)
-                self.vocab[term] = i
-                self.terms.append(term)
-        self._token_ids[token] = i
-        return i
+        Tokens are scanned and looked up in a token table by :func:`index.analyzer_kernels.scan_tokens`
+        (the same token streams as :meth:`Analyzer.tokenize`); tokens never seen before are
+        resolved to terms (stop words, length limit, stemming) in first-occurrence order, so term
+        ids are those of analysing the documents one by one. A text the scanner does not handle
+        (a code point above U+FFFF) is tokenised in Python, in its place in the order.
+        """
+        import pyarrow as pa
+
+        texts = texts if isinstance(texts, list) else list(texts)
+        n = len(texts)
+        cfg = self.analyzer.config
+        try:
+            arr = pa.array(texts, type=pa.large_string())
+        except (pa.ArrowException, UnicodeError):  # lone surrogates: whole batch in Python
+            arr = None
+        vals: list[np.ndarray] = []
+        counts = np.zeros(n, dtype=np.int64)
+        start = 0
+        if arr is not None:
+            bufs = arr.buffers()
+            offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
+            data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+        while start < n:
+            if arr is not None:
+                done, v, cnt, first_new = scan_tokens(data, offsets[start:], self._table, lowercase=cfg.lowercase,
+                                                      ideo_class=_IDEO, stop_on_astral=True)
+                vals.append(self._resolve(v, first_new))
+                counts[start:start + done] = cnt
+                start += done
+                if start == n:
+                    break
+            # text `start` in Python, its tokens looked up as whole tokens
+            toks = self.analyzer.tokenize(texts[start])
+            if toks:
+                tarr = pa.array(toks, type=pa.large_string())
+                tb = tarr.buffers()
+                _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
+                                                 np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
+                                                 self._table, lowercase=False, ideo_class=_IDEO, verbatim=True)
+                vals.append(self._resolve(v, first_new))
+            counts[start] = len(toks)
+            start += 1
+        tids = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
+        doc, tid, tf, lens = count_terms(tids, counts, None, len(self.terms), self._n)
+        self._docs.append(doc)
+        self._term_ids.append(tid)
+        self._tfs.append(tf)
+        self._lens.append(lens)
+        self._n += n
+        self.sum_dl += int(lens.sum(dtype=np.int64))
+
+    def _resolve(self, values: np.ndarray, first_new: int) -> np.ndarray:
+        """Give the table entries added since ``first_new`` their term ids (in order) and replace
+        their placeholders in ``values``."""
+        table = self._table
+        if table.n > first_new:
+            new_tokens = table.tokens(first_new, table.n)
+            vocab = self.vocab
+            new_terms = self.analyzer.terms(new_tokens)  # None: not indexed
+            fresh = [t for t in dict.fromkeys(new_terms) if t is not None and t not in vocab]
+            vocab.update(zip(fresh, range(len(self.terms), len(self.terms) + len(fresh))))
+            self.terms.extend(fresh)
+            ids = list(map(vocab.get, new_terms, repeat(-1, len(new_terms))))
+            new_ids = np.asarray(ids, dtype=np.int64)
+            table.set_values(first_new, new_ids)
+            pending = values < -1
+            values[pending] = new_ids[-2 - values[pending]]
+        return values
 
     def flush(self) -> dict[str, np.ndarray]:
         """Return the current shard's arrays and reset for the next shard.
@@ -88,10 +120,8 @@ class PostingsBuilder:
         tid = np.concatenate(self._term_ids) if self._term_ids else np.zeros(0, np.uint32)
         tfs = np.concatenate(self._tfs) if self._tfs else np.zeros(0, np.uint32)
         lens = np.concatenate(self._lens) if self._lens else np.zeros(0, np.uint32)
-        order = np.lexsort((doc, tid))
-        offsets = np.zeros(n_terms + 1, dtype=np.uint64)
-        np.cumsum(np.bincount(tid, minlength=n_terms), out=offsets[1:])
-        out = {"offsets": offsets, "doc_ids": doc[order], "tfs": tfs[order], "doc_len": lens}
+        offsets, doc_ids, tf_sorted = csr_by_term(doc, tid, tfs, n_terms)
+        out = {"offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": lens}
         self._docs, self._term_ids, self._tfs, self._lens = [], [], [], []
         self._n = 0
         return out

@@ -129,3 +129,23 @@ def test_good_query_vectors_any_float_dtype(dense_idx):
     h = r.search("café", k=3, mode="hybrid", query_vectors=v[0])
     assert h and "accents" in [x.id for x in h]
     assert Retriever.open(dense_idx, verify=True)
+
+
+def test_concurrent_legs_same_results(dense_idx, monkeypatch):
+    """Hybrid legs run side by side (n_threads > 1) give exactly the sequential results."""
+    import retriever.engine as engine
+
+    r = Retriever.open(dense_idx)
+    qs = ["café", "accents", "", "naïve résumé café"] * 3
+    v = np.random.default_rng(2).standard_normal((len(qs), 16)).astype(np.float32)
+    got = {}
+    for concurrent in (False, True):
+        monkeypatch.setattr(engine, "CONCURRENT_LEGS", concurrent)
+        got[concurrent] = r.search_arrays(qs, k=5, mode="hybrid", query_vectors=v, n_threads=2)
+    a, b = got[False], got[True]
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
+    assert np.array_equal(a.n_found, b.n_found) and a.n_found.max() > 0
+    assert list(b.legs) == list(a.legs) == r.engine.legs_for("hybrid")
+    for name in a.legs:
+        assert np.array_equal(a.legs[name].scores, b.legs[name].scores, equal_nan=True)
+        assert np.array_equal(a.legs[name].ranks, b.legs[name].ranks)

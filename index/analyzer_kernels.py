@@ -1,0 +1,516 @@
+"""Build-time array kernels (numba) of the BM25 analyzer and postings builder.
+
+The analyzer's Python definition (:mod:`index.analyzer`: ``str.casefold``, the possessive regex,
+the token regex) is the reference; these kernels compute the same token streams over a whole
+batch of UTF-8 encoded texts without creating a Python object per token:
+
+1. *decode + fold*: UTF-8 → code points, each replaced by its ``str.casefold`` expansion (a table
+   built from Python itself for the Basic Multilingual Plane; Python's casefold is per character,
+   without context). A text containing a code point above U+FFFF is not handled: the kernel stops
+   before it and the caller analyses that text in Python.
+2. *possessive strip*: ``(?<=\\w)['’][sS]\\b`` removed, left to right, lookbehind on the unstripped
+   text (as ``re.sub`` does).
+3. *tokenise*: the token regex of :mod:`index.analyzer` written as a scanner: an ideograph /
+   Hiragana character alone, or a maximal chain of non-ideographic word-character runs joined by
+   ``.``, ``'``, ``’`` (followed by a word character) or ``,`` between two digits.
+   ``\\w`` / ``\\d`` membership comes from a table built by running Python's own ``re`` over every
+   BMP character, so the classes are Python's by construction.
+4. *dedupe*: each distinct token of the batch gets a local id (first-occurrence order) through an
+   open-addressing hash table (FNV-1a 64 over the token's UTF-8 bytes), so the caller stems and
+   looks up each distinct token once per batch.
+
+Then :func:`count_terms` turns local ids into per-document (term id, tf) pairs and document
+lengths, and :func:`csr_by_term` is the stable counting sort that turns a shard's pairs into CSR
+postings (doc ids ascending within each term). All functions are pure functions of arrays.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+import numba as nb
+import numpy as np
+
+WORD = np.uint8(1)
+DIGIT = np.uint8(2)
+IDEO = np.uint8(4)
+
+_FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+_FNV_PRIME = np.uint64(0x100000001B3)
+
+
+@lru_cache(maxsize=1)
+def char_tables(ideo_class: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-BMP-code-point tables, computed from Python's own ``re`` and ``str.casefold``.
+
+    Args:
+        ideo_class: the body of the regex character class of single-character tokens
+            (``index.analyzer._IDEO``).
+
+    Returns:
+        ``flags`` u8[65536] (bit 1: ``\\w``, bit 2: ``\\d``, bit 4: in ``ideo_class``),
+        ``fold_n`` u8[65536] (length of ``chr(c).casefold()``, 1..3) and ``fold_cp``
+        u32[65536 * 3] (its code points; all of them are in the BMP).
+    """
+    chars = "".join(map(chr, range(0x10000)))
+    flags = np.zeros(0x10000, dtype=np.uint8)
+    for pat, bit in ((r"\w", WORD), (r"\d", DIGIT), (f"[{ideo_class}]", IDEO)):
+        idx = np.fromiter((m.start() for m in re.finditer(pat, chars)), dtype=np.int64)
+        flags[idx] |= bit
+    fold_n = np.ones(0x10000, dtype=np.uint8)
+    fold_cp = np.zeros(0x10000 * 3, dtype=np.uint32)
+    fold_cp[0::3] = np.arange(0x10000, dtype=np.uint32)
+    for c in range(0x10000):
+        f = chars[c].casefold()
+        if f != chars[c]:
+            if len(f) > 3 or any(ord(x) > 0xFFFF for x in f):  # never true (checked for Python 3.11)
+                raise ValueError(f"casefold of U+{c:04X} is {f!r}: outside the table's layout")
+            fold_n[c] = len(f)
+            for j, x in enumerate(f):
+                fold_cp[3 * c + j] = ord(x)
+    return flags, fold_n, fold_cp
+
+
+@nb.njit(cache=True, inline="always")
+def _put_utf8(buf, n, cp):
+    if cp < 0x80:
+        buf[n] = cp
+        return n + 1
+    if cp < 0x800:
+        buf[n] = 0xC0 | (cp >> 6)
+        buf[n + 1] = 0x80 | (cp & 0x3F)
+        return n + 2
+    buf[n] = 0xE0 | (cp >> 12)
+    buf[n + 1] = 0x80 | ((cp >> 6) & 0x3F)
+    buf[n + 2] = 0x80 | (cp & 0x3F)
+    return n + 3
+
+
+_KEY_LONG = np.int64(-72057594037927936)  # 0xFF << 56: keys of tokens longer than 7 bytes
+_MIX = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15
+
+
+@nb.njit(cache=True, inline="always")
+def _key(buf, start, m):
+    """Slot key of the token buf[start:start+m] (m >= 1): the bytes themselves and the length when
+    m <= 7 (exact), else 0xFF and 56 bits of its FNV-1a hash (the bytes are compared too)."""
+    if m <= 7:
+        k = np.int64(m) << 56
+        for j in range(m):
+            k |= np.int64(buf[start + j]) << (8 * j)
+        return k
+    h = _FNV_OFFSET
+    for j in range(m):
+        h = (h ^ np.uint64(buf[start + j])) * _FNV_PRIME
+    return np.int64(h >> np.uint64(8)) | _KEY_LONG
+
+
+@nb.njit(cache=True, inline="always")
+def _slot_of(key, mask):
+    x = key * _MIX
+    x ^= x >> 29
+    x *= _MIX
+    x ^= x >> 32
+    return x & mask
+
+
+@nb.njit(cache=True)
+def _set_values(slots, e_off, blob, lo, hi, values):
+    """Write ``values[e - lo]`` as the value of entries ``lo..hi-1`` (in ``slots``)."""
+    mask = (slots.shape[0] >> 1) - 1
+    for e in range(lo, hi):
+        o = e_off[e]
+        key = _key(blob, o, e_off[e + 1] - 1 - o)
+        slot = _slot_of(key, mask)
+        while True:
+            if slots[2 * slot] == key and (slots[2 * slot + 1] >> 32) == e:
+                slots[2 * slot + 1] = (np.int64(e) << 32) | (values[e - lo] & 0xFFFFFFFF)
+                break
+            if slots[2 * slot] == 0:
+                raise ValueError("token table entry not found")
+            slot = (slot + 1) & mask
+
+
+class TokenTable:
+    """A token → value hash table kept in numpy arrays, so the kernels stay pure functions.
+
+    ``slots`` i64[2 * cap] (cap a power of two, load <= 1/2, linear probing): pairs
+    ``(key, entry << 32 | value as int32)``, key 0 = empty (see ``_key``); ``off`` i64[n+1] and
+    ``blob`` u8 (entry e's UTF-8 bytes are ``blob[off[e]:off[e+1]-1]``, each followed by
+    ``\n``); ``value`` i64[n] (the caller's value of each entry, e.g. a term id, in
+    [-2**31, 2**31)). Set values with :meth:`set_values`.
+    """
+
+    def __init__(self) -> None:
+        self.slots = np.zeros(2 * 1024, dtype=np.int64)
+        self.off = np.zeros(1025, dtype=np.int64)
+        self.blob = np.empty(8192, dtype=np.uint8)
+        self.value = np.empty(1024, dtype=np.int64)
+        self.n = 0
+
+    def set_values(self, lo: int, values: np.ndarray) -> None:
+        """Set the values of entries ``lo .. lo + len(values) - 1`` (int64 in int32 range).
+
+        Raises:
+            ValueError: a value outside the int32 range or entries that do not exist.
+        """
+        values = np.asarray(values, dtype=np.int64)
+        hi = lo + len(values)
+        if lo < 0 or hi > self.n:
+            raise ValueError(f"entries {lo}..{hi - 1} do not exist (table has {self.n})")
+        if len(values) and (values.min() < -2**31 or values.max() >= 2**31):
+            raise ValueError("values must be in the int32 range")
+        self.value[lo:hi] = values
+        _set_values(self.slots, self.off, self.blob, np.int64(lo), np.int64(hi), values)
+
+    def tokens(self, lo: int, hi: int) -> list[str]:
+        """Entries ``lo..hi-1`` as strings."""
+        if hi <= lo:
+            return []
+        return self.blob[self.off[lo]:self.off[hi]].tobytes().decode("utf-8").split("\n")[:-1]
+
+
+@nb.njit(cache=True)
+def _scan(data, offsets, flags, fold_n, fold_cp, lowercase, verbatim, stop_on_astral,
+          slots, e_off, blob, e_val, n_e, tok_out, doc_ntok):
+    """See :func:`scan_tokens`; returns (docs done, tokens written, arrays, n_e)."""
+    n_docs = offsets.shape[0] - 1
+    n_e0 = n_e
+    cps = np.empty(1024, dtype=np.int64)
+    tokb = np.empty(3 * 1024, dtype=np.uint8)
+    n_tok = 0
+    for d in range(n_docs):
+        i = offsets[d]
+        end = offsets[d + 1]
+        if 3 * (end - i) + 3 > cps.shape[0]:
+            cps = np.empty(2 * (3 * (end - i) + 3), dtype=np.int64)
+            tokb = np.empty(3 * cps.shape[0], dtype=np.uint8)
+        n = 0
+        first_tok = n_tok
+        if verbatim:  # the text is one token already
+            s_v = 0
+            e_v = 0
+        else:
+            # 1. decode + fold
+            apos = False
+            bad = False
+            while i < end:
+                b = np.int64(data[i])
+                if b < 0x80:
+                    cp = b
+                    i += 1
+                elif b < 0xE0:
+                    cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                    i += 2
+                elif b < 0xF0:
+                    cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                    i += 3
+                else:  # above U+FFFF: not handled here
+                    bad = True
+                    break
+                if lowercase:
+                    k = fold_n[cp]
+                    for j in range(k):
+                        c2 = np.int64(fold_cp[3 * cp + j])
+                        cps[n] = c2
+                        n += 1
+                        if c2 == 0x27 or c2 == 0x2019:
+                            apos = True
+                else:
+                    cps[n] = cp
+                    n += 1
+                    if cp == 0x27 or cp == 0x2019:
+                        apos = True
+            if bad:
+                if stop_on_astral:
+                    return d, n_tok, slots, e_off, blob, e_val, n_e
+                doc_ntok[d] = -1
+                continue
+            # 2. possessive strip: (?<=\w)['’][sS]\b, lookbehind on the unstripped text
+            if apos:
+                w = 0
+                i = 0
+                while i < n:
+                    c = cps[i]
+                    if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[cps[i - 1]] & 1) != 0 and i + 1 < n
+                            and (cps[i + 1] == 0x73 or cps[i + 1] == 0x53)
+                            and (i + 2 >= n or (flags[cps[i + 2]] & 1) == 0)):
+                        i += 2
+                        continue
+                    cps[w] = c
+                    w += 1
+                    i += 1
+                n = w
+        # 3. tokenise
+        i = 0
+        while True:
+            if verbatim:
+                if i > 0:
+                    break
+                i = 1
+                m = end - offsets[d]
+                for j in range(m):
+                    tokb[j] = data[offsets[d] + j]
+            else:
+                if i >= n:
+                    break
+                f = flags[cps[i]]
+                if (f & 4) != 0:
+                    s = i
+                    i += 1
+                elif (f & 1) != 0:
+                    s = i
+                    i += 1
+                    while True:
+                        while i < n and (flags[cps[i]] & 5) == 1:
+                            i += 1
+                        if i + 1 < n and (flags[cps[i + 1]] & 5) == 1:
+                            c = cps[i]
+                            if c == 0x2E or c == 0x27 or c == 0x2019:
+                                i += 2
+                                continue
+                            if c == 0x2C and (flags[cps[i - 1]] & 2) != 0 and (flags[cps[i + 1]] & 2) != 0:
+                                i += 2
+                                continue
+                        break
+                else:
+                    i += 1
+                    continue
+                m = 0
+                for j in range(s, i):
+                    m = _put_utf8(tokb, m, cps[j])
+            # 4. token bytes tokb[:m] -> entry of the table
+            key = _key(tokb, 0, m)
+            mask = (slots.shape[0] >> 1) - 1
+            slot = _slot_of(key, mask)
+            val = np.int64(0)
+            found = False
+            while True:
+                k2 = slots[2 * slot]
+                if k2 == 0:
+                    break
+                if k2 == key:
+                    val = slots[2 * slot + 1]
+                    if m <= 7:
+                        found = True
+                        break
+                    e = val >> 32
+                    o = e_off[e]
+                    if e_off[e + 1] - 1 - o == m:
+                        same = True
+                        for j in range(m):
+                            if blob[o + j] != tokb[j]:
+                                same = False
+                                break
+                        if same:
+                            found = True
+                            break
+                slot = (slot + 1) & mask
+            if found:
+                lv = val & 0xFFFFFFFF
+                value = lv - 0x100000000 if lv >= 0x80000000 else lv
+            else:  # new entry, value pending: -(2 + its index among this call's new entries)
+                if n_e + 2 > e_off.shape[0] or n_e + 1 > e_val.shape[0]:
+                    no = np.zeros(2 * n_e + 2, dtype=np.int64)
+                    no[:n_e + 1] = e_off[:n_e + 1]
+                    e_off = no
+                    nv = np.empty(2 * n_e + 2, dtype=np.int64)
+                    nv[:n_e] = e_val[:n_e]
+                    e_val = nv
+                o = e_off[n_e]
+                if o + m + 1 > blob.shape[0]:
+                    nb_ = np.empty(2 * blob.shape[0] + m + 1, dtype=np.uint8)
+                    nb_[:o] = blob[:o]
+                    blob = nb_
+                for j in range(m):
+                    blob[o + j] = tokb[j]
+                blob[o + m] = 0x0A
+                e_off[n_e + 1] = o + m + 1
+                value = -2 - (n_e - n_e0)
+                e_val[n_e] = value
+                slots[2 * slot] = key
+                slots[2 * slot + 1] = (n_e << 32) | (value & 0xFFFFFFFF)
+                n_e += 1
+                if 4 * n_e > slots.shape[0]:  # load > 1/2: grow and rehash
+                    old = slots
+                    slots = np.zeros(2 * old.shape[0], dtype=np.int64)
+                    mask = (slots.shape[0] >> 1) - 1
+                    for q in range(old.shape[0] >> 1):
+                        k3 = old[2 * q]
+                        if k3 != 0:
+                            sl = _slot_of(k3, mask)
+                            while slots[2 * sl] != 0:
+                                sl = (sl + 1) & mask
+                            slots[2 * sl] = k3
+                            slots[2 * sl + 1] = old[2 * q + 1]
+            if n_tok >= tok_out.shape[0]:
+                raise ValueError("token output buffer too small")
+            tok_out[n_tok] = value
+            n_tok += 1
+        doc_ntok[d] = n_tok - first_tok
+    return n_docs, n_tok, slots, e_off, blob, e_val, n_e
+
+
+def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, lowercase: bool, ideo_class: str,
+                verbatim: bool = False, stop_on_astral: bool = False) -> tuple[int, np.ndarray, np.ndarray, int]:
+    """Tokenise UTF-8 texts and look every token up in ``table``, adding the new ones.
+
+    Args:
+        data: u8[total] UTF-8 bytes of all texts (valid UTF-8, e.g. an Arrow string buffer).
+        offsets: i64[n+1] byte offsets; text i is ``data[offsets[i]:offsets[i+1]]``.
+        table: token table; grows in place (its arrays may be replaced).
+        lowercase: apply ``str.casefold``.
+        ideo_class: regex class body of single-character tokens (``index.analyzer._IDEO``).
+        verbatim: each text is one token as it is (no folding or splitting).
+        stop_on_astral: stop before the first text with a code point above U+FFFF (otherwise
+            such a text is skipped and its count is -1).
+
+    Returns:
+        ``(done, values i64[m], counts i64[done], first_new)``: texts ``0..done-1`` were
+        scanned; ``values`` holds, per token occurrence in order, the table value of its entry,
+        or ``-2 - j`` for the j-th entry this call added (entries ``first_new..table.n-1``, in
+        first-occurrence order; their ``table.value`` is the same placeholder until the caller
+        sets it); ``counts`` the number of tokens per text.
+
+    Raises:
+        ValueError: ``offsets`` is not non-decreasing within ``data``.
+    """
+    if len(offsets) < 1 or offsets[0] < 0 or offsets[-1] > len(data) or bool((np.diff(offsets) < 0).any()):
+        raise ValueError(f"offsets must be non-decreasing within [0, {len(data)}]")
+    flags, fold_n, fold_cp = char_tables(ideo_class)
+    n = len(offsets) - 1
+    # a token takes >= 1 byte and two word tokens are >= 1 byte apart; an ideograph is 3 bytes
+    bound = (int(offsets[n] - offsets[0]) + 1) // 2 + n + 1
+    tok_out = np.empty(bound, dtype=np.int64)
+    counts = np.zeros(n, dtype=np.int64)
+    first_new = table.n
+    done, n_tok, table.slots, table.off, table.blob, table.value, table.n = _scan(
+        data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp, bool(lowercase), bool(verbatim),
+        bool(stop_on_astral), table.slots, table.off, table.blob, table.value, np.int64(table.n), tok_out, counts)
+    return int(done), tok_out[:n_tok], counts[:done], first_new
+
+
+def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
+                  ideo_class: str) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """Tokenise a batch of UTF-8 texts (those it handles; see the module docstring).
+
+    Args:
+        data: u8[total] UTF-8 bytes of all texts (valid UTF-8, e.g. an Arrow string buffer).
+        offsets: i64[n+1] byte offsets; text i is ``data[offsets[i]:offsets[i+1]]``.
+        lowercase: apply ``str.casefold``.
+        ideo_class: regex class body of single-character tokens.
+
+    Returns:
+        ``(local_ids i32[m], counts i64[n], tokens)``: ``tokens[local_ids[...]]`` is the token
+        stream of the handled texts in order, ``counts`` the number of tokens per text (-1 for a
+        text not handled: it has a code point above U+FFFF), ``tokens`` the distinct tokens in
+        first-occurrence order.
+
+    Raises:
+        ValueError: ``offsets`` is not non-decreasing from 0 or does not fit ``data``.
+    """
+    table = TokenTable()
+    _, vals, counts, _ = scan_tokens(data, offsets, table, lowercase=lowercase, ideo_class=ideo_class)
+    return (-2 - vals).astype(np.int32), counts, table.tokens(0, table.n)
+
+
+@nb.njit(cache=True)
+def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
+    n_docs = counts.shape[0]
+    last = np.full(max(n_terms, 1), -1, dtype=np.int64)
+    pos = np.empty(max(n_terms, 1), dtype=np.int64)
+    out_doc = np.empty(local_ids.shape[0], dtype=np.uint32)
+    out_tid = np.empty(local_ids.shape[0], dtype=np.uint32)
+    out_tf = np.empty(local_ids.shape[0], dtype=np.uint32)
+    lens = np.zeros(n_docs, dtype=np.uint32)
+    k = 0
+    p = 0
+    for d in range(n_docs):
+        for _ in range(counts[d]):
+            g = local_ids[p] if identity else lmap[local_ids[p]]
+            p += 1
+            if g < 0:
+                continue
+            lens[d] += 1
+            if last[g] != d:
+                last[g] = d
+                pos[g] = k
+                out_doc[k] = first_doc + d
+                out_tid[k] = g
+                out_tf[k] = 1
+                k += 1
+            else:
+                out_tf[pos[g]] += 1
+    return out_doc[:k], out_tid[:k], out_tf[:k], lens
+
+
+def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | None, n_terms: int,
+                first_doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per-document term frequencies of a tokenised batch.
+
+    Args:
+        local_ids: int[m] token occurrences (local ids), texts one after another.
+        counts: i64[n] tokens per text (sum = m).
+        lmap: i64[n_local] term id of each local id (-1: not indexed, e.g. a stop word);
+            every id must be < ``n_terms``. ``None``: ``local_ids`` are term ids already.
+        n_terms: vocabulary size.
+        first_doc: document number of the batch's first text.
+
+    Returns:
+        ``(doc u32[nnz], term u32[nnz], tf u32[nnz], doc_len u32[n])``; pairs grouped by
+        document in ascending order (terms in first-occurrence order within a document).
+
+    Raises:
+        ValueError: ``counts`` does not sum to ``len(local_ids)`` or a term id is out of range.
+    """
+    if int(counts.sum()) != len(local_ids):
+        raise ValueError(f"counts sum to {int(counts.sum())}, expected len(local_ids) = {len(local_ids)}")
+    identity = lmap is None
+    ids = local_ids if identity else lmap
+    if len(ids) and (int(ids.max()) >= n_terms or int(ids.min()) < -1):
+        raise ValueError(f"term ids outside [-1, {n_terms}): {int(ids.min())}..{int(ids.max())}")
+    lmap = np.zeros(0, dtype=np.int64) if identity else lmap.astype(np.int64, copy=False)
+    return _count_terms(local_ids, counts.astype(np.int64, copy=False), lmap, int(n_terms), np.int64(first_doc),
+                        identity)
+
+
+@nb.njit(cache=True)
+def _scatter(doc, tid, tf, offsets, out_doc, out_tf):
+    cur = offsets[:-1].astype(np.int64)
+    for i in range(doc.shape[0]):
+        if i > 0 and doc[i] < doc[i - 1]:
+            return False
+    for i in range(doc.shape[0]):
+        t = tid[i]
+        p = cur[t]
+        cur[t] = p + 1
+        out_doc[p] = doc[i]
+        out_tf[p] = tf[i]
+    return True
+
+
+def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Stable counting sort of (doc, term, tf) triples by term: CSR postings.
+
+    Equal to ``order = np.lexsort((doc, tid))`` when ``doc`` is non-decreasing (it is: batches
+    are appended in document order), in O(nnz + n_terms).
+
+    Returns:
+        ``offsets`` u64[n_terms+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz].
+
+    Raises:
+        ValueError: the arrays differ in length, a term id is >= ``n_terms``, or ``doc``
+            decreases.
+    """
+    if not (len(doc) == len(tid) == len(tf)):
+        raise ValueError(f"doc, tid, tf lengths differ: {len(doc)}, {len(tid)}, {len(tf)}")
+    if len(doc) and int(tid.max()) >= n_terms:
+        raise ValueError(f"term id {int(tid.max())} out of range (n_terms = {n_terms})")
+    offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    np.cumsum(np.bincount(tid, minlength=n_terms), out=offsets[1:])
+    out_doc = np.empty(len(doc), dtype=np.uint32)
+    out_tf = np.empty(len(doc), dtype=np.uint32)
+    if not _scatter(doc, tid, tf, offsets, out_doc, out_tf):
+        raise ValueError("documents not in ascending order")
+    return offsets, out_doc, out_tf

@@ -1,0 +1,124 @@
+"""The compiled batch analyzer (index/analyzer_kernels.py) against the Python analyzer it mirrors:
+token streams, first-occurrence order, and the postings / vocabulary the builder produces."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import index.analyzer as analyzer_mod
+from index.analyzer import Analyzer
+from index.analyzer_kernels import csr_by_term
+from index.bm25_build import PostingsBuilder
+from index.config import AnalyzerConfig
+
+# characters around every rule: word runs, joiners (. ' ’ ,), digits, case folding that changes
+# length (ß, ﬁ, İ), final sigma, combining marks, ideographs / Hiragana, astral characters
+# (Python fallback), the possessive, separators
+SPECIAL = list("aAzZsS09_ .'’,-\t\n") + ["'s", "’S", "ß", "ﬁ", "İ", "ı", "Σ", "ς", "K", "é", "e\u0301", "ǅ",
+                                         "中", "本", "ぁ", "ゟ", "ア", "한", "٣", "²", "½", "😀", "𠀀", "\u00a0",
+                                         "3,5", "1.2", "U.S.", "don't", "cat's", "x’s"]
+TEXT = st.lists(st.one_of(st.sampled_from(SPECIAL), st.characters(max_codepoint=0x2FFFF,
+                                                                  blacklist_categories=("Cs",))),
+                max_size=60).map("".join)
+
+
+def _stream(batch, j: int) -> list[str]:
+    return [batch.tokens[i] for i in batch.token_ids[batch.offsets[j]:batch.offsets[j + 1]]]
+
+
+@pytest.fixture(autouse=True)
+def _always_compiled(monkeypatch):
+    monkeypatch.setattr(analyzer_mod, "BATCH_MIN_CHARS", 0)
+
+
+@pytest.mark.parametrize("config", [AnalyzerConfig(), AnalyzerConfig(lowercase=False, stopwords="none",
+                                                                      stemmer="none", max_token_length=3)])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(TEXT, min_size=1, max_size=6))
+def test_batch_tokens_equal_python(config, texts):
+    an = Analyzer(config)
+    batch = an.tokenize_batch(texts)
+    assert batch.offsets[0] == 0 and len(batch.offsets) == len(texts) + 1
+    for j, t in enumerate(texts):
+        assert _stream(batch, j) == an.tokenize(t)
+    order = list(dict.fromkeys(tok for t in texts for tok in an.tokenize(t)))
+    assert batch.tokens == order  # distinct tokens in first-occurrence order
+
+
+def test_known_streams():
+    an = Analyzer()
+    texts = ["The cat's U.S.A. 1,000 3.5 don't ﬁne STRASSE", "john's.x a's's", "x😀y 中文"]
+    batch = an.tokenize_batch(texts)
+    assert _stream(batch, 0) == ["the", "cat", "u.s.a", "1,000", "3.5", "don't", "fine", "strasse"]
+    assert _stream(batch, 1) == ["john.x", "a"]
+    assert _stream(batch, 2) == ["x", "y", "中", "文"]
+    assert an.terms(["the", "running", "x" * 300]) == [None, "run", None]
+
+
+def _reference_postings(texts: list[str]):
+    """Term ids in order of first occurrence, postings sorted by (term, doc)."""
+    an = Analyzer()
+    vocab: dict[str, int] = {}
+    pairs = []
+    lens = []
+    for d, t in enumerate(texts):
+        terms = an.analyze(t)
+        lens.append(len(terms))
+        for term, tf in Counter(terms).items():
+            pairs.append((vocab.setdefault(term, len(vocab)), d, tf))
+    pairs.sort()
+    return list(vocab), pairs, lens
+
+
+@settings(max_examples=40, deadline=None)
+@given(texts=st.lists(st.one_of(TEXT, st.sampled_from(["running runs run", "the cat's cats", "U.S. us"])),
+                      min_size=1, max_size=30), batch=st.integers(1, 7))
+def test_postings_equal_reference(texts, batch):
+    pb = PostingsBuilder(Analyzer())
+    for i in range(0, len(texts), batch):
+        pb.add(texts[i:i + batch])
+    out = pb.flush()
+    terms, pairs, lens = _reference_postings(texts)
+    assert pb.terms == terms
+    off = out["offsets"].astype(np.int64)
+    got = [(t, int(out["doc_ids"][p]), int(out["tfs"][p])) for t in range(len(terms)) for p in range(off[t], off[t + 1])]
+    assert got == pairs
+    assert out["doc_len"].tolist() == lens
+
+
+def test_postings_many_tokens_growing_table():
+    """Thousands of distinct tokens over several batches (the token table grows and rehashes)."""
+    rng = np.random.default_rng(5)
+    words = [f"w{i}x" if i % 3 else f"Run{i}ning" for i in range(6000)]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 50)))) for _ in range(700)]
+    texts[100] = "astral 😀 w1x then run4ning"  # Python fallback mid-batch
+    pb = PostingsBuilder(Analyzer())
+    for i in range(0, len(texts), 256):
+        pb.add(texts[i:i + 256])
+    out = pb.flush()
+    terms, pairs, lens = _reference_postings(texts)
+    assert pb.terms == terms and len(terms) > 4000
+    off = out["offsets"].astype(np.int64)
+    got = [(t, int(out["doc_ids"][p]), int(out["tfs"][p])) for t in range(len(terms)) for p in range(off[t], off[t + 1])]
+    assert got == pairs
+    assert out["doc_len"].tolist() == lens
+
+
+def test_csr_by_term_matches_lexsort_and_checks():
+    rng = np.random.default_rng(3)
+    doc = np.sort(rng.integers(0, 50, 400)).astype(np.uint32)
+    tid = rng.integers(0, 30, 400).astype(np.uint32)
+    tf = rng.integers(1, 9, 400).astype(np.uint32)
+    offsets, d, f = csr_by_term(doc, tid, tf, 32)
+    order = np.lexsort((doc, tid))
+    assert d.tolist() == doc[order].tolist() and f.tolist() == tf[order].tolist()
+    assert offsets.tolist() == [0] + np.cumsum(np.bincount(tid, minlength=32)).tolist()
+    with pytest.raises(ValueError, match="out of range"):
+        csr_by_term(doc, tid, tf, 10)
+    with pytest.raises(ValueError, match="lengths differ"):
+        csr_by_term(doc, tid[:-1], tf, 32)
