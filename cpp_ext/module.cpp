@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "postings_topk.hpp"
+#include "rescore.hpp"
 
 namespace py = pybind11;
 using namespace retriever;
@@ -270,6 +271,45 @@ topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_
     return res.result();
 }
 
+topk_result py_rescore_topk(const carray<float>& queries, const py::array& vectors,
+                            const carray<int64_t>& candidates, int64_t k, int64_t base, int n_threads) {
+    if (queries.ndim() != 2) fail("queries must be 2-dimensional (nq, d), got ndim = " + std::to_string(queries.ndim()));
+    if (vectors.ndim() != 2) fail("vectors must be 2-dimensional (n, d), got ndim = " + std::to_string(vectors.ndim()));
+    if (candidates.ndim() != 2) {
+        fail("candidates must be 2-dimensional (nq, k'), got ndim = " + std::to_string(candidates.ndim()));
+    }
+    if (!(vectors.flags() & py::array::c_style)) throw py::type_error("vectors must be C-contiguous");
+    const py::dtype dt = vectors.dtype();
+    dense_matrix_view m;
+    m.n = static_cast<size_t>(vectors.shape(0));
+    m.d = static_cast<size_t>(vectors.shape(1));
+    if (dt.kind() == 'f' && dt.itemsize() == 2) {
+        m.f16 = static_cast<const uint16_t*>(vectors.data());
+    } else if (dt.kind() == 'f' && dt.itemsize() == 4) {
+        m.f32 = static_cast<const float*>(vectors.data());
+    } else {
+        throw py::type_error("vectors must be float16 or float32, got " + std::string(py::str(dt)));
+    }
+    if (m.n > (size_t{1} << 32)) fail("vectors has " + std::to_string(m.n) + " rows, more than 2**32");
+    const size_t nq = static_cast<size_t>(queries.shape(0));
+    require_eq(static_cast<size_t>(queries.shape(1)), m.d, "queries.shape[1]", "vectors.shape[1]");
+    require_eq(static_cast<size_t>(candidates.shape(0)), nq, "candidates.shape[0]", "queries.shape[0]");
+    check_k(k);
+    if (base < 0) fail("base must be >= 0, got " + std::to_string(base));
+    candidate_view c;
+    c.cand = candidates.data();
+    c.nq = nq;
+    c.kk = static_cast<size_t>(candidates.shape(1));
+    const float* qp = queries.data();
+    topk_arrays res(nq, static_cast<size_t>(k));
+    {
+        py::gil_scoped_release nogil;
+        check_candidates(c, m.n);
+        rescore_topk(qp, m, c, base, n_threads, res.out);
+    }
+    return res.result();
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -317,6 +357,13 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("allow").noconvert() = py::none(),
           "Exact learned-sparse top-k: score(q, d) = sum over the query's terms, in order,\n"
           "of q_weights[i] * impacts[p] in float32. Returns (ids, scores, n_found).");
+    m.def("rescore_topk", &py_rescore_topk, py::arg("queries").noconvert(), py::arg("vectors"),
+          py::arg("candidates").noconvert(), py::arg("k"), py::arg("base") = 0, py::arg("n_threads") = 0,
+          "Exact full-dimension re-scoring of funnel shortlists: for query i, the inner products\n"
+          "of queries[i] (float32) with vectors[candidates[i, j]] (float16 or float32 rows; -1 =\n"
+          "no candidate), accumulated in float64 in a fixed order (8 lanes over i % 8, combined\n"
+          "pairwise) and rounded to float32, so scores never depend on the batch. Returns the\n"
+          "top-k (ids = candidate + base, scores, n_found); ties by smaller id.");
     // ---- learned-sparse kernels (blocked_topk.hpp); bindings at the end of this file ----
     void register_sparse_kernels(py::module_ & m);
     register_sparse_kernels(m);

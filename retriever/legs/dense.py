@@ -19,8 +19,9 @@ cannot be trained on the available vectors falls back to a flat index with a war
 above the number of vectors returns every vector; an empty shard contributes nothing; a query for
 which an approximate index returns fewer than ``min(k, rows)`` candidates is completed by an exact
 prefix scan, so a query always gets ``min(k, n_docs)`` hits and no ``-1`` id or sentinel score is
-returned inside ``n_found``. Final scores are recomputed per query with one fixed-shape product,
-so a query's results do not depend on the batch it was sent in.
+returned inside ``n_found``. Final scores are recomputed per query by the C++ kernel
+``retriever._kernels.rescore_topk`` (float64 accumulation in a fixed order, rounded to float32),
+so a query's scores do not depend on the batch it was sent in.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from index.errors import ConfigError, IndexFormatError, QueryError
 from index.format import read_table
 from index.matryoshka import load_rotation, prefix_normalize
 
+from .. import _kernels
 from ..shards import IndexReader
 
 log = logging.getLogger(__name__)
@@ -346,7 +348,8 @@ class DenseLeg:
         Args:
             qv: float32 (nq, dim) query vectors in the model's space (rotated here).
             depth: hits per shard (k).
-            n_threads: accepted for the leg interface; FAISS uses its own OpenMP setting.
+            n_threads: threads of the re-scoring kernel (<= 0: FAISS's OpenMP setting,
+                ``faiss.omp_get_max_threads()``); FAISS uses its own OpenMP setting.
             **params: per-call options (all optional):
 
                 - ``dim`` (int, 1..d, default d): prefix length the candidate generator searches;
@@ -372,7 +375,10 @@ class DenseLeg:
             QueryError: bad option (names it and the value).
             ConfigError: an invalid FAISS factory string.
         """
+        import faiss
+
         fp = self.parse_params(depth, params)
+        threads = n_threads if n_threads > 0 else max(1, faiss.omp_get_max_threads())
         q = self.rotate(qv)
         nq = q.shape[0]
         use_own = fp.dim == self.dim and fp.index is None
@@ -394,12 +400,13 @@ class DenseLeg:
                 cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
             D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
             D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
-            valid = I >= 0
             if fp.rescore:
-                scores = self._rescore(q, vec, I, valid)
+                parts.append(_kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth,
+                                                   int(s.base), threads))
             else:
+                valid = I >= 0
                 scores = np.where(valid, D, -np.inf).astype(np.float32)
-            parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
+                parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
         return parts
 
     @staticmethod
@@ -418,22 +425,6 @@ class DenseLeg:
             I[r, :len(top)] = top
             D[r, :len(top)] = s[top]
         return D, I
-
-    @staticmethod
-    def _rescore(q: np.ndarray, vec: np.ndarray, I: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Exact full-dimension inner products of each query's candidates (float64 accumulation,
-        rounded to float32: independent of the batch a query came in)."""
-        nq, kk = I.shape
-        out = np.empty((nq, kk), np.float32)
-        step = max(1, CHUNK_BYTES // max(1, kk * vec.shape[1] * 8))
-        safe = np.where(valid, I, 0)
-        for a in range(0, nq, step):
-            b = min(nq, a + step)
-            cand = vec[safe[a:b]].astype(np.float64)  # (c, kk, d)
-            # einsum's per-element loop sums over d in a fixed order: batch-independent results.
-            out[a:b] = np.einsum("qkd,qd->qk", cand, q[a:b].astype(np.float64)).astype(np.float32)
-        out[~valid] = -np.inf
-        return out
 
 
 def _top(ids: np.ndarray, scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
