@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "parallel.hpp"
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include "topk.hpp"
 
 namespace retriever {
@@ -16,6 +19,7 @@ namespace retriever {
 namespace {
 
 constexpr size_t kLanes = 8;
+constexpr size_t kPrefetchAhead = 4;
 
 /// IEEE binary16 -> binary32, exact for finite values (stored vectors are checked finite at
 /// open); branch-free so the compiler can vectorise it.
@@ -37,20 +41,19 @@ inline float half_to_float(uint16_t h) {
     return f;
 }
 
-template <class Load>
-inline float dot_fixed(const float* q, size_t d, Load load) {
+/// Fixed-order float64 dot product of two float32 vectors (order: see rescore.hpp).
+inline float dot_fixed(const float* q, const float* v, size_t d) {
     double acc[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
     size_t i = 0;
     for (; i + kLanes <= d; i += kLanes) {
         for (size_t j = 0; j < kLanes; ++j) {
-            acc[j] += static_cast<double>(q[i + j]) * static_cast<double>(load(i + j));
+            acc[j] += static_cast<double>(q[i + j]) * static_cast<double>(v[i + j]);
         }
     }
     for (size_t j = 0; i + j < d; ++j) {
-        acc[j] += static_cast<double>(q[i + j]) * static_cast<double>(load(i + j));
+        acc[j] += static_cast<double>(q[i + j]) * static_cast<double>(v[i + j]);
     }
-    const double s = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
-    return static_cast<float>(s);
+    return static_cast<float>(((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])));
 }
 
 }  // namespace
@@ -67,14 +70,60 @@ void check_candidates(const candidate_view& c, size_t n) {
     }
 }
 
-float dense_dot(const float* q, const dense_matrix_view& m, size_t row) {
+// The AVX2 clones are chosen at load time where the CPU has them (same operations in the same
+// order: the lanes are explicit and -ffp-contract=off forbids fused multiply-adds, so every
+// clone returns bit-identical scores).
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define RETRIEVER_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RETRIEVER_CLONES
+#endif
+
+static void half_row_to_float_portable(const uint16_t* v, size_t d, float* out) {
+    for (size_t i = 0; i < d; ++i) out[i] = half_to_float(v[i]);
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+// F16C conversion (vcvtph2ps) where the CPU has it: exact, so equal to the portable version.
+__attribute__((target("avx,f16c"))) static void half_row_to_float_f16c(const uint16_t* v, size_t d,
+                                                                        float* out) {
+    size_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i));
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+    for (; i < d; ++i) out[i] = half_to_float(v[i]);
+}
+
+static bool cpu_has_f16c() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx") && __builtin_cpu_supports("f16c");
+}
+
+static void half_row_to_float(const uint16_t* v, size_t d, float* out) {
+    static const bool f16c = cpu_has_f16c();
+    if (f16c) {
+        half_row_to_float_f16c(v, d, out);
+    } else {
+        half_row_to_float_portable(v, d, out);
+    }
+}
+#else
+static void half_row_to_float(const uint16_t* v, size_t d, float* out) {
+    half_row_to_float_portable(v, d, out);
+}
+#endif
+
+RETRIEVER_CLONES
+static float dot_clone(const float* q, const float* v, size_t d) { return dot_fixed(q, v, d); }
+
+float dense_dot(const float* q, const dense_matrix_view& m, size_t row, float* scratch) {
     const size_t d = m.d;
     if (m.f16 != nullptr) {
-        const uint16_t* v = m.f16 + row * d;
-        return dot_fixed(q, d, [v](size_t i) { return half_to_float(v[i]); });
+        half_row_to_float(m.f16 + row * d, d, scratch);
+        return dot_clone(q, scratch, d);
     }
-    const float* v = m.f32 + row * d;
-    return dot_fixed(q, d, [v](size_t i) { return v[i]; });
+    return dot_clone(q, m.f32 + row * d, d);
 }
 
 void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_view& c, int64_t base,
@@ -82,16 +131,24 @@ void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_vi
     const size_t k = out.k;
     const float neg_inf = -std::numeric_limits<float>::infinity();
     parallel_for_items(c.nq, n_threads, 4, [&]() {
-        return [&, buf = std::vector<scored_doc>()](size_t qi) mutable {
+        return [&, buf = std::vector<scored_doc>(), row_buf = std::vector<float>(m.d)](size_t qi) mutable {
             buf.clear();
             const int64_t* cand = c.cand + qi * c.kk;
             const float* qv = q + qi * m.d;
+            const size_t row_bytes = m.d * (m.f16 != nullptr ? 2 : 4);
+            const char* base_ptr = m.f16 != nullptr ? reinterpret_cast<const char*>(m.f16)
+                                                    : reinterpret_cast<const char*>(m.f32);
             for (size_t j = 0; j < c.kk; ++j) {
+                // candidates are scattered rows: fetch a later one while this one is scored.
+                if (j + kPrefetchAhead < c.kk && cand[j + kPrefetchAhead] >= 0) {
+                    const char* p = base_ptr + static_cast<size_t>(cand[j + kPrefetchAhead]) * row_bytes;
+                    for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+                }
                 if (cand[j] < 0) continue;
                 const size_t row = static_cast<size_t>(cand[j]);
                 // the id travels as uint32 inside scored_doc only for ordering; rows < 2^32
                 // is checked at the boundary.
-                buf.push_back({dense_dot(qv, m, row), static_cast<uint32_t>(row)});
+                buf.push_back({dense_dot(qv, m, row, row_buf.data()), static_cast<uint32_t>(row)});
             }
             const size_t keep = std::min(k, buf.size());
             std::partial_sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keep), buf.end(),

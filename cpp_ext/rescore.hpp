@@ -36,8 +36,9 @@ struct candidate_view {
 /// Throws std::invalid_argument naming the first candidate id outside [-1, n).
 void check_candidates(const candidate_view& c, size_t n);
 
-/// float64-accumulated inner product of a float32 query with stored row `row` (order above).
-float dense_dot(const float* q, const dense_matrix_view& m, size_t row);
+/// float64-accumulated inner product of a float32 query with stored row `row` (order above);
+/// `scratch` holds d floats (the row converted from float16).
+float dense_dot(const float* q, const dense_matrix_view& m, size_t row, float* scratch);
 
 /// Exact re-scoring + top-k. q: float32 (nq, d) queries; ids written are cand + base
 /// (global ordinals); rows padded with -1 / -inf after n_found. Candidates must be checked.
