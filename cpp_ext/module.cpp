@@ -310,6 +310,30 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
     return res.result();
 }
 
+void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<float>& heap_scores,
+                        carray<int64_t>& heap_ids, int n_threads) {
+    if (scores.ndim() != 2) fail("scores must be 2-dimensional (nq, nd), got ndim = " + std::to_string(scores.ndim()));
+    if (heap_scores.ndim() != 2 || heap_ids.ndim() != 2) fail("heap_scores and heap_ids must be 2-dimensional (nq, k')");
+    const size_t nq = static_cast<size_t>(scores.shape(0));
+    require_eq(static_cast<size_t>(heap_scores.shape(0)), nq, "heap_scores.shape[0]", "scores.shape[0]");
+    require_eq(static_cast<size_t>(heap_ids.shape(0)), nq, "heap_ids.shape[0]", "scores.shape[0]");
+    require_eq(static_cast<size_t>(heap_ids.shape(1)), static_cast<size_t>(heap_scores.shape(1)),
+               "heap_ids.shape[1]", "heap_scores.shape[1]");
+    if (heap_scores.shape(1) < 1) fail("heaps must hold k' >= 1 entries");
+    if (first_id < 0) fail("first_id must be >= 0, got " + std::to_string(first_id));
+    heap_rows_view h;
+    h.scores = heap_scores.mutable_data();
+    h.ids = heap_ids.mutable_data();
+    h.nq = nq;
+    h.kk = static_cast<size_t>(heap_scores.shape(1));
+    const float* sp = scores.data();
+    const size_t nd = static_cast<size_t>(scores.shape(1));
+    {
+        py::gil_scoped_release nogil;
+        heap_push_block(sp, nd, first_id, h, n_threads);
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -364,6 +388,13 @@ PYBIND11_MODULE(_kernels, m) {
           "no candidate), accumulated in float64 in a fixed order (8 lanes over i % 8, combined\n"
           "pairwise) and rounded to float32, so scores never depend on the batch. Returns the\n"
           "top-k (ids = candidate + base, scores, n_found); ties by smaller id.");
+    m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
+          py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,
+          "Running top-k' of a blocked exact scan (Matryoshka prefix candidate generation): row i\n"
+          "of scores (nq, nd) float32 holds query i's scores of ids first_id .. first_id + nd - 1;\n"
+          "each enters query i's min-heap (heap_scores f32 / heap_ids i64 (nq, k'), updated in\n"
+          "place; initialise to -inf / -1) when it ranks before the root (higher score, or equal\n"
+          "score and smaller id). The heaps are left unsorted.");
     // ---- learned-sparse kernels (blocked_topk.hpp); bindings at the end of this file ----
     void register_sparse_kernels(py::module_ & m);
     register_sparse_kernels(m);

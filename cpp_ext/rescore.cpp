@@ -14,6 +14,13 @@
 #endif
 #include "topk.hpp"
 
+// AVX2 clones (target_clones) are chosen at load time where the CPU has them.
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
+#define RETRIEVER_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define RETRIEVER_CLONES
+#endif
+
 namespace retriever {
 
 namespace {
@@ -73,11 +80,6 @@ void check_candidates(const candidate_view& c, size_t n) {
 // The AVX2 clones are chosen at load time where the CPU has them (same operations in the same
 // order: the lanes are explicit and -ffp-contract=off forbids fused multiply-adds, so every
 // clone returns bit-identical scores).
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__clang__)
-#define RETRIEVER_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define RETRIEVER_CLONES
-#endif
 
 static void half_row_to_float_portable(const uint16_t* v, size_t d, float* out) {
     for (size_t i = 0; i < d; ++i) out[i] = half_to_float(v[i]);
@@ -164,6 +166,67 @@ void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_vi
                 sc[j] = neg_inf;
             }
             out.n_found[qi] = static_cast<int32_t>(keep);
+        };
+    });
+}
+
+}  // namespace retriever
+
+namespace retriever {
+
+namespace {
+
+/// (s, id) ranks strictly before (t, jd): higher score, or equal score and smaller id.
+inline bool before(float s, int64_t id, float t, int64_t jd) { return s > t || (s == t && id < jd); }
+
+/// Replaces the root of a min-heap (worst entry at 0) by (s, id) and restores the heap.
+void heap_replace_root(float* hs, int64_t* hi, size_t kk, float s, int64_t id) {
+    size_t i = 0;
+    for (;;) {
+        const size_t l = 2 * i + 1;
+        if (l >= kk) break;
+        size_t w = l;  // the worse child
+        const size_t r = l + 1;
+        if (r < kk && before(hs[l], hi[l], hs[r], hi[r])) w = r;
+        if (before(s, id, hs[w], hi[w])) {
+            // (s, id) ranks before the worse child: the child moves up, (s, id) sinks.
+            hs[i] = hs[w];
+            hi[i] = hi[w];
+            i = w;
+        } else {
+            break;
+        }
+    }
+    hs[i] = s;
+    hi[i] = id;
+}
+
+}  // namespace
+
+/// Heap updates of one query row; the scan that rejects whole groups below the root is the hot
+/// loop (an integer OR-reduction, vectorised; the AVX2 clone where the CPU has it).
+RETRIEVER_CLONES
+static void heap_push_row(const float* row, size_t nd, int64_t first_id, float* hs, int64_t* hi, size_t kk) {
+    constexpr size_t kGroup = 32;
+    for (size_t j = 0; j < nd; j += kGroup) {
+        const size_t e = std::min(nd, j + kGroup);
+        const float thr = hs[0];
+        int any = 0;
+        for (size_t t = j; t < e; ++t) any |= static_cast<int>(row[t] >= thr);
+        if (!any) continue;
+        for (size_t t = j; t < e; ++t) {
+            const float s = row[t];
+            const int64_t id = first_id + static_cast<int64_t>(t);
+            if (before(s, id, hs[0], hi[0])) heap_replace_root(hs, hi, kk, s, id);
+        }
+    }
+}
+
+void heap_push_block(const float* scores, size_t nd, int64_t first_id, const heap_rows_view& h,
+                     int n_threads) {
+    parallel_for_items(h.nq, n_threads, 8, [&]() {
+        return [&](size_t qi) {
+            heap_push_row(scores + qi * nd, nd, first_id, h.scores + qi * h.kk, h.ids + qi * h.kk, h.kk);
         };
     });
 }

@@ -46,3 +46,22 @@ void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_vi
                   int n_threads, const topk_out& out);
 
 }  // namespace retriever
+
+namespace retriever {
+
+/// Running top-kk of a query block, stored as one binary min-heap per query row (root = the
+/// worst kept entry by (score asc, id desc)); initialise scores to -inf and ids to -1.
+struct heap_rows_view {
+    float* scores = nullptr;  // (nq, kk)
+    int64_t* ids = nullptr;   // (nq, kk)
+    size_t nq = 0;
+    size_t kk = 0;
+};
+
+/// Pushes a block of candidate scores into the heaps: row i of `scores` (nq, nd) holds query i's
+/// scores of documents first_id .. first_id + nd - 1. A candidate enters when it ranks before
+/// the root (higher score, or equal score and smaller id). NaN scores never enter.
+void heap_push_block(const float* scores, size_t nd, int64_t first_id, const heap_rows_view& h,
+                     int n_threads);
+
+}  // namespace retriever

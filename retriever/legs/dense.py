@@ -256,10 +256,14 @@ class DenseLeg:
         if pi is not None:
             return pi
         prefix = prefix_normalize(self.vectors[si], dim)
-        cpu = make_faiss_index(prefix, factory)
-        gpu = self._to_gpu(cpu) if self.use_gpu else None
-        keep = None if type(cpu).__name__ == "IndexFlatIP" else prefix  # exact completion for ANN indexes
-        pi = _PrefixIndex(cpu, gpu if gpu is not cpu else None, keep)
+        if factory.replace(" ", "") == "Flat" and not self.use_gpu:
+            # exact prefix scan: BLAS blocks + the C++ running top-k' (see _prefix_scan)
+            pi = _PrefixIndex(None, None, prefix)
+        else:
+            cpu = make_faiss_index(prefix, factory)
+            gpu = self._to_gpu(cpu) if self.use_gpu else None
+            keep = None if type(cpu).__name__ == "IndexFlatIP" else prefix  # exact completion for ANN indexes
+            pi = _PrefixIndex(cpu, gpu if gpu is not cpu else None, keep)
         with self._lock:
             self._prefix.setdefault(key, pi)
             return self._prefix[key]
@@ -398,8 +402,11 @@ class DenseLeg:
             else:
                 pi = self._prefix_index(si, fp.dim, fp.index or "Flat")
                 cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
-            D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
-            D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
+            if cpu is None:
+                D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size)
+            else:
+                D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
+                D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
             if fp.rescore:
                 parts.append(_kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth,
                                                    int(s.base), threads))
@@ -425,6 +432,50 @@ class DenseLeg:
             I[r, :len(top)] = top
             D[r, :len(top)] = s[top]
         return D, I
+
+
+#: query and document block sizes of :func:`_prefix_scan` (a 2 MiB float32 score block).
+SCAN_QUERY_BLOCK = 256
+SCAN_DOC_BLOCK = 2048
+
+
+def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, batch_size: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``kk`` inner products of prefix queries against a shard's prefix matrix.
+
+    Blocks of queries x documents are scored by one BLAS matrix product each (numpy ``matmul``,
+    float32) and pushed into per-query running top-``kk`` heaps by the C++ kernel
+    ``retriever._kernels.heap_push_block`` (ties: smaller ordinal), so the score matrix is never
+    materialised beyond one 2 MiB block. This replaces FAISS ``IndexFlatIP`` for prefix
+    candidate generation on CPU (same result up to float32 rounding of the scores).
+
+    Args:
+        prefix: float32 C-contiguous (n, d) re-normalised document prefixes.
+        qp: float32 C-contiguous (nq, d) re-normalised query prefixes.
+        kk: candidates per query, ``1 <= kk <= n``.
+        n_threads: threads of the heap kernel.
+        batch_size: queries per block (default :data:`SCAN_QUERY_BLOCK`).
+
+    Returns:
+        ``(D float32 (nq, kk), I int64 (nq, kk))`` shard-local ordinals, unsorted.
+    """
+    nq, n = qp.shape[0], prefix.shape[0]
+    qb = batch_size or SCAN_QUERY_BLOCK
+    D = np.empty((nq, kk), np.float32)
+    I = np.empty((nq, kk), np.int64)
+    block = np.empty((min(qb, nq), SCAN_DOC_BLOCK), np.float32)
+    for b in range(0, nq, qb):
+        e = min(nq, b + qb)
+        hs = np.full((e - b, kk), -np.inf, np.float32)
+        hi = np.full((e - b, kk), -1, np.int64)
+        for a in range(0, n, SCAN_DOC_BLOCK):
+            z = min(n, a + SCAN_DOC_BLOCK)
+            out = block[: e - b] if z - a == SCAN_DOC_BLOCK else np.empty((e - b, z - a), np.float32)
+            np.matmul(qp[b:e], prefix[a:z].T, out=out)
+            _kernels.heap_push_block(out, a, hs, hi, n_threads)
+        D[b:e] = hs
+        I[b:e] = hi
+    return D, I
 
 
 def _top(ids: np.ndarray, scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
