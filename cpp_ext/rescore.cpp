@@ -203,22 +203,38 @@ void heap_replace_root(float* hs, int64_t* hi, size_t kk, float s, int64_t id) {
 
 }  // namespace
 
-/// Heap updates of one query row; the scan that rejects whole groups below the root is the hot
-/// loop (an integer OR-reduction, vectorised; the AVX2 clone where the CPU has it).
-RETRIEVER_CLONES
+/// True when some of row[j .. j + 16) is >= thr (SSE2: part of the x86-64 baseline).
+inline bool any_at_least16(const float* row, float thr) {
+#if defined(__SSE2__)
+    const __m128 t = _mm_set1_ps(thr);
+    const __m128 a = _mm_cmpge_ps(_mm_loadu_ps(row), t);
+    const __m128 b = _mm_cmpge_ps(_mm_loadu_ps(row + 4), t);
+    const __m128 c = _mm_cmpge_ps(_mm_loadu_ps(row + 8), t);
+    const __m128 d = _mm_cmpge_ps(_mm_loadu_ps(row + 12), t);
+    return _mm_movemask_ps(_mm_or_ps(_mm_or_ps(a, b), _mm_or_ps(c, d))) != 0;
+#else
+    bool any = false;
+    for (size_t t = 0; t < 16; ++t) any |= row[t] >= thr;
+    return any;
+#endif
+}
+
+/// Heap updates of one query row: groups of 16 scores below the root are rejected by one SIMD
+/// comparison (the common case once the heap holds good candidates).
 static void heap_push_row(const float* row, size_t nd, int64_t first_id, float* hs, int64_t* hi, size_t kk) {
-    constexpr size_t kGroup = 32;
-    for (size_t j = 0; j < nd; j += kGroup) {
-        const size_t e = std::min(nd, j + kGroup);
-        const float thr = hs[0];
-        int any = 0;
-        for (size_t t = j; t < e; ++t) any |= static_cast<int>(row[t] >= thr);
-        if (!any) continue;
-        for (size_t t = j; t < e; ++t) {
+    constexpr size_t kGroup = 16;
+    size_t j = 0;
+    for (; j + kGroup <= nd; j += kGroup) {
+        if (!any_at_least16(row + j, hs[0])) continue;
+        for (size_t t = j; t < j + kGroup; ++t) {
             const float s = row[t];
             const int64_t id = first_id + static_cast<int64_t>(t);
             if (before(s, id, hs[0], hi[0])) heap_replace_root(hs, hi, kk, s, id);
         }
+    }
+    for (; j < nd; ++j) {
+        const int64_t id = first_id + static_cast<int64_t>(j);
+        if (before(row[j], id, hs[0], hi[0])) heap_replace_root(hs, hi, kk, row[j], id);
     }
 }
 
