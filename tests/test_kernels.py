@@ -734,3 +734,38 @@ def test_rescore_topk_checks_its_arguments():
         K.rescore_topk(q, x.astype(np.float64), np.zeros((2, 3), np.int64), 5)
     with pytest.raises(TypeError):
         K.rescore_topk(q, np.ones((10, 8), np.float32)[:, ::2], np.zeros((2, 3), np.int64), 5)
+
+
+def test_heap_push_block_keeps_exact_topk_with_ties():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 40, (6, 1000)).astype(np.float32)  # many ties
+    scores[2, :] = 1.0
+    for kk in (1, 7, 64, 1000):
+        hs = np.full((6, kk), -np.inf, np.float32)
+        hi = np.full((6, kk), -1, np.int64)
+        for a in range(0, 1000, 300):  # blocks of uneven width
+            K.heap_push_block(np.ascontiguousarray(scores[:, a:a + 300]), a, hs, hi, 2)
+        for i in range(6):
+            order = np.lexsort((np.arange(1000), -scores[i]))[:kk]
+            got = np.lexsort((hi[i], -hs[i]))
+            np.testing.assert_array_equal(hi[i][got], order)
+            np.testing.assert_array_equal(hs[i][got], scores[i][order])
+    with pytest.raises(ValueError, match="first_id"):
+        K.heap_push_block(scores, -1, hs, hi)
+    with pytest.raises(ValueError):
+        K.heap_push_block(scores, 0, hs[:2].copy(), hi[:2].copy())
+
+
+def test_prefix_scan_matches_brute_force():
+    from retriever.legs.dense import _prefix_scan
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5000, 24)).astype(np.float32)
+    q = rng.standard_normal((300, 24)).astype(np.float32)
+    s = q.astype(np.float64) @ x.T.astype(np.float64)
+    for kk, bs in ((10, None), (137, 7), (5000, 256)):
+        D, I = _prefix_scan(x, q, kk, 1, bs)
+        truth = np.argsort(-s, axis=1)[:, :kk]
+        for i in range(len(q)):
+            assert set(I[i].tolist()) == set(truth[i].tolist())
+            np.testing.assert_allclose(np.sort(D[i]), np.sort(s[i, truth[i]]), rtol=1e-5, atol=1e-5)
