@@ -127,9 +127,12 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                 out.append(f"| {name} | rank-bm25 ({e['rank_bm25']['queries_sampled']} queries) | "
                            f"{e['rank_bm25']['qps_median']:,.2f} | {e['rank_bm25']['index_docs_per_s']:,.0f} |")
         out.append("")
+    dense_md = dense_bench_markdown()
     for leg in ("dense", "sparse"):
         d = docs.get(leg)
-        if d:
+        if leg == "dense" and dense_md:
+            out += ["### Dense vs FAISS flat (Matryoshka funnel)", "", dense_md, ""]
+        elif d:
             label = {"dense": "Dense vs FAISS flat", "sparse": "Learned sparse"}[leg]
             if d["status"] == "not available":
                 out += [f"### {label}", "", f"not available: {d['results'].get('reason', '')}", ""]
@@ -138,6 +141,37 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                         f"status {d['status']}; reports: {', '.join(d['results'].get('files', [])) or 'none'} "
                         f"(see `benchmarks/results/`).", ""]
     return "\n".join(out).rstrip() + "\n"
+
+
+def dense_bench_markdown(out: Path = RESULTS) -> str:
+    """Table of ``bench_dense.json`` (else ``bench_dense_quick.json``) written by
+    ``benchmarks/bench_dense.py``: per dataset the full-dim flat baseline, the raw FAISS reference
+    and every funnel row (recall@10 vs full-dim exact, QPS median, speedup, bytes/vector). Empty
+    string when neither file exists."""
+    for name in ("bench_dense.json", "bench_dense_quick.json"):
+        p = Path(out) / name
+        if p.is_file():
+            break
+    else:
+        return ""
+    r = json.loads(p.read_text())
+    lines = [f"`{r['command']}` (results `benchmarks/results/{name}`) — {r.get('machine', '?')}, "
+             f"{r.get('cpus', '?')} cores, {r.get('threads')} thread(s) for FAISS, BLAS and kernels, same query "
+             f"batch for every row, QPS = median of {r.get('runs')} runs, FAISS {r.get('faiss', '?')}, "
+             f"{r.get('date', '?')}. Target: recall@10 ≥ 0.99 at ≥ 4× the full-dim flat QPS.", ""]
+    for d in r["datasets"]:
+        best = d.get("best_at_recall_0.99")
+        verdict = (f"best at recall ≥ 0.99: {best['config']} — {best['speedup']}× → target "
+                   f"{'met' if d.get('target_met') else 'missed'}" if best else "no row reaches recall 0.99")
+        lines += [f"**{d['dataset']}** ({d['n']:,} × {d['dim']}, {d['queries']} queries; load: "
+                  f"{d.get('uptime', '?').split('load average:')[-1].strip()}); {verdict}.", "",
+                  "| configuration | recall@10 | QPS | speedup | bytes/vector | generator build s |",
+                  "|---|---|---|---|---|---|"]
+        for row in d["rows"]:
+            lines.append(f"| {row['config']} | {row['recall@10']:.4f} | {row['qps']:,.0f} | {row['speedup']:.2f}× | "
+                         f"{row['bytes_per_vector']:,.0f} | {row.get('build_s', '')} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def write_summary(out: Path = RESULTS) -> Path:
