@@ -364,11 +364,14 @@ class DenseLeg:
                 - ``index`` (str): FAISS factory string of the generator over the prefix
                   (``"Flat"``, ``"IVF1024,Flat"``, ``"HNSW32"``, ``"PQ16"``...); default: the
                   index's own structure at full dimension, ``"Flat"`` over a shorter prefix.
+                  On CPU, ``"Flat"`` over a prefix is the exact blocked scan :func:`_prefix_scan`
+                  (BLAS + the C++ running top-k'), not a FAISS index.
                 - ``nprobe`` (int): IVF lists visited (default 16; capped at nlist).
                 - ``ef_search`` (int): HNSW efSearch (default: the index's; at least k').
                 - ``rescore`` (bool, default True): re-score the shortlist at full dimension
                   from the stored vectors; False returns the generator's (prefix) scores.
-                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB).
+                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB) or
+                  per block of the exact prefix scan (default :data:`SCAN_QUERY_BLOCK`).
 
         Returns:
             per shard ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth),
