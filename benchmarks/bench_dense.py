@@ -35,6 +35,7 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -172,12 +173,14 @@ def main() -> int:
             ids, x, manifest = load_model_vectors(scifact_index(args.index))
             _, qv, _ = scifact_queries(manifest)
             out["datasets"].append(run_dataset("scifact-minilm", ids, x, qv, sf_cfg, args.runs, Path(tmp)))
+            out["datasets"][-1]["argv"] = " ".join(sys.argv[1:])
         if "synthetic" in which:
             t = time.perf_counter()
             x, qv = synthetic(n, args.queries, seed=0)
             gen_s = time.perf_counter() - t
             ds = run_dataset(f"synthetic-{n}", [str(i) for i in range(n)], x, qv, syn_cfg, args.runs, Path(tmp))
             ds["generate_s"] = round(gen_s, 1)
+            ds["argv"] = " ".join(sys.argv[1:])
             out["datasets"].append(ds)
     done = {d["dataset"] for d in out["datasets"]}
     if old.get("command") == out["command"]:  # keep the other dataset of an earlier partial run

@@ -163,7 +163,8 @@ def dense_bench_markdown(out: Path = RESULTS) -> str:
         best = d.get("best_at_recall_0.99")
         verdict = (f"best at recall ≥ 0.99: {best['config']} — {best['speedup']}× → target "
                    f"{'met' if d.get('target_met') else 'missed'}" if best else "no row reaches recall 0.99")
-        lines += [f"**{d['dataset']}** ({d['n']:,} × {d['dim']}, {d['queries']} queries; load: "
+        run = f"run with `{d['argv']}`; " if d.get("argv") else ""
+        lines += [f"**{d['dataset']}** ({d['n']:,} × {d['dim']}, {d['queries']} queries; {run}load: "
                   f"{d.get('uptime', '?').split('load average:')[-1].strip()}); {verdict}.", "",
                   "| configuration | recall@10 | QPS | speedup | bytes/vector | generator build s |",
                   "|---|---|---|---|---|---|"]
