@@ -226,6 +226,27 @@ def rescore_topk(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def heap_push_block(
+    scores: _F32,
+    first_id: int,
+    heap_scores: _F32,
+    heap_ids: _I64,
+    n_threads: int = 0,
+) -> None:
+    """Running top-k' of a blocked exact scan (Matryoshka prefix candidates),
+    cpp_ext/rescore.hpp.
+
+    Row ``i`` of ``scores`` ``(nq, nd)`` holds query ``i``'s scores of ids
+    ``first_id .. first_id + nd - 1``; each enters query ``i``'s binary min-heap
+    (``heap_scores`` / ``heap_ids`` ``(nq, k')``, updated in place, initialised
+    to ``-inf`` / ``-1``) when it ranks before the root: higher score, or equal
+    score and smaller id. NaN never enters. The heaps are left unsorted.
+
+    Raises:
+        ValueError: ``first_id < 0``; mismatched shapes; ``k' < 1``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
 # The learned-sparse kernels registered from cpp_ext/blocked_topk.cpp
 # (check_sparse_index, check_impact_postings, sparse_exact_topk,
 # sparse_seismic_topk) are documented in their pybind11 docstrings and
