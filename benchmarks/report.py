@@ -131,10 +131,13 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                 out.append(f"| {name} | rank-bm25 ({e['rank_bm25']['queries_sampled']} queries) | "
                            f"{e['rank_bm25']['qps_median']:,.2f} | {e['rank_bm25']['index_docs_per_s']:,.0f} |")
         out.append("")
+    dense_md = dense_bench_markdown()
     for leg in ("dense", "sparse"):
         d = docs.get(leg)
         rep = (d or {}).get("results", {}).get("reports", {}).get("sparse.json") if leg == "sparse" else None
-        if d and d["status"] == "ok" and rep and rep.get("results"):
+        if leg == "dense" and dense_md:
+            out += ["### Dense vs FAISS flat (Matryoshka funnel)", "", dense_md, ""]
+        elif d and d["status"] == "ok" and rep and rep.get("results"):
             out += ["### Learned sparse (top-10, 1 thread)", "", _where(d), "", sparse_markdown(rep, detail=detail)]
         elif d:
             label = {"dense": "Dense vs FAISS flat", "sparse": "Learned sparse"}[leg]
@@ -190,6 +193,45 @@ def sparse_markdown(report: dict[str, Any], detail: bool = True) -> str:
             out += ["", line]
         out.append("")
     return "\n".join(out)
+
+def _build_s(v: Any) -> str:
+    """Generator build time estimate (first call minus median call, seconds); below 0.1 s it is
+    timing noise and shown as ``< 0.1``."""
+    if v is None or v == "":
+        return ""
+    return "< 0.1" if float(v) < 0.1 else f"{float(v):,.1f}"
+
+
+def dense_bench_markdown(out: Path = RESULTS) -> str:
+    """Table of ``bench_dense.json`` (else ``bench_dense_quick.json``) written by
+    ``benchmarks/bench_dense.py``: per dataset the full-dim flat baseline, the raw FAISS reference
+    and every funnel row (recall@10 vs full-dim exact, QPS median, speedup, bytes/vector). Empty
+    string when neither file exists."""
+    for name in ("bench_dense.json", "bench_dense_quick.json"):
+        p = Path(out) / name
+        if p.is_file():
+            break
+    else:
+        return ""
+    r = json.loads(p.read_text())
+    lines = [f"`{r['command']}` (results `benchmarks/results/{name}`) — {r.get('machine', '?')}, "
+             f"{r.get('cpus', '?')} cores, {r.get('threads')} thread(s) for FAISS, BLAS and kernels, same query "
+             f"batch for every row, QPS = median of {r.get('runs')} runs, FAISS {r.get('faiss', '?')}, "
+             f"{r.get('date', '?')}. Target: recall@10 ≥ 0.99 at ≥ 4× the full-dim flat QPS.", ""]
+    for d in r["datasets"]:
+        best = d.get("best_at_recall_0.99")
+        verdict = (f"best at recall ≥ 0.99: {best['config']} — {best['speedup']}× → target "
+                   f"{'met' if d.get('target_met') else 'missed'}" if best else "no row reaches recall 0.99")
+        run = f"run with `{d['argv']}`; " if d.get("argv") else ""
+        lines += [f"**{d['dataset']}** ({d['n']:,} × {d['dim']}, {d['queries']} queries; {run}load: "
+                  f"{d.get('uptime', '?').split('load average:')[-1].strip()}); {verdict}.", "",
+                  "| configuration | recall@10 | QPS | speedup | bytes/vector | generator build s (first call − median; < 0.1 = noise) |",
+                  "|---|---|---|---|---|---|"]
+        for row in d["rows"]:
+            lines.append(f"| {row['config']} | {row['recall@10']:.4f} | {row['qps']:,.0f} | {row['speedup']:.2f}× | "
+                         f"{row['bytes_per_vector']:,.0f} | {_build_s(row.get('build_s'))} |")
+        lines.append("")
+    return "\n".join(lines).rstrip()
 
 
 def write_summary(out: Path = RESULTS) -> Path:

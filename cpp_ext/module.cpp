@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "postings_topk.hpp"
+#include "rescore.hpp"
 
 namespace py = pybind11;
 using namespace retriever;
@@ -289,6 +290,69 @@ topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_
     return res.result();
 }
 
+topk_result py_rescore_topk(const carray<float>& queries, const py::array& vectors,
+                            const carray<int64_t>& candidates, int64_t k, int64_t base, int n_threads) {
+    if (queries.ndim() != 2) fail("queries must be 2-dimensional (nq, d), got ndim = " + std::to_string(queries.ndim()));
+    if (vectors.ndim() != 2) fail("vectors must be 2-dimensional (n, d), got ndim = " + std::to_string(vectors.ndim()));
+    if (candidates.ndim() != 2) {
+        fail("candidates must be 2-dimensional (nq, k'), got ndim = " + std::to_string(candidates.ndim()));
+    }
+    if (!(vectors.flags() & py::array::c_style)) throw py::type_error("vectors must be C-contiguous");
+    const py::dtype dt = vectors.dtype();
+    dense_matrix_view m;
+    m.n = static_cast<size_t>(vectors.shape(0));
+    m.d = static_cast<size_t>(vectors.shape(1));
+    if (dt.kind() == 'f' && dt.itemsize() == 2) {
+        m.f16 = static_cast<const uint16_t*>(vectors.data());
+    } else if (dt.kind() == 'f' && dt.itemsize() == 4) {
+        m.f32 = static_cast<const float*>(vectors.data());
+    } else {
+        throw py::type_error("vectors must be float16 or float32, got " + std::string(py::str(dt)));
+    }
+    if (m.n > (size_t{1} << 32)) fail("vectors has " + std::to_string(m.n) + " rows, more than 2**32");
+    const size_t nq = static_cast<size_t>(queries.shape(0));
+    require_eq(static_cast<size_t>(queries.shape(1)), m.d, "queries.shape[1]", "vectors.shape[1]");
+    require_eq(static_cast<size_t>(candidates.shape(0)), nq, "candidates.shape[0]", "queries.shape[0]");
+    check_k(k);
+    if (base < 0) fail("base must be >= 0, got " + std::to_string(base));
+    candidate_view c;
+    c.cand = candidates.data();
+    c.nq = nq;
+    c.kk = static_cast<size_t>(candidates.shape(1));
+    const float* qp = queries.data();
+    topk_arrays res(nq, static_cast<size_t>(k));
+    {
+        py::gil_scoped_release nogil;
+        check_candidates(c, m.n);
+        rescore_topk(qp, m, c, base, n_threads, res.out);
+    }
+    return res.result();
+}
+
+void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<float>& heap_scores,
+                        carray<int64_t>& heap_ids, int n_threads) {
+    if (scores.ndim() != 2) fail("scores must be 2-dimensional (nq, nd), got ndim = " + std::to_string(scores.ndim()));
+    if (heap_scores.ndim() != 2 || heap_ids.ndim() != 2) fail("heap_scores and heap_ids must be 2-dimensional (nq, k')");
+    const size_t nq = static_cast<size_t>(scores.shape(0));
+    require_eq(static_cast<size_t>(heap_scores.shape(0)), nq, "heap_scores.shape[0]", "scores.shape[0]");
+    require_eq(static_cast<size_t>(heap_ids.shape(0)), nq, "heap_ids.shape[0]", "scores.shape[0]");
+    require_eq(static_cast<size_t>(heap_ids.shape(1)), static_cast<size_t>(heap_scores.shape(1)),
+               "heap_ids.shape[1]", "heap_scores.shape[1]");
+    if (heap_scores.shape(1) < 1) fail("heaps must hold k' >= 1 entries");
+    if (first_id < 0) fail("first_id must be >= 0, got " + std::to_string(first_id));
+    heap_rows_view h;
+    h.scores = heap_scores.mutable_data();
+    h.ids = heap_ids.mutable_data();
+    h.nq = nq;
+    h.kk = static_cast<size_t>(heap_scores.shape(1));
+    const float* sp = scores.data();
+    const size_t nd = static_cast<size_t>(scores.shape(1));
+    {
+        py::gil_scoped_release nogil;
+        heap_push_block(sp, nd, first_id, h, n_threads);
+    }
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -344,6 +408,20 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("allow").noconvert() = py::none(),
           "Exact learned-sparse top-k: score(q, d) = sum over the query's terms, in order,\n"
           "of q_weights[i] * impacts[p] in float32. Returns (ids, scores, n_found).");
+    m.def("rescore_topk", &py_rescore_topk, py::arg("queries").noconvert(), py::arg("vectors"),
+          py::arg("candidates").noconvert(), py::arg("k"), py::arg("base") = 0, py::arg("n_threads") = 0,
+          "Exact full-dimension re-scoring of funnel shortlists: for query i, the inner products\n"
+          "of queries[i] (float32) with vectors[candidates[i, j]] (float16 or float32 rows; -1 =\n"
+          "no candidate), accumulated in float64 in a fixed order (8 lanes over i % 8, combined\n"
+          "pairwise) and rounded to float32, so scores never depend on the batch. Returns the\n"
+          "top-k (ids = candidate + base, scores, n_found); ties by smaller id.");
+    m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
+          py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,
+          "Running top-k' of a blocked exact scan (Matryoshka prefix candidate generation): row i\n"
+          "of scores (nq, nd) float32 holds query i's scores of ids first_id .. first_id + nd - 1;\n"
+          "each enters query i's min-heap (heap_scores f32 / heap_ids i64 (nq, k'), updated in\n"
+          "place; initialise to -inf / -1) when it ranks before the root (higher score, or equal\n"
+          "score and smaller id). The heaps are left unsorted.");
     // ---- learned-sparse kernels (blocked_topk.hpp); bindings at the end of this file ----
     void register_sparse_kernels(py::module_ & m);
     register_sparse_kernels(m);

@@ -223,6 +223,57 @@ def impact_topk(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def rescore_topk(
+    queries: _F32,
+    vectors: npt.NDArray[np.float16] | _F32,
+    candidates: _I64,
+    k: int,
+    base: int = 0,
+    n_threads: int = 0,
+) -> tuple[_I64, _F32, _I32]:
+    """Exact full-dimension re-scoring of Matryoshka funnel shortlists (AdANNS,
+    Rege et al., NeurIPS 2023), cpp_ext/rescore.hpp.
+
+    For query ``i`` (float32 ``queries`` ``(nq, d)``), every candidate
+    ``j = candidates[i, c] >= 0`` (int64 ``(nq, k')``; ``-1`` = no candidate) is
+    scored ``<queries[i], vectors[j]>`` over all ``d`` coordinates of the stored
+    float16 or float32 ``(n, d)`` matrix: exact float32 products summed in
+    float64 into 8 lanes (coordinate ``t`` goes to lane ``t % 8``, increasing
+    ``t``), lanes combined ``((0+1)+(2+3))+((4+5)+(6+7))``, rounded to float32
+    once, so scores never depend on the batch or thread count. Duplicated
+    candidates are scored twice.
+
+    Returns:
+        ``(ids int64 (nq, k) = candidate + base, scores float32 (nq, k),
+        n_found int32 (nq,))``, sorted by score descending then id.
+
+    Raises:
+        ValueError: a candidate outside ``[-1, n)``; ``k < 1``; ``base < 0``;
+            mismatched shapes; more than 2**32 rows.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def heap_push_block(
+    scores: _F32,
+    first_id: int,
+    heap_scores: _F32,
+    heap_ids: _I64,
+    n_threads: int = 0,
+) -> None:
+    """Running top-k' of a blocked exact scan (Matryoshka prefix candidates),
+    cpp_ext/rescore.hpp.
+
+    Row ``i`` of ``scores`` ``(nq, nd)`` holds query ``i``'s scores of ids
+    ``first_id .. first_id + nd - 1``; each enters query ``i``'s binary min-heap
+    (``heap_scores`` / ``heap_ids`` ``(nq, k')``, updated in place, initialised
+    to ``-inf`` / ``-1``) when it ranks before the root: higher score, or equal
+    score and smaller id. NaN never enters. The heaps are left unsorted.
+
+    Raises:
+        ValueError: ``first_id < 0``; mismatched shapes; ``k' < 1``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
 # The learned-sparse kernels registered from cpp_ext/blocked_topk.cpp
 # (check_sparse_index, check_impact_postings, sparse_exact_topk,
 # sparse_seismic_topk) are documented in their pybind11 docstrings and

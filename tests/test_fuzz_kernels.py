@@ -29,7 +29,9 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
-           "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk"}
+           "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
+           # dense funnel kernels: fuzzed below
+           "rescore_topk", "heap_push_block"}
 
 SMALL = st.integers(0, 12)
 U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
@@ -237,3 +239,37 @@ def test_wrong_types_and_shapes(pos):
 def test_report_executions():
     print(f"\nfuzz executions: {EXECUTIONS}")
     assert EXECUTIONS["calls"] > 0
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_rescore_topk(data):
+    n, d, nq, kk = (data.draw(SMALL) for _ in range(4))
+    dtype = data.draw(st.sampled_from([np.float16, np.float32]))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    vec = rng.standard_normal((n, d)).astype(dtype)
+    q = rng.standard_normal((nq, data.draw(st.sampled_from([d, d, d + 1])))).astype(np.float32)
+    cand = rng.integers(-3, n + 3, (nq, kk)).astype(np.int64)
+    k = data.draw(st.sampled_from([1, 3, 10, 0, -1]))
+    res = _call(K.rescore_topk, q, vec, cand, k, data.draw(st.sampled_from([0, 5, -1])), data.draw(st.integers(0, 3)))
+    if res is not None:
+        _check_topk(res, nq, k)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_heap_push_block(data):
+    nq, nd, kk = (data.draw(SMALL) for _ in range(3))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    scores = rng.standard_normal((nq, nd)).astype(np.float32)
+    if nd and nq and data.draw(st.booleans()):
+        scores[0, 0] = np.nan
+    hs = np.full((data.draw(st.sampled_from([nq, nq, nq + 1])), kk), -np.inf, np.float32)
+    hi = np.full((hs.shape[0], kk), -1, np.int64)
+    first = data.draw(st.sampled_from([0, 7, -1]))
+    _call(K.heap_push_block, scores, first, hs, hi, data.draw(st.integers(0, 3)))
+    # whether it ran or raised: only ids of this block enter, never NaN, ids and scores pair up
+    kept = hi[hi >= 0]
+    assert ((kept >= max(first, 0)) & (kept < max(first, 0) + nd)).all()
+    assert not np.isnan(hs).any()
+    assert ((hi >= 0) == np.isfinite(hs)).all()

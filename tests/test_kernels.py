@@ -687,3 +687,101 @@ def test_stub_matches_extension():
         runtime = [r for r in runtime if r not in ("numpy", "typing")]
         assert [a.arg for a in node.args.args] == runtime, name
         assert ast.get_docstring(node)
+
+
+# ---------------------------------------------------------------------------
+# Dense re-scoring (funnel search)
+# ---------------------------------------------------------------------------
+
+
+def _rescore_ref(q, x, cand, k, base):
+    """float64 oracle: exact scores of each row's candidates, sorted (score desc, id asc)."""
+    ids, scores, found = [], [], []
+    for qi, row in zip(q.astype(np.float64), cand):
+        c = row[row >= 0]
+        s = (x[c].astype(np.float64) @ qi).astype(np.float32)
+        order = np.lexsort((c, -s.astype(np.float64)))[:k]
+        pad = k - len(order)
+        ids.append(np.r_[c[order] + base, -np.ones(pad, np.int64)])
+        scores.append(np.r_[s[order], np.full(pad, -np.inf, np.float32)])
+        found.append(len(order))
+    return np.array(ids), np.array(scores, np.float32), np.array(found)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+@pytest.mark.parametrize("d", [1, 7, 64, 384])
+def test_rescore_topk_matches_float64_oracle(dtype, d):
+    rng = np.random.default_rng(d)
+    x = (rng.standard_normal((500, d)) / np.sqrt(d)).astype(dtype)
+    x[3] = 0
+    x[4] = np.float16(3e-6)  # float16 subnormals
+    q = rng.standard_normal((40, d)).astype(np.float32)
+    cand = np.stack([rng.permutation(500)[:60] for _ in range(40)]).astype(np.int64)
+    cand[:, 0] = 3
+    cand[5, 20:] = -1
+    cand[6, :] = -1
+    cand[7, :] = np.r_[np.full(55, -1), [4, 3, 9, 8, 1]]  # ties at 0 and fewer than k
+    ids, scores, found = K.rescore_topk(q, x, cand, 10, 1000, 1)
+    r_ids, r_scores, r_found = _rescore_ref(q, x, cand, 10, 1000)
+    np.testing.assert_array_equal(found, r_found)
+    np.testing.assert_allclose(scores, r_scores, rtol=2e-7, atol=1e-7)
+    np.testing.assert_array_equal(ids, r_ids)
+    for nt in (2, 3):
+        b = K.rescore_topk(q, x, cand, 10, 1000, nt)
+        np.testing.assert_array_equal(b[0], ids)
+        np.testing.assert_array_equal(b[1], scores)
+    for i in (0, 5, 39):  # one query alone: bit-identical to its row in the batch
+        one = K.rescore_topk(q[i:i + 1].copy(), x, cand[i:i + 1].copy(), 10, 1000, 1)
+        np.testing.assert_array_equal(one[1][0], scores[i])
+        np.testing.assert_array_equal(one[0][0], ids[i])
+
+
+def test_rescore_topk_checks_its_arguments():
+    x = np.ones((10, 4), np.float32)
+    q = np.ones((2, 4), np.float32)
+    for bad in (-2, 10):
+        with pytest.raises(ValueError, match="candidates"):
+            K.rescore_topk(q, x, np.full((2, 3), bad, np.int64), 5)
+    with pytest.raises(ValueError, match="shape"):
+        K.rescore_topk(np.ones((2, 5), np.float32), x, np.zeros((2, 3), np.int64), 5)
+    with pytest.raises(ValueError, match="k must"):
+        K.rescore_topk(q, x, np.zeros((2, 3), np.int64), 0)
+    with pytest.raises(TypeError):
+        K.rescore_topk(q, x.astype(np.float64), np.zeros((2, 3), np.int64), 5)
+    with pytest.raises(TypeError):
+        K.rescore_topk(q, np.ones((10, 8), np.float32)[:, ::2], np.zeros((2, 3), np.int64), 5)
+
+
+def test_heap_push_block_keeps_exact_topk_with_ties():
+    rng = np.random.default_rng(3)
+    scores = rng.integers(0, 40, (6, 1000)).astype(np.float32)  # many ties
+    scores[2, :] = 1.0
+    for kk in (1, 7, 64, 1000):
+        hs = np.full((6, kk), -np.inf, np.float32)
+        hi = np.full((6, kk), -1, np.int64)
+        for a in range(0, 1000, 300):  # blocks of uneven width
+            K.heap_push_block(np.ascontiguousarray(scores[:, a:a + 300]), a, hs, hi, 2)
+        for i in range(6):
+            order = np.lexsort((np.arange(1000), -scores[i]))[:kk]
+            got = np.lexsort((hi[i], -hs[i]))
+            np.testing.assert_array_equal(hi[i][got], order)
+            np.testing.assert_array_equal(hs[i][got], scores[i][order])
+    with pytest.raises(ValueError, match="first_id"):
+        K.heap_push_block(scores, -1, hs, hi)
+    with pytest.raises(ValueError):
+        K.heap_push_block(scores, 0, hs[:2].copy(), hi[:2].copy())
+
+
+def test_prefix_scan_matches_brute_force():
+    from retriever.legs.dense import _prefix_scan
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((5000, 24)).astype(np.float32)
+    q = rng.standard_normal((300, 24)).astype(np.float32)
+    s = q.astype(np.float64) @ x.T.astype(np.float64)
+    for kk, bs in ((10, None), (137, 7), (5000, 256)):
+        D, I = _prefix_scan(x, q, kk, 1, bs)
+        truth = np.argsort(-s, axis=1)[:, :kk]
+        for i in range(len(q)):
+            assert set(I[i].tolist()) == set(truth[i].tolist())
+            np.testing.assert_allclose(np.sort(D[i]), np.sort(s[i, truth[i]]), rtol=1e-5, atol=1e-5)

@@ -19,8 +19,9 @@ cannot be trained on the available vectors falls back to a flat index with a war
 above the number of vectors returns every vector; an empty shard contributes nothing; a query for
 which an approximate index returns fewer than ``min(k, rows)`` candidates is completed by an exact
 prefix scan, so a query always gets ``min(k, n_docs)`` hits and no ``-1`` id or sentinel score is
-returned inside ``n_found``. Final scores are recomputed per query with one fixed-shape product,
-so a query's results do not depend on the batch it was sent in.
+returned inside ``n_found``. Final scores are recomputed per query by the C++ kernel
+``retriever._kernels.rescore_topk`` (float64 accumulation in a fixed order, rounded to float32),
+so a query's scores do not depend on the batch it was sent in.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from index.errors import ConfigError, IndexFormatError, QueryError
 from index.format import read_table
 from index.matryoshka import load_rotation, prefix_normalize
 
+from .. import _kernels
 from ..shards import IndexReader
 
 log = logging.getLogger(__name__)
@@ -254,10 +256,14 @@ class DenseLeg:
         if pi is not None:
             return pi
         prefix = prefix_normalize(self.vectors[si], dim)
-        cpu = make_faiss_index(prefix, factory)
-        gpu = self._to_gpu(cpu) if self.use_gpu else None
-        keep = None if type(cpu).__name__ == "IndexFlatIP" else prefix  # exact completion for ANN indexes
-        pi = _PrefixIndex(cpu, gpu if gpu is not cpu else None, keep)
+        if factory.replace(" ", "") == "Flat" and not self.use_gpu:
+            # exact prefix scan: BLAS blocks + the C++ running top-k' (see _prefix_scan)
+            pi = _PrefixIndex(None, None, prefix)
+        else:
+            cpu = make_faiss_index(prefix, factory)
+            gpu = self._to_gpu(cpu) if self.use_gpu else None
+            keep = None if type(cpu).__name__ == "IndexFlatIP" else prefix  # exact completion for ANN indexes
+            pi = _PrefixIndex(cpu, gpu if gpu is not cpu else None, keep)
         with self._lock:
             self._prefix.setdefault(key, pi)
             return self._prefix[key]
@@ -346,7 +352,8 @@ class DenseLeg:
         Args:
             qv: float32 (nq, dim) query vectors in the model's space (rotated here).
             depth: hits per shard (k).
-            n_threads: accepted for the leg interface; FAISS uses its own OpenMP setting.
+            n_threads: threads of the re-scoring kernel (<= 0: FAISS's OpenMP setting,
+                ``faiss.omp_get_max_threads()``); FAISS uses its own OpenMP setting.
             **params: per-call options (all optional):
 
                 - ``dim`` (int, 1..d, default d): prefix length the candidate generator searches;
@@ -357,11 +364,14 @@ class DenseLeg:
                 - ``index`` (str): FAISS factory string of the generator over the prefix
                   (``"Flat"``, ``"IVF1024,Flat"``, ``"HNSW32"``, ``"PQ16"``...); default: the
                   index's own structure at full dimension, ``"Flat"`` over a shorter prefix.
+                  On CPU, ``"Flat"`` over a prefix is the exact blocked scan :func:`_prefix_scan`
+                  (BLAS + the C++ running top-k'), not a FAISS index.
                 - ``nprobe`` (int): IVF lists visited (default 16; capped at nlist).
                 - ``ef_search`` (int): HNSW efSearch (default: the index's; at least k').
                 - ``rescore`` (bool, default True): re-score the shortlist at full dimension
                   from the stored vectors; False returns the generator's (prefix) scores.
-                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB).
+                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB) or
+                  per block of the exact prefix scan (default :data:`SCAN_QUERY_BLOCK`).
 
         Returns:
             per shard ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth),
@@ -372,7 +382,10 @@ class DenseLeg:
             QueryError: bad option (names it and the value).
             ConfigError: an invalid FAISS factory string.
         """
+        import faiss
+
         fp = self.parse_params(depth, params)
+        threads = n_threads if n_threads > 0 else max(1, faiss.omp_get_max_threads())
         q = self.rotate(qv)
         nq = q.shape[0]
         use_own = fp.dim == self.dim and fp.index is None
@@ -392,14 +405,18 @@ class DenseLeg:
             else:
                 pi = self._prefix_index(si, fp.dim, fp.index or "Flat")
                 cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
-            D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
-            D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
-            valid = I >= 0
-            if fp.rescore:
-                scores = self._rescore(q, vec, I, valid)
+            if cpu is None:
+                D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size)
             else:
+                D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
+                D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
+            if fp.rescore:
+                parts.append(_kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth,
+                                                   int(s.base), threads))
+            else:
+                valid = I >= 0
                 scores = np.where(valid, D, -np.inf).astype(np.float32)
-            parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
+                parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
         return parts
 
     @staticmethod
@@ -419,21 +436,49 @@ class DenseLeg:
             D[r, :len(top)] = s[top]
         return D, I
 
-    @staticmethod
-    def _rescore(q: np.ndarray, vec: np.ndarray, I: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """Exact full-dimension inner products of each query's candidates (float64 accumulation,
-        rounded to float32: independent of the batch a query came in)."""
-        nq, kk = I.shape
-        out = np.empty((nq, kk), np.float32)
-        step = max(1, CHUNK_BYTES // max(1, kk * vec.shape[1] * 8))
-        safe = np.where(valid, I, 0)
-        for a in range(0, nq, step):
-            b = min(nq, a + step)
-            cand = vec[safe[a:b]].astype(np.float64)  # (c, kk, d)
-            # einsum's per-element loop sums over d in a fixed order: batch-independent results.
-            out[a:b] = np.einsum("qkd,qd->qk", cand, q[a:b].astype(np.float64)).astype(np.float32)
-        out[~valid] = -np.inf
-        return out
+
+#: query and document block sizes of :func:`_prefix_scan` (a 2 MiB float32 score block).
+SCAN_QUERY_BLOCK = 256
+SCAN_DOC_BLOCK = 2048
+
+
+def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, batch_size: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``kk`` inner products of prefix queries against a shard's prefix matrix.
+
+    Blocks of queries x documents are scored by one BLAS matrix product each (numpy ``matmul``,
+    float32) and pushed into per-query running top-``kk`` heaps by the C++ kernel
+    ``retriever._kernels.heap_push_block`` (ties: smaller ordinal), so the score matrix is never
+    materialised beyond one 2 MiB block. This replaces FAISS ``IndexFlatIP`` for prefix
+    candidate generation on CPU (same result up to float32 rounding of the scores).
+
+    Args:
+        prefix: float32 C-contiguous (n, d) re-normalised document prefixes.
+        qp: float32 C-contiguous (nq, d) re-normalised query prefixes.
+        kk: candidates per query, ``1 <= kk <= n``.
+        n_threads: threads of the heap kernel.
+        batch_size: queries per block (default :data:`SCAN_QUERY_BLOCK`).
+
+    Returns:
+        ``(D float32 (nq, kk), I int64 (nq, kk))`` shard-local ordinals, unsorted.
+    """
+    nq, n = qp.shape[0], prefix.shape[0]
+    qb = batch_size or SCAN_QUERY_BLOCK
+    D = np.empty((nq, kk), np.float32)
+    I = np.empty((nq, kk), np.int64)
+    block = np.empty((min(qb, nq), SCAN_DOC_BLOCK), np.float32)
+    for b in range(0, nq, qb):
+        e = min(nq, b + qb)
+        hs = np.full((e - b, kk), -np.inf, np.float32)
+        hi = np.full((e - b, kk), -1, np.int64)
+        for a in range(0, n, SCAN_DOC_BLOCK):
+            z = min(n, a + SCAN_DOC_BLOCK)
+            out = block[: e - b] if z - a == SCAN_DOC_BLOCK else np.empty((e - b, z - a), np.float32)
+            np.matmul(qp[b:e], prefix[a:z].T, out=out)
+            _kernels.heap_push_block(out, a, hs, hi, n_threads)
+        D[b:e] = hs
+        I[b:e] = hi
+    return D, I
 
 
 def _top(ids: np.ndarray, scores: np.ndarray, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
