@@ -117,7 +117,10 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
         bd = r["non_model_synthetic"]["breakdown_seconds"]
         out += ["Non-model time breakdown (synthetic): " + "; ".join(f"{k} {v:.2f} s" for k, v in bd.items()) + ".", ""]
     bm = docs.get("bm25")
-    if bm and bm["status"] == "ok":
+    bm25_md = bm25_bench_markdown()
+    if bm25_md:
+        out += ["### BM25 vs bm25s vs rank-bm25 (top-10)", "", bm25_md, ""]
+    elif bm and bm["status"] == "ok":
         out += ["### BM25 vs bm25s vs rank-bm25 (top-10, 1 thread)", "", _where(bm), "",
                 "| collection | engine | QPS (end to end) | indexing docs/s |", "|---|---|---:|---:|"]
         for name, e in bm["results"]["collections"].items():
@@ -193,6 +196,42 @@ def sparse_markdown(report: dict[str, Any], detail: bool = True) -> str:
             out += ["", line]
         out.append("")
     return "\n".join(out)
+
+def bm25_bench_markdown(out: Path = RESULTS) -> str:
+    """Markdown of ``benchmarks/results/bm25.json`` (``python -m benchmarks.bench_bm25``, one
+    invocation per collection, merged): QPS of this engine (end to end and kernel, 1 and 2 threads),
+    bm25s and rank-bm25 in the same run, ratios against the issue's targets; "" when the file is
+    missing (the section then falls back to ``run_bm25.json``)."""
+    p = out / "bm25.json"
+    if not p.exists():
+        return ""
+    r = json.loads(p.read_text())
+    q = lambda e, k: _f((e.get(k) or {}).get("qps_median"))  # noqa: E731
+    lines = []
+    for name, c in r.get("collections", {}).items():
+        o, b, rb, ra = c["retriever"], c.get("bm25s", {}), c.get("rank_bm25", {}), c.get("ratios", {})
+        m = c.get("machine", {})
+        load = c.get("load_avg_before") or ["?"]
+        lines += [f"**{name}** ({c['n_docs']:,} docs, {c['n_queries']:,} queries) — `{c['command']}`, "
+                  f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, load {float(load[0]):.2f} at start, "
+                  f"{c.get('started', m.get('date', '?'))}; QPS = median of 3 runs.", "",
+                  "| engine | QPS end to end, 1 thread | 2 threads | kernel only (`auto`), 1 thread | 2 threads | indexing docs/s |",
+                  "|---|---:|---:|---:|---:|---:|",
+                  f"| retriever | {q(o, 'end_to_end_t1')} | {q(o, 'end_to_end_t2')} | {q(o, 'kernel_auto_t1')} | "
+                  f"{q(o, 'kernel_auto_t2')} | {_f(o.get('index_docs_per_s'))} |",
+                  f"| bm25s (numba, Lucene method) | {q(b, 'end_to_end_t1')} | | {q(b, 'retrieve_t1')} (retrieve only) | | "
+                  f"{_f(b.get('index_docs_per_s'))} |"]
+        if "qps_median" in rb:
+            lines.append(f"| rank-bm25 (first {rb['queries_sampled']} queries) | {rb['qps_median']:,.2f} | | | | "
+                         f"{_f(rb.get('index_docs_per_s'))} |")
+        same = all(o.get(f"{a}_equals_exhaustive") for a in ("maxscore", "bmw", "bmm", "auto"))
+        lines += ["", f"Ratios: end to end {ra.get('vs_bm25s_end_to_end', 0):.2f}× bm25s (target ≥ 5×), "
+                  f"{ra.get('vs_rank_bm25', 0):,.0f}× rank-bm25 (target ≥ 1000×); two threads "
+                  f"{ra.get('kernel_two_threads_vs_one', 0):.2f}× one thread on the kernel, "
+                  f"{ra.get('two_threads_vs_one', 0):.2f}× end to end (target ≥ 1.7×); pruned top-10 "
+                  f"{'identical to' if same else 'DIFFERS from'} exhaustive for every query.", ""]
+    return "\n".join(lines).rstrip()
+
 
 def _build_s(v: Any) -> str:
     """Generator build time estimate (first call minus median call, seconds); below 0.1 s it is
@@ -278,7 +317,10 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         plt.close(fig)
         written.append(p)
     bm = docs.get("bm25")
-    if bm and bm["status"] == "ok":
+    bm25_md = bm25_bench_markdown()
+    if bm25_md:
+        out += ["### BM25 vs bm25s vs rank-bm25 (top-10)", "", bm25_md, ""]
+    elif bm and bm["status"] == "ok":
         fig, ax = plt.subplots(figsize=(6, 4))
         names, vals = [], []
         for cname, e in bm["results"]["collections"].items():

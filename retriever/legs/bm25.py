@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections import Counter, OrderedDict
-from itertools import chain
 from typing import Sequence
 
 import numpy as np
@@ -158,17 +157,17 @@ class BM25Leg:
             query in first-occurrence order, weight = float32(occurrences · idf) (product in
             float64).
         """
-        tokenize = self.analyzer.tokenize
-        toks = [tokenize(q) for q in queries]
-        if len(toks) < self.VECTORISE_MIN:
-            return self._query_terms_loop(toks)
-        nq = len(toks)
-        lens = np.fromiter(map(len, toks), np.int64, nq)
-        flat = list(chain.from_iterable(toks))
-        ids_l = list(map(self._token_ids.get, flat))
+        if len(queries) < self.VECTORISE_MIN:
+            tokenize = self.analyzer.tokenize
+            return self._query_terms_loop([tokenize(q) for q in queries])
+        nq = len(queries)
+        # each distinct token of the batch is looked up once (compiled scanner for large batches)
+        batch = self.analyzer.tokenize_batch(list(queries))
+        ids_l = list(map(self._token_ids.get, batch.tokens))
         if None in ids_l:
-            ids_l = [self._token_id(t) if i is None else i for t, i in zip(flat, ids_l)]
-        ids = np.array(ids_l, dtype=np.int64)
+            ids_l = [self._token_id(t) if i is None else i for t, i in zip(batch.tokens, ids_l)]
+        ids = np.array(ids_l, dtype=np.int64)[batch.token_ids]
+        lens = np.diff(batch.offsets)
         qidx = np.repeat(np.arange(nq, dtype=np.int64), lens)
         keep = ids >= 0
         ids, qidx = ids[keep], qidx[keep]
