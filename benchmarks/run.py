@@ -4,7 +4,7 @@ Sections (each writes ``benchmarks/results/run_<section>.json``; then ``SUMMARY.
 ``benchmarks/results/*.png`` and the README's marked section are regenerated from whatever JSON
 files exist, so a section can be rerun alone):
 
-- ``hybrid``: BM25 + dense (+ learned sparse when the leg exists) on the seeded synthetic corpus
+- ``hybrid``: BM25 + dense (the learned-sparse leg is not in this section yet) on the seeded synthetic corpus
   (benchmarks/datasets.py), top-10, RRF, 2 threads, batch size 1, query vectors passed (dense query
   encoding excluded; BM25 query analysis included). Dense leg: IVF (nlist ≈ √N) over precomputed
   vectors, swept over nprobe; recall@10 against flat / exhaustive search and the fused list of the
@@ -89,7 +89,7 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
     r = Retriever.open(out, n_threads=threads)
     entry: dict[str, Any] = {"n_docs": n_docs, "n_queries": n_queries, "threads": threads, "k": k,
                              "dense_factory": factory, "dim": col.dense.dim, "build_seconds": build_s,
-                             "legs": list(r.legs), "sparse": "not available (learned-sparse leg not on this branch)",
+                             "legs": list(r.legs),
                              "points": []}
     cache: dict[str, Any] = {}
     bm25 = bench_index(r, col.text.queries, modes=["bm25"], k=k, n_threads=threads, batch_size=1,
