@@ -47,7 +47,9 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
     out: list[str] = []
     h = docs.get("hybrid")
     if h:
-        out += ["### Hybrid end to end (BM25 + dense, top-10, RRF, query vectors given)", "", _where(h), ""]
+        first = next(iter(h["results"]["sizes"].values()), {}) if h["status"] == "ok" else {}
+        legs_txt = " + ".join(first.get("legs", ["bm25", "dense"])).replace("bm25", "BM25")
+        out += [f"### Hybrid end to end ({legs_txt}, top-10, RRF, query vectors given)", "", _where(h), ""]
         if h["status"] != "ok":
             out += [f"status: {h['status']} {h['results'].get('error', '')}", ""]
         else:
@@ -79,7 +81,10 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
             out += ["", "Index size on disk / peak RSS of the benchmark process (which also built the index, "
                     "so this is the build's peak): " + "; ".join(
                 f"{e['n_docs']:,} docs: {e['bytes_on_disk'] / 1e9:.2f} GB / {e['peak_rss_bytes'] / 1e9:.2f} GB"
-                for e in sizes) + ". Learned-sparse leg: " + ("included" if "sparse" in sizes[0].get("legs", ()) else
+                for e in sizes) + ". Learned-sparse leg: " + (f"included, searched with {sizes[0].get('sparse_params')} "
+                                 f"(leg alone: p99 {sizes[0]['sparse_leg']['latency_ms']['p99']:.2f} ms, recall@10 "
+                                 f"{_rec(sizes[0]['sparse_leg'].get('recall@10'))})"
+                                 if "sparse" in sizes[0].get("legs", ()) else
                                  "not part of this benchmark yet (the index has legs "
                                  + ", ".join(sizes[0].get("legs", ())) + "), so the issue's three-leg "
                                  "p99 target is not measured here") + ".", ""]

@@ -4,7 +4,7 @@ Sections (each writes ``benchmarks/results/run_<section>.json``; then ``SUMMARY.
 ``benchmarks/results/*.png`` and the README's marked section are regenerated from whatever JSON
 files exist, so a section can be rerun alone):
 
-- ``hybrid``: BM25 + dense (the learned-sparse leg is not in this section yet) on the seeded synthetic corpus
+- ``hybrid``: BM25 + dense + learned sparse (Seismic mode, precomputed topical vectors) on the seeded synthetic corpus
   (benchmarks/datasets.py), top-10, RRF, 2 threads, batch size 1, query vectors passed (dense query
   encoding excluded; BM25 query analysis included). Dense leg: IVF (nlist ≈ √N) over precomputed
   vectors, swept over nprobe; recall@10 against flat / exhaustive search and the fused list of the
@@ -68,8 +68,11 @@ def _nlist(n: int) -> int:
 # ----------------------------------------------------------------------------------------- hybrid
 
 def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1000,
-                 nprobes: tuple[int, ...] = (1, 4, 16, 64), k: int = 10) -> dict[str, Any]:
-    """Build a BM25 + dense (IVF) index of the synthetic hybrid corpus and benchmark it."""
+                 nprobes: tuple[int, ...] = (1, 4, 16, 64), k: int = 10, sparse: bool = True) -> dict[str, Any]:
+    """Build a BM25 + dense (IVF) [+ learned-sparse] index of the synthetic hybrid corpus and
+    benchmark it. The sparse leg (``sparse=True``) takes precomputed vectors from
+    ``benchmarks.datasets.synthetic_sparse_topical`` (seeded, calibrated to SciFact SPLADE vectors)
+    and is searched in its approximate (Seismic) mode with the leg's default knobs."""
     import faiss
 
     from benchmarks.datasets import synthetic_hybrid
@@ -82,9 +85,19 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
     factory = f"IVF{nlist},Flat"
     out = tmp / col.name
     t0 = time.perf_counter()
-    build_index(col.text.docs(), out, legs=("bm25", "dense"), dense_vectors=col.dense.blocks(),
+    legs: tuple[str, ...] = ("bm25", "dense")
+    extra: dict[str, Any] = {}
+    sparse_q = None
+    if sparse:
+        from benchmarks.datasets import synthetic_sparse_topical
+
+        (ip, terms, weights), (qip, qt, qw) = synthetic_sparse_topical(n_docs, n_queries)
+        sparse_q = [(qt[qip[i]:qip[i + 1]], qw[qip[i]:qip[i + 1]]) for i in range(len(qip) - 1)]
+        legs += ("sparse",)
+        extra["sparse_vectors"] = (ip, terms, weights)
+    build_index(col.text.docs(), out, legs=legs, dense_vectors=col.dense.blocks(),
                 show_progress=False, shard_size=max(n_docs, 1), batch_size=8192,
-                dense=DenseConfig(faiss_factory=factory))
+                dense=DenseConfig(faiss_factory=factory), **extra)
     build_s = time.perf_counter() - t0
     r = Retriever.open(out, n_threads=threads)
     entry: dict[str, Any] = {"n_docs": n_docs, "n_queries": n_queries, "threads": threads, "k": k,
@@ -92,14 +105,20 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
                              "legs": list(r.legs),
                              "points": []}
     cache: dict[str, Any] = {}
-    bm25 = bench_index(r, col.text.queries, modes=["bm25"], k=k, n_threads=threads, batch_size=1,
-                       exact_cache=cache)
+    sp = {"sparse": {"algorithm": "seismic"}} if sparse else {}
+    bm25 = bench_index(r, col.text.queries, modes=["bm25"] + (["sparse"] if sparse else []), k=k,
+                       n_threads=threads, batch_size=1, exact_cache=cache, leg_params=sp,
+                       sparse_vectors=sparse_q)
     entry["bm25"] = bm25["modes"]["bm25"]
+    if sparse:
+        entry["sparse_leg"] = bm25["modes"]["sparse"]
+        entry["sparse_params"] = sp["sparse"]
     entry["bytes_on_disk"] = bm25["index"]["bytes_on_disk"]
     for nprobe in nprobes:
-        lp = {"dense": {"nprobe": min(nprobe, nlist)}}
+        lp = {"dense": {"nprobe": min(nprobe, nlist)}, **sp}
         rep = bench_index(r, col.text.queries, modes=["dense", "hybrid"], k=k, n_threads=threads, batch_size=1,
-                          query_vectors=col.dense.queries, leg_params=lp, exact_cache=cache)
+                          query_vectors=col.dense.queries, leg_params=lp, exact_cache=cache,
+                          sparse_vectors=sparse_q)
         entry["points"].append({"nprobe": nprobe, **rep["modes"]})
         h = rep["modes"]["hybrid"]
         print(f"  hybrid {n_docs} nprobe={nprobe}: p99 {h['latency_ms']['p99']:.2f} ms, "

@@ -80,8 +80,8 @@ def recall_at_k(got: np.ndarray, exact: np.ndarray, k: int) -> float | None:
 
 
 def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, fusion: Any = None,
-                 depth: int | None = None, n_threads: int = 1, query_vectors: np.ndarray | None = None
-                 ) -> dict[str, np.ndarray | None]:
+                 depth: int | None = None, n_threads: int = 1, query_vectors: np.ndarray | None = None,
+                 sparse_vectors: Any = None) -> dict[str, np.ndarray | None]:
     """Exact top-k ids per leg of ``mode`` and, for several legs, the fused list of the exact legs.
 
     Returns:
@@ -100,6 +100,8 @@ def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, f
         leg = engine.legs[name]
         if name == "dense" and query_vectors is not None:
             inp = leg.check_vectors(query_vectors)
+        elif name == "sparse" and sparse_vectors is not None:
+            inp = leg.check_vectors(sparse_vectors)
         else:
             inp = leg.prepare(list(queries))
         if name in EXACT_SEARCH:
@@ -121,7 +123,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                 n_threads: int = 1, batch_size: int = 1, query_vectors: np.ndarray | None = None,
                 fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                 leg_params: dict[str, dict[str, Any]] | None = None, warmup_batches: int = 5,
-                recall: bool = True, exact_cache: dict[str, Any] | None = None) -> dict[str, Any]:
+                recall: bool = True, exact_cache: dict[str, Any] | None = None,
+                sparse_vectors: Any = None) -> dict[str, Any]:
     """Benchmark ``modes`` of an opened :class:`~retriever.Retriever` over ``queries``.
 
     Args:
@@ -136,6 +139,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         recall: compute recall@k against exact search (costs one exact pass).
         exact_cache: a dict kept across calls with the same queries, k, fusion and depth, so
             parameter sweeps compute the exact lists once per mode.
+        sparse_vectors: nq learned-sparse query vectors aligned with ``queries`` (a sequence of
+            ``(term_ids, weights)`` pairs; SPLADE encoding excluded).
 
     Returns:
         a JSON-ready dict: ``{"settings": ..., "index": {...}, "modes": {mode: {...}}}`` where each
@@ -155,6 +160,11 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         if qv.ndim != 2 or qv.shape[0] != len(queries):
             raise QueryError(f"query_vectors has shape {qv.shape}, expected ({len(queries)}, dim)")
         qv = np.ascontiguousarray(qv[keep])
+    sv = None
+    if sparse_vectors is not None:
+        if len(sparse_vectors) != len(queries):
+            raise QueryError(f"sparse_vectors has {len(sparse_vectors)} rows, expected {len(queries)}")
+        sv = [sparse_vectors[i] for i in keep]
     legs = list(retriever.legs)
     if not modes:
         modes = legs + (["hybrid"] if len(legs) > 1 else [])
@@ -166,7 +176,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
     info = retriever.info()
     report: dict[str, Any] = {
         "settings": {"k": k, "threads": n_threads, "batch_size": batch_size, "n_queries": len(qs),
-                     "query_vectors": qv is not None, "depth": depth,
+                     "query_vectors": qv is not None, "sparse_vectors": sv is not None, "depth": depth,
                      "fusion": parse_fusion(fusion).to_dict()},
         "index": {"n_docs": info.get("n_docs"), "legs": legs, "bytes_on_disk": info.get("bytes_on_disk"),
                   "n_shards": info.get("n_shards")},
@@ -175,11 +185,13 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
     batches = [(s, min(s + batch_size, len(qs))) for s in range(0, len(qs), batch_size)]
     for mode in modes:
         uses_dense = "dense" in retriever.engine.legs_for(mode)
+        uses_sparse = "sparse" in retriever.engine.legs_for(mode)
 
         def call(s: int, e: int):
             return retriever.search_arrays(qs[s:e], k, mode=mode, fusion=fusion, depth=depth,
                                            n_threads=n_threads, leg_params=leg_params,
-                                           query_vectors=qv[s:e] if (qv is not None and uses_dense) else None)
+                                           query_vectors=qv[s:e] if (qv is not None and uses_dense) else None,
+                                           sparse_vectors=sv[s:e] if (sv is not None and uses_sparse) else None)
 
         for s, e in batches[:warmup_batches]:
             call(s, e)
@@ -206,7 +218,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
             ex = None if exact_cache is None else exact_cache.get(mode)
             if ex is None:
                 ex = exact_search(retriever, qs, k=k, mode=mode, fusion=fusion, depth=depth,
-                                  n_threads=n_threads, query_vectors=qv if uses_dense else None)
+                                  n_threads=n_threads, query_vectors=qv if uses_dense else None,
+                                  sparse_vectors=sv if uses_sparse else None)
                 if exact_cache is not None:
                     exact_cache[mode] = ex
             rec: dict[str, float | None] = {}
@@ -223,7 +236,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                     for s, e in batches:
                         r1 = retriever.search_arrays(
                             qs[s:e], k, mode=name, n_threads=n_threads, leg_params=leg_params,
-                            query_vectors=qv[s:e] if (qv is not None and name == "dense") else None)
+                            query_vectors=qv[s:e] if (qv is not None and name == "dense") else None,
+                            sparse_vectors=sv[s:e] if (sv is not None and name == "sparse") else None)
                         got[s:e, :r1.ids.shape[1]] = r1.ids
                     rec[name] = recall_at_k(got, ex[name], k)
                 rec["fused"] = recall_at_k(ids, ex["fused"], k) if ex.get("fused") is not None else None

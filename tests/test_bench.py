@@ -109,8 +109,10 @@ def test_run_pieces_tiny(tmp_path):
     e = run.bench_hybrid(1500, tmp_path, threads=1, n_queries=20, nprobes=(1, 64))
     assert e["n_docs"] == 1500 and e["dense_factory"].startswith("IVF") and len(e["points"]) == 2
     assert e["bm25"]["recall@10"] == {"bm25": 1.0}
+    assert e["legs"] == ["bm25", "dense", "sparse"] and e["sparse_params"] == {"algorithm": "seismic"}
+    assert 0 < e["sparse_leg"]["recall@10"]["sparse"] <= 1.0
     for p in e["points"]:
-        assert set(p["hybrid"]["recall@10"]) == {"bm25", "dense", "fused"}
+        assert set(p["hybrid"]["recall@10"]) == {"bm25", "dense", "sparse", "fused"}
         assert p["hybrid"]["latency_ms"]["p99"] > 0
     assert e["points"][1]["dense"]["recall@10"]["dense"] == 1.0  # nprobe >= nlist: exhaustive
     assert {"p99_ms", "meets_target", "recall@10"} <= set(e["headline"])
