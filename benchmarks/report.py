@@ -84,7 +84,7 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                 for e in sizes) + ". Learned-sparse leg: " + (f"included, searched with {sizes[0].get('sparse_params')}; the leg alone: " + "; ".join(
                                      f"{e['n_docs']:,} docs p50 {e['sparse_leg']['latency_ms']['p50']:.2f} ms, p99 "
                                      f"{e['sparse_leg']['latency_ms']['p99']:.2f} ms, recall@10 "
-                                     f"{_rec(e['sparse_leg'].get('recall@10'))}" for e in sizes if "sparse_leg" in e))
+                                     f"{_rec(e['sparse_leg'].get('recall@10'))}" for e in sizes if "sparse_leg" in e)
                                  if "sparse" in sizes[0].get("legs", ()) else
                                  "not part of this benchmark yet (the index has legs "
                                  + ", ".join(sizes[0].get("legs", ())) + "), so the issue's three-leg "
