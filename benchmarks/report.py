@@ -295,6 +295,17 @@ def write_summary(out: Path = RESULTS) -> Path:
     return p
 
 
+def _save(fig: Any, out: Path, name: str) -> Path:
+    """Lay out, write ``out/name`` (PNG, 110 dpi) and close a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    p = Path(out) / name
+    fig.savefig(p, dpi=110)
+    plt.close(fig)
+    return p
+
+
 def write_plots(out: Path = RESULTS) -> list[Path]:
     """Recall–QPS (hybrid section), BM25 QPS per engine, indexing throughput; PNG via Agg."""
     import matplotlib
@@ -320,11 +331,7 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_yscale("log")
         ax.set_title("Recall–QPS, IVF nprobe annotated")
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = Path(out) / "hybrid_recall_qps.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(fig, out, "hybrid_recall_qps.png"))
     bm = docs.get("bm25")
     if (Path(out) / "bm25.json").exists():  # the full benchmark's results win over run.py's quick ones
         bm = {"status": "ok", "results": json.loads((Path(out) / "bm25.json").read_text())}
@@ -343,11 +350,7 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_yscale("log")
         ax.set_ylabel("QPS (1 thread, top-10; exact, recall 1.0)")
         ax.set_title("BM25")
-        fig.tight_layout()
-        p = Path(out) / "bm25_qps.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(fig, out, "bm25_qps.png"))
     sp = docs.get("sparse")
     rep = (sp or {}).get("results", {}).get("reports", {}).get("sparse.json")
     if sp and sp["status"] == "ok" and rep and rep.get("results"):
@@ -376,11 +379,7 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
             ax.set_xlim(0.5, 1.01)
             ax.set_title(f"{c['collection']} ({c['n_docs']:,} docs)")
             ax.legend(fontsize=7)
-        fig.tight_layout()
-        p = Path(out) / "sparse_recall_qps.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(fig, out, "sparse_recall_qps.png"))
     ix = docs.get("indexing")
     if ix and ix["status"] == "ok":
         r = ix["results"]
@@ -397,9 +396,5 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_yscale("log")
         ax.set_ylabel("documents/s")
         ax.set_title("Indexing throughput")
-        fig.tight_layout()
-        p = Path(out) / "indexing.png"
-        fig.savefig(p, dpi=110)
-        plt.close(fig)
-        written.append(p)
+        written.append(_save(fig, out, "indexing.png"))
     return written
