@@ -62,7 +62,7 @@ def check_target(out: Path, overwrite: bool) -> None:
         raise IndexFormatError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
-            raise IndexExistsError(f"{out}: already exists and is not empty (use --overwrite to replace it)")
+            raise IndexExistsError(f"{out}: already exists and is not empty (pass overwrite=True, or --overwrite on the CLI, to replace it)")
         if not (out / MANIFEST).is_file():
             raise IndexFormatError(f"{out}: refusing to overwrite a non-empty directory that is not an index")
 
