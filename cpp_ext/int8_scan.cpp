@@ -24,7 +24,8 @@ namespace retriever {
 namespace {
 
 constexpr size_t kGroupBytes = 64;          // one group: 16 documents x 4 coordinates
-constexpr size_t kQueryBlock = 64;          // queries that share one pass over the codes
+constexpr size_t kQueryBlock = 64;          // queries that share one pass over the codes (at most)
+constexpr size_t kReservoirBytes = 32 << 20;  // reservoir memory per worker (fewer queries per block for huge k')
 constexpr size_t kChunkBytes = 192 << 10;   // codes scanned by a whole query block before moving on (L2)
 constexpr size_t kTile = 8;                 // queries per register tile (VNNI path)
 
@@ -195,12 +196,13 @@ void int8_scan_topk(const int8_t* q, size_t nq, const u8_packed_view& m, const i
     a.kk = kk;
     const size_t n_blocks = (m.n + kI8BlockDocs - 1) / kI8BlockDocs;
     const size_t chunk_blocks = std::max<size_t>(3, kChunkBytes / std::max<size_t>(a.block_bytes, 1) / 3 * 3);
-    const size_t n_qblocks = (nq + kQueryBlock - 1) / kQueryBlock;
     const size_t cap = 2 * kk + 16;
+    const size_t qblock = std::max<size_t>(1, std::min(kQueryBlock, kReservoirBytes / (cap * sizeof(int64_t))));
+    const size_t n_qblocks = (nq + qblock - 1) / qblock;
     parallel_for_items(n_qblocks, n_threads, 1, [&]() {
         return [&, qd = std::vector<int32_t>(kTile * m.d4), keys = std::vector<int64_t>(),
-                res = std::vector<reservoir>(kQueryBlock)](size_t qb) mutable {
-            const size_t q0 = qb * kQueryBlock, q1 = std::min(nq, q0 + kQueryBlock);
+                res = std::vector<reservoir>(qblock)](size_t qb) mutable {
+            const size_t q0 = qb * qblock, q1 = std::min(nq, q0 + qblock);
             if (keys.size() < (q1 - q0) * cap) keys.resize((q1 - q0) * cap);
             for (size_t i = 0; i < q1 - q0; ++i) res[i] = reservoir{keys.data() + i * cap, 0, INT32_MIN};
             for (size_t b0 = 0; b0 < n_blocks; b0 += chunk_blocks) {

@@ -15,6 +15,13 @@
 // Query codes are int8 (nq, 4 * d4). score(q, d) = sum_t (code_d[t] + 128) * q[t] in int32
 // (|score| <= 255 * 128 * 4 * d4 < 2^31 for d4 <= 16384); the per-query constant
 // 128 * sum_t q[t] is not subtracted (it does not change a query's ranking).
+//
+// Loop order: blocks of up to 64 queries (the unit of threading) pass over the codes in chunks of
+// ~192 KiB (kept in L2 while the block passes); within a chunk, 8 queries x 48 documents are one
+// register tile (24 accumulators, one vpdpbusd per query, 16 documents and 4 coordinates). A
+// tile's scores are compared with each query's current k'-th score in one instruction; the few
+// that pass go into a per-query reservoir (append; when it holds 2k' entries the best k' are kept
+// with nth_element), which costs O(1) per candidate instead of a heap walk.
 #pragma once
 
 #include <cstddef>
