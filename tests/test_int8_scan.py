@@ -250,3 +250,11 @@ def test_int8_bad_params(idx, queries):
         search(idx, queries, 10, dim=8, scan_dtype="int4")
     with pytest.raises(QueryError, match="needs index 'Flat'"):
         search(idx, queries, 10, dim=8, scan_dtype="int8", index="IVF4,Flat")
+
+
+def test_choose_prefix_dim_passes_scan_dtype(idx, queries):
+    from retriever.funnel import choose_prefix_dim
+
+    got = choose_prefix_dim(idx, queries, target_recall=1.0, dims=(8, 16, D), shortlist=400, scan_dtype="int8")
+    # a shortlist covering every shard makes the first dim exact
+    assert got["dim"] == 8 and got["recall"] == {8: 1.0}
