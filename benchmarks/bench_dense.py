@@ -19,11 +19,17 @@ Funnel configurations: a candidate generator over a prefix (Flat or IVF), shortl
 full-dimension re-scoring from the stored vectors. QPS = queries / wall seconds of one batched
 ``search_arrays`` call over the whole query batch (same batch for every row), median of
 ``--runs`` runs after one warm-up run (which also builds the prefix generator; its time is
-reported as ``build_s``). Threads: ``--threads`` (default 1) for FAISS (OpenMP), BLAS
+reported as ``build_s``). Rows marked ``/int8`` scan int8-quantised prefixes
+(``scan_dtype="int8"``, retriever/int8scan.py) instead of float32 ones. Threads: ``--threads`` (default 1) for FAISS (OpenMP), BLAS
 (threadpoolctl) and the C++ kernels alike. The baseline and every funnel row are timed the same
 way through the same call. A row "raw FAISS IndexFlatIP.search" times FAISS alone on the rotated
 queries (no engine overhead), for reference only; speedups are against the library's full-dim
 exact search. Bytes per vector: stored full vector (float16, 768 B) + the generator's own bytes.
+BLAS: FAISS multiplies with the OpenBLAS bundled in its wheel, the float32 prefix scans with
+numpy's; unless ``OPENBLAS_CORETYPE`` is set (or ``--faiss-blas-as-is``), it is set to numpy's
+detected core type before FAISS loads, so a bundled OpenBLAS that does not recognise the CPU
+does not fall back to slow generic kernels (recorded under ``"blas"`` in the JSON).
+Synthetic vectors are cached under ``$RETRIEVER_CACHE`` (default /tmp/cache).
 ``--datasets`` runs a subset (each dataset is its own run; results are merged by dataset name
 into the JSON, so the two datasets of a full run may come from two processes).
 Results: benchmarks/results/bench_dense[_quick].json.
@@ -47,8 +53,10 @@ from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queri
 K = 10
 
 
-def generator_bytes(dim: int, index: str) -> float:
+def generator_bytes(dim: int, index: str, scan_dtype: str = "float32") -> float:
     """Bytes per vector of a prefix candidate generator (codes + ids; centroids amortised away)."""
+    if index == "Flat" and scan_dtype == "int8":
+        return float(4 * ((dim + 3) // 4))  # uint8 codes, padded to groups of 4 coordinates
     if index == "Flat":
         return 4.0 * dim  # the float32 prefix matrix scanned exactly
     if index.startswith("IVF") and index.endswith(",Flat"):
@@ -104,11 +112,12 @@ def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
         res, warm, times = timed(p)
         qps = len(qv) / statistics.median(times)
         extra = "".join(f" {k}={p[k]}" for k in ("nprobe", "ef_search") if k in p)
-        row = {"config": f"funnel dim={p['dim']} {p['index']} k'={p['shortlist']}{extra}",
+        kind = p["index"] + ("/int8" if p.get("scan_dtype") == "int8" else "")
+        row = {"config": f"funnel dim={p['dim']} {kind} k'={p['shortlist']}{extra}",
                "params": p, "recall@10": round(recall_at_k(res.ids, truth.ids, K), 4), "qps": round(qps, 1),
                "qps_runs": [round(len(qv) / t, 1) for t in times], "speedup": round(qps / base_qps, 2),
                "build_s": round(warm - statistics.median(times), 2),
-               "bytes_per_vector": 768 + generator_bytes(p["dim"], p["index"])}
+               "bytes_per_vector": 768 + generator_bytes(p["dim"], p["index"], p.get("scan_dtype", "float32"))}
         rows.append(row)
         print(json.dumps({"dataset": name, **row}), flush=True)
     ok = [x for x in rows[2:] if x["recall@10"] >= 0.99]
@@ -116,6 +125,51 @@ def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
     return {"dataset": name, "n": len(ids), "dim": int(x.shape[1]), "queries": len(qv), "setup_s": round(setup_s, 1),
             "rows": rows, "best_at_recall_0.99": best, "uptime": uptime(),
             "target_met": bool(best and best["speedup"] >= 4.0)}
+
+
+def blas_setup(align: bool) -> dict:
+    """Give FAISS's bundled OpenBLAS the same CPU kernels as numpy's before FAISS is loaded.
+
+    Both the baseline (FAISS ``IndexFlatIP``, which multiplies with the OpenBLAS shipped in the
+    FAISS wheel) and the float32 prefix scans (numpy's OpenBLAS) use BLAS. An OpenBLAS built with
+    DYNAMIC_ARCH that does not recognise the CPU model falls back to generic SSE3 ("Prescott")
+    kernels; the FAISS wheel's OpenBLAS 0.3.15 does so on recent Xeons, which made the baseline
+    about 4x slower than it can be. Unless ``OPENBLAS_CORETYPE`` is already set, it is set to the
+    core type numpy's OpenBLAS detected, so both libraries run the same kernel family.
+
+    Returns:
+        ``{"OPENBLAS_CORETYPE": value or None, "aligned": bool}`` (recorded in the results).
+    """
+    import os
+
+    from threadpoolctl import threadpool_info
+
+    aligned = False
+    if align and "OPENBLAS_CORETYPE" not in os.environ:
+        arch = [i.get("architecture") for i in threadpool_info() if i.get("internal_api") == "openblas"]
+        if arch and arch[0]:
+            os.environ["OPENBLAS_CORETYPE"] = arch[0]
+            aligned = True
+    return {"OPENBLAS_CORETYPE": os.environ.get("OPENBLAS_CORETYPE"), "aligned": aligned}
+
+
+def synthetic_cached(n: int, nq: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`_dense_common.synthetic` vectors, cached as .npy files under ``$RETRIEVER_CACHE``
+    (default /tmp/cache; the generator is seeded, so the cache only saves time)."""
+    import os
+
+    cache = Path(os.environ.get("RETRIEVER_CACHE", "/tmp/cache"))
+    stem = cache / f"bench_dense_synthetic_n{n}_q{nq}_s{seed}"
+    xp, qp = stem.with_suffix(".docs.npy"), stem.with_suffix(".queries.npy")
+    if xp.is_file() and qp.is_file():
+        return np.load(xp), np.load(qp)
+    x, qv = synthetic(n, nq, seed=seed)
+    cache.mkdir(parents=True, exist_ok=True)
+    for path, arr in ((xp, x), (qp, qv)):
+        tmp = path.with_suffix(".tmp.npy")
+        np.save(tmp, arr)
+        tmp.replace(path)
+    return x, qv
 
 
 def uptime() -> str:
@@ -137,29 +191,33 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="FAISS / BLAS / kernel threads (default 1)")
     ap.add_argument("--index", type=Path, default=None, help="cached SciFact dense index")
     ap.add_argument("--datasets", default="scifact,synthetic", help="comma-separated subset of scifact,synthetic")
+    ap.add_argument("--faiss-blas-as-is", action="store_true",
+                    help="do not align the OpenBLAS kernels bundled with FAISS to numpy's (see blas_setup)")
     args = ap.parse_args()
 
+    blas = blas_setup(align=not args.faiss_blas_as_is)
     import faiss
-    from threadpoolctl import threadpool_limits
+    from threadpoolctl import threadpool_info, threadpool_limits
 
     faiss.omp_set_num_threads(args.threads)
     threadpool_limits(args.threads)
     which = set(args.datasets.split(","))
     n = args.n or (100_000 if args.quick else 1_000_000)
     nlist = 1024 if n >= 500_000 else 256
-    syn_cfg = [{"dim": 64, "index": "Flat", "shortlist": 200}, {"dim": 64, "index": "Flat", "shortlist": 400},
-               {"dim": 96, "index": "Flat", "shortlist": 100}, {"dim": 96, "index": "Flat", "shortlist": 200},
-               {"dim": 128, "index": "Flat", "shortlist": 50}, {"dim": 128, "index": "Flat", "shortlist": 100},
-               {"dim": 192, "index": "Flat", "shortlist": 50},
-               {"dim": 128, "index": f"IVF{nlist},Flat", "nprobe": 32, "shortlist": 100},
-               {"dim": 128, "index": f"IVF{nlist},Flat", "nprobe": 128, "shortlist": 100}]
+    syn_cfg = [{"dim": 64, "index": "Flat", "shortlist": 200}, {"dim": 96, "index": "Flat", "shortlist": 100},
+               {"dim": 128, "index": "Flat", "shortlist": 50},
+               {"dim": 128, "index": f"IVF{nlist},Flat", "nprobe": 32, "shortlist": 100}] + [
+        {"dim": d, "index": "Flat", "scan_dtype": "int8", "shortlist": k}
+        for d, k in ((64, 200), (64, 400), (96, 100), (96, 200), (128, 50), (128, 100), (192, 50))]
     sf_cfg = [{"dim": 64, "index": "Flat", "shortlist": 100}, {"dim": 64, "index": "Flat", "shortlist": 200},
               {"dim": 96, "index": "Flat", "shortlist": 50}, {"dim": 128, "index": "Flat", "shortlist": 30},
               {"dim": 128, "index": "Flat", "shortlist": 50}, {"dim": 128, "index": "Flat", "shortlist": 100},
               {"dim": 192, "index": "Flat", "shortlist": 30},
               {"dim": 128, "index": "IVF64,Flat", "nprobe": 8, "shortlist": 50},
               {"dim": 128, "index": "IVF64,Flat", "nprobe": 16, "shortlist": 50},
-              {"dim": 128, "index": "HNSW32", "ef_search": 48, "shortlist": 48}]
+              {"dim": 128, "index": "HNSW32", "ef_search": 48, "shortlist": 48}] + [
+        {"dim": d, "index": "Flat", "scan_dtype": "int8", "shortlist": k}
+        for d, k in ((64, 100), (96, 50), (128, 30), (128, 50), (192, 30), (256, 30))]
     res_dir = ROOT / "benchmarks" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
     path = res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
@@ -167,7 +225,10 @@ def main() -> int:
     out = {"command": "python3 benchmarks/bench_dense.py" + (" --quick" if args.quick else ""),
            "threads": args.threads, "k": K, "runs": args.runs, "machine": platform.processor() or platform.machine(),
            "cpus": __import__("os").cpu_count(), "faiss": faiss.__version__,
-           "date": time.strftime("%Y-%m-%d", time.gmtime()), "datasets": []}
+           "date": time.strftime("%Y-%m-%d", time.gmtime()), "blas": {
+               **blas, "libraries": [{k: i.get(k) for k in ("internal_api", "version", "architecture", "filepath")}
+                                     for i in threadpool_info()]},
+           "datasets": []}
     with tempfile.TemporaryDirectory() as tmp:
         if "scifact" in which:
             ids, x, manifest = load_model_vectors(scifact_index(args.index))
@@ -176,7 +237,7 @@ def main() -> int:
             out["datasets"][-1]["argv"] = " ".join(sys.argv[1:])
         if "synthetic" in which:
             t = time.perf_counter()
-            x, qv = synthetic(n, args.queries, seed=0)
+            x, qv = synthetic_cached(n, args.queries, seed=0)
             gen_s = time.perf_counter() - t
             ds = run_dataset(f"synthetic-{n}", [str(i) for i in range(n)], x, qv, syn_cfg, args.runs, Path(tmp))
             ds["generate_s"] = round(gen_s, 1)

@@ -250,6 +250,14 @@ def _build_s(v: Any) -> str:
     return "< 0.1" if float(v) < 0.1 else f"{float(v):,.1f}"
 
 
+def _blas_note(blas: dict | None) -> str:
+    """``bench_dense.json``'s BLAS setting in words ('' when not recorded)."""
+    if not blas or not blas.get("OPENBLAS_CORETYPE"):
+        return ""
+    how = "set to numpy's detected core type" if blas.get("aligned") else "set by the caller"
+    return f", OPENBLAS_CORETYPE={blas['OPENBLAS_CORETYPE']} ({how}, so FAISS's bundled OpenBLAS uses the same kernels)"
+
+
 def dense_bench_markdown(out: Path = RESULTS) -> str:
     """Table of ``bench_dense.json`` (else ``bench_dense_quick.json``) written by
     ``benchmarks/bench_dense.py``: per dataset the full-dim flat baseline, the raw FAISS reference
@@ -265,7 +273,8 @@ def dense_bench_markdown(out: Path = RESULTS) -> str:
     lines = [f"`{r['command']}` (results `benchmarks/results/{name}`) — {r.get('machine', '?')}, "
              f"{r.get('cpus', '?')} cores, {r.get('threads')} thread(s) for FAISS, BLAS and kernels, same query "
              f"batch for every row, QPS = median of {r.get('runs')} runs, FAISS {r.get('faiss', '?')}, "
-             f"{r.get('date', '?')}. Target: recall@10 ≥ 0.99 at ≥ 4× the full-dim flat QPS.", ""]
+             f"{r.get('date', '?')}{_blas_note(r.get('blas'))}. Target: recall@10 ≥ 0.99 at ≥ 4× the full-dim flat "
+             f"QPS.", ""]
     for d in r["datasets"]:
         best = d.get("best_at_recall_0.99")
         verdict = (f"best at recall ≥ 0.99: {best['config']} — {best['speedup']}× → target "

@@ -23,6 +23,7 @@
 #include <tuple>
 
 #include "postings_topk.hpp"
+#include "int8_scan.hpp"
 #include "rescore.hpp"
 
 namespace py = pybind11;
@@ -353,6 +354,56 @@ void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<fl
     }
 }
 
+std::tuple<carray<int32_t>, carray<int64_t>> py_int8_scan_topk(const carray<int8_t>& queries,
+                                                              const carray<uint8_t>& codes, int64_t n,
+                                                              int64_t kk, int n_threads, const std::string& impl) {
+    if (queries.ndim() != 2) {
+        fail("queries must be 2-dimensional (nq, 4 * d4), got ndim = " + std::to_string(queries.ndim()));
+    }
+    if (codes.ndim() != 3 || codes.shape(2) != 64) {
+        fail("codes must have shape (n_blocks, d4, 64), got ndim = " + std::to_string(codes.ndim()) +
+             (codes.ndim() == 3 ? ", shape[2] = " + std::to_string(codes.shape(2)) : std::string()));
+    }
+    if (n < 1 || n > 4294967295LL) fail("n must be in [1, 2**32 - 1], got " + std::to_string(n));
+    const size_t n_blocks = (static_cast<size_t>(n) + kI8BlockDocs - 1) / kI8BlockDocs;
+    require_eq(static_cast<size_t>(codes.shape(0)), n_blocks, "codes.shape[0]", "ceil(n / 16)");
+    const size_t d4 = static_cast<size_t>(codes.shape(1));
+    if (d4 < 1 || d4 > kI8MaxGroups) {
+        fail("codes.shape[1] (d4) must be in [1, " + std::to_string(kI8MaxGroups) + "], got " + std::to_string(d4));
+    }
+    require_eq(static_cast<size_t>(queries.shape(1)), 4 * d4, "queries.shape[1]", "4 * codes.shape[1]");
+    if (kk < 1 || kk > n) fail("kk must be in [1, n = " + std::to_string(n) + "], got " + std::to_string(kk));
+    i8_impl which;
+    if (impl == "auto") {
+        which = i8_impl::automatic;
+    } else if (impl == "portable") {
+        which = i8_impl::portable;
+    } else if (impl == "vnni") {
+        which = i8_impl::vnni;
+        if (!int8_scan_has_vnni()) fail("impl = 'vnni' but this CPU has no AVX-512 VNNI");
+    } else {
+        fail("impl must be 'auto', 'portable' or 'vnni', got '" + impl + "'");
+    }
+    const size_t nq = static_cast<size_t>(queries.shape(0));
+    const std::vector<py::ssize_t> shape{static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(kk)};
+    carray<int32_t> scores(shape);
+    carray<int64_t> ids(shape);
+    u8_packed_view m;
+    m.codes = codes.data();
+    m.n = static_cast<size_t>(n);
+    m.d4 = d4;
+    i8_topk_out out;
+    out.scores = scores.mutable_data();
+    out.ids = ids.mutable_data();
+    out.kk = static_cast<size_t>(kk);
+    const int8_t* qp = queries.data();
+    {
+        py::gil_scoped_release nogil;
+        int8_scan_topk(qp, nq, m, out, n_threads, which);
+    }
+    return {scores, ids};
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kernels, m) {
@@ -422,6 +473,16 @@ PYBIND11_MODULE(_kernels, m) {
           "each enters query i's min-heap (heap_scores f32 / heap_ids i64 (nq, k'), updated in\n"
           "place; initialise to -inf / -1) when it ranks before the root (higher score, or equal\n"
           "score and smaller id). The heaps are left unsorted.");
+    m.def("int8_scan_topk", &py_int8_scan_topk, py::arg("queries").noconvert(), py::arg("codes").noconvert(),
+          py::arg("n"), py::arg("kk"), py::arg("n_threads") = 0, py::arg("impl") = "auto",
+          "Exact top-k' of int8-quantised prefixes (funnel candidate generation; layout in\n"
+          "cpp_ext/int8_scan.hpp): score(i, d) = sum_t codes_d[t] * queries[i, t] in int32 over\n"
+          "uint8 document codes packed in 16-document blocks (codes (ceil(n/16), d4, 64)) and int8\n"
+          "queries (nq, 4 * d4). Returns (scores int32 (nq, kk), ids int64 (nq, kk)) sorted by score\n"
+          "descending then id. impl: 'auto' (AVX-512 VNNI where available), 'portable' or 'vnni';\n"
+          "every path returns identical results for any n_threads.");
+    m.def("int8_scan_has_vnni", &int8_scan_has_vnni,
+          "True when int8_scan_topk's AVX-512 VNNI path is available on this CPU.");
     // ---- learned-sparse kernels (blocked_topk.hpp); bindings at the end of this file ----
     void register_sparse_kernels(py::module_ & m);
     register_sparse_kernels(m);

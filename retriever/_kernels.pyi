@@ -274,6 +274,40 @@ def heap_push_block(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def int8_scan_topk(
+    queries: npt.NDArray[np.int8],
+    codes: npt.NDArray[np.uint8],
+    n: int,
+    kk: int,
+    n_threads: int = 0,
+    impl: str = "auto",
+) -> tuple[_I32, _I64]:
+    """Exact top-k' of int8-quantised Matryoshka prefixes (funnel candidate
+    generation), cpp_ext/int8_scan.hpp; Python wrapper: retriever/int8scan.py.
+
+    ``codes`` uint8 ``(ceil(n / 16), d4, 64)``: documents in blocks of 16, each
+    block ``d4`` groups of 64 bytes (group ``g``: coordinates ``4g .. 4g + 3`` of
+    the 16 documents, document ``i`` at bytes ``4i .. 4i + 3``; code ``c + 128``
+    for a signed code ``c``). ``queries`` int8 ``(nq, 4 * d4)``. Score of
+    document ``d`` for query ``i``: ``sum_t codes_d[t] * queries[i, t]`` in
+    int32 (exact). Each row holds the best ``kk`` documents ``< n`` by score
+    descending, then smaller id; identical for every ``impl`` ('auto': AVX-512
+    VNNI where available, 'portable', 'vnni') and any ``n_threads``.
+
+    Returns:
+        ``(scores int32 (nq, kk), ids int64 (nq, kk))``.
+
+    Raises:
+        ValueError: ``n`` outside ``[1, 2**32 - 1]``; ``kk`` outside ``[1, n]``;
+            ``codes.shape`` not ``(ceil(n / 16), d4, 64)`` with ``1 <= d4 <= 16384``;
+            ``queries.shape[1] != 4 * d4``; unknown ``impl``; ``impl='vnni'`` on a
+            CPU without AVX-512 VNNI.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def int8_scan_has_vnni() -> bool:
+    """True when :func:`int8_scan_topk` can use its AVX-512 VNNI path here."""
+
 # The learned-sparse kernels registered from cpp_ext/blocked_topk.cpp
 # (check_sparse_index, check_impact_postings, sparse_exact_topk,
 # sparse_seismic_topk) are documented in their pybind11 docstrings and

@@ -31,7 +31,7 @@ KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impac
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
-           "rescore_topk", "heap_push_block"}
+           "rescore_topk", "heap_push_block", "int8_scan_topk", "int8_scan_has_vnni"}
 
 SMALL = st.integers(0, 12)
 U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
@@ -273,3 +273,27 @@ def test_fuzz_heap_push_block(data):
     assert ((kept >= max(first, 0)) & (kept < max(first, 0) + nd)).all()
     assert not np.isnan(hs).any()
     assert ((hi >= 0) == np.isfinite(hs)).all()
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_int8_scan_topk(data):
+    n = data.draw(st.integers(0, 40))
+    d4, nq, kk = data.draw(st.integers(0, 4)), data.draw(SMALL), data.draw(st.integers(-1, 42))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    nb = data.draw(st.sampled_from([-(-n // 16), -(-n // 16), -(-n // 16) + 1, max(-(-n // 16) - 1, 0)]))
+    codes = rng.integers(0, 256, (nb, d4, data.draw(st.sampled_from([64, 64, 32]))), dtype=np.uint8)
+    q = rng.integers(-128, 128, (nq, data.draw(st.sampled_from([4 * d4, 4 * d4, 4 * d4 + 1]))), dtype=np.int8)
+    impl = data.draw(st.sampled_from(["auto", "portable", "vnni", "x"]))
+    res = _call(K.int8_scan_topk, q, codes, n, kk, data.draw(st.integers(0, 3)), impl)
+    if res is None:
+        return
+    scores, ids = res
+    assert scores.shape == ids.shape == (nq, kk)
+    # exact against the unpacked codes: score desc, id asc
+    rows = codes.reshape(nb, d4, 16, 4).transpose(0, 2, 1, 3).reshape(nb * 16, 4 * d4)[:n].astype(np.int64)
+    full = q.astype(np.int64) @ rows.T
+    for i in range(nq):
+        want = np.lexsort((np.arange(n), -full[i]))[:kk]
+        np.testing.assert_array_equal(ids[i], want)
+        np.testing.assert_array_equal(scores[i], full[i, want])
