@@ -347,7 +347,11 @@ def write_reports(out: Path, results: list[dict], args, argv) -> None:
         if args.merge and old is not None and old.get("n_queries") == r["n_queries"]:
             # one session split into several invocations: this run's engines replace theirs
             mine = {x["engine"] for x in r["rows"]}
-            r["rows"] = [x for x in old["rows"] if x["engine"] not in mine] + r["rows"]
+            kept = [x for x in old["rows"] if x["engine"] not in mine]
+            for x in kept:  # rows of an older run keep that run's date and load
+                x.setdefault("date", old.get("date"))
+                x.setdefault("load_avg", old.get("load_avg"))
+            r["rows"] = kept + r["rows"]
             r["command"] = "; ".join(c for c in (old.get("command", ""), cmd) if c)
             r["targets"] = targets(r["rows"])
         else:
