@@ -138,43 +138,46 @@ def run_collection(name, docs, queries, args, vocab=30522):
                                               "fwd_values"))
     (ids, _, _), sec = timed(lambda: _kernels.sparse_exact_topk(
         *[ix[k] for k in ("offsets", "doc_ids", "impacts", "fwd_offsets", "fwd_terms", "fwd_values")], scale, *qb, K,
-        n_threads=1), args.repeats)
+        n_threads=1), args.repeats if "exact" in args.engines else 1)
     truth = ids
-    rows.append({"engine": "retriever-exact", "qps": nq / sec, "cpu_qps": cpu_qps(nq), "recall@10": 1.0,
-                 "build_s": exact_build, "bytes_per_posting": exact_bytes / nnz})
-    say(rows[-1])
+    if "exact" in args.engines:
+        rows.append({"engine": "retriever-exact", "qps": nq / sec, "cpu_qps": cpu_qps(nq), "recall@10": 1.0,
+                     "build_s": exact_build, "bytes_per_posting": exact_bytes / nnz})
+        say(rows[-1])
 
-    import scipy.sparse as sp
+    if "scipy" in args.engines:
+        import scipy.sparse as sp
 
-    t = time.perf_counter()
-    D = sp.csr_matrix((ix["fwd_values"].astype(np.float32) * np.float32(scale), ix["fwd_terms"],
-                       ix["fwd_offsets"].astype(np.int64)), shape=(n, vocab))
-    DT = D.T.tocsr()
-    sc_build = time.perf_counter() - t
-    Q = sp.csr_matrix((qb[2], qb[1], qb[0].astype(np.int64)), shape=(nq, vocab))
-    nq_sc = min(nq, args.scipy_queries)
+        t = time.perf_counter()
+        D = sp.csr_matrix((ix["fwd_values"].astype(np.float32) * np.float32(scale), ix["fwd_terms"],
+                           ix["fwd_offsets"].astype(np.int64)), shape=(n, vocab))
+        DT = D.T.tocsr()
+        sc_build = time.perf_counter() - t
+        Q = sp.csr_matrix((qb[2], qb[1], qb[0].astype(np.int64)), shape=(nq, vocab))
+        nq_sc = min(nq, args.scipy_queries)
 
-    batch = max(1, (1 << 24) // max(n, 1))  # queries per sparse product: a dense block of <= 64 MB
+        batch = max(1, (1 << 24) // max(n, 1))  # queries per sparse product: a dense block of <= 64 MB
 
-    def scipy_run():
-        out = np.full((nq_sc, K), -1, np.int64)
-        for a in range(0, nq_sc, batch):
-            b = min(a + batch, nq_sc)
-            S = (Q[a:b] @ DT).toarray()  # CSR (nq, vocab) @ CSR (vocab, n_docs)
-            for i in range(S.shape[0]):
-                s = S[i]
-                top = np.argpartition(-s, K)[:K]
-                out[a + i] = top[np.argsort(-s[top], kind="stable")]
-        return out
-    sc_ids, sec = timed(scipy_run, args.repeats)
-    rows.append({"engine": "scipy-exact", "qps": nq_sc / sec, "cpu_qps": cpu_qps(nq_sc),
-                 "recall@10": recall(sc_ids, truth[:nq_sc]), "queries": nq_sc, "build_s": sc_build,
-                 "bytes_per_posting": (DT.data.nbytes + DT.indices.nbytes + DT.indptr.nbytes) / nnz})
-    say(rows[-1])
-    del D, DT, Q, ix
+        def scipy_run():
+            out = np.full((nq_sc, K), -1, np.int64)
+            for a in range(0, nq_sc, batch):
+                b = min(a + batch, nq_sc)
+                S = (Q[a:b] @ DT).toarray()  # CSR (nq, vocab) @ CSR (vocab, n_docs)
+                for i in range(S.shape[0]):
+                    s = S[i]
+                    top = np.argpartition(-s, K)[:K]
+                    out[a + i] = top[np.argsort(-s[top], kind="stable")]
+            return out
+        sc_ids, sec = timed(scipy_run, args.repeats)
+        rows.append({"engine": "scipy-exact", "qps": nq_sc / sec, "cpu_qps": cpu_qps(nq_sc),
+                     "recall@10": recall(sc_ids, truth[:nq_sc]), "queries": nq_sc, "build_s": sc_build,
+                     "bytes_per_posting": (DT.data.nbytes + DT.indices.nbytes + DT.indptr.nbytes) / nnz})
+        say(rows[-1])
+        del D, DT, Q
+    del ix
     gc.collect()
 
-    for npost in args.n_postings:
+    for npost in (args.n_postings if "seismic" in args.engines else []):
         t = time.perf_counter()
         ix = build_sparse_index(d_ptr, d_terms, d_w, n_terms=vocab, scale=scale, n_postings=npost,
                                 block_size=args.block_size, summary_energy=args.summary_energy)
@@ -193,7 +196,7 @@ def run_collection(name, docs, queries, args, vocab=30522):
         del ix
         gc.collect()
 
-    if "pyseismic" not in args.skip:
+    if "pyseismic" in args.engines:
         try:
             for r in run_pyseismic(docs, queries, truth, args):
                 rows.append(r)
@@ -202,7 +205,7 @@ def run_collection(name, docs, queries, args, vocab=30522):
             rows.append({"engine": "pyseismic", "error": f"{type(e).__name__}: {e}"})
             print(f"  pyseismic: {rows[-1]['error']}", flush=True)
         gc.collect()
-    if "bmp" not in args.skip:
+    if "bmp" in args.engines:
         try:
             for r in run_bmp(docs, queries, truth, args):
                 rows.append(r)
@@ -210,6 +213,9 @@ def run_collection(name, docs, queries, args, vocab=30522):
         except Exception as e:  # noqa: BLE001
             rows.append({"engine": "bmp", "error": f"{type(e).__name__}: {e}"})
             print(f"  bmp: {rows[-1]['error']}", flush=True)
+    stamp = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load_avg": list(os.getloadavg())}
+    for r in rows:
+        r.update({k: v for k, v in stamp.items() if k not in r})
     res = {"collection": name, "n_docs": n, "n_queries": nq, "nnz_per_doc": len(d_terms) / n,
            "nnz_per_query": len(q_terms) / nq, "rows": rows, "load_avg": os.getloadavg(),
            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -294,7 +300,10 @@ def run_bmp(docs, queries, truth, args):
 
     d_ptr, d_terms, d_w = docs
     q_ptr, q_terms, q_w = queries
-    scale = 100.0
+    # bmp stores document impacts as 8-bit integers and wraps larger values (an impact of 300 is
+    # stored as 44, checked on a toy index), so weights are mapped onto 1..255 with one scale for
+    # the collection (the old fixed x100 wrapped almost every synthetic weight: recall ~0).
+    scale = 255.0 / float(d_w.max())
     with tempfile.TemporaryDirectory(dir=args.tmp) as tmp:
         path = os.path.join(tmp, "index.bmp")
         t = time.perf_counter()
@@ -303,7 +312,7 @@ def run_bmp(docs, queries, truth, args):
         for c in range(0, n, 10_000):  # converted per chunk (memory)
             e = min(c + 10_000, n)
             names = d_terms[d_ptr[c]:d_ptr[e]].astype(str).tolist()
-            imp = np.maximum(1, (d_w[d_ptr[c]:d_ptr[e]] * scale).astype(np.int64)).tolist()
+            imp = np.clip(np.rint(d_w[d_ptr[c]:d_ptr[e]] * scale), 1, 255).astype(np.int64).tolist()
             for i in range(c, e):
                 a, b = int(d_ptr[i] - d_ptr[c]), int(d_ptr[i + 1] - d_ptr[c])
                 ind.add_document(str(i), dict(zip(names[a:b], imp[a:b])))
@@ -333,7 +342,20 @@ def write_reports(out: Path, results: list[dict], args, argv) -> None:
         except (ValueError, KeyError):
             prev = {}
     for r in results:
-        r["command"] = "python -m benchmarks.bench_sparse " + " ".join(argv)
+        cmd = "python -m benchmarks.bench_sparse " + " ".join(argv)
+        old = prev.get(r["collection"])
+        if args.merge and old is not None and old.get("n_queries") == r["n_queries"]:
+            # one session split into several invocations: this run's engines replace theirs
+            mine = {x["engine"] for x in r["rows"]}
+            kept = [x for x in old["rows"] if x["engine"] not in mine]
+            for x in kept:  # rows of an older run keep that run's date and load
+                x.setdefault("date", old.get("date"))
+                x.setdefault("load_avg", old.get("load_avg"))
+            r["rows"] = kept + r["rows"]
+            r["command"] = "; ".join(c for c in (old.get("command", ""), cmd) if c)
+            r["targets"] = targets(r["rows"])
+        else:
+            r["command"] = cmd
         prev[r["collection"]] = r
     doc = {"k": K, "threads": 1, "repeats": args.repeats, "results": list(prev.values())}
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -367,6 +389,13 @@ def main(argv=None) -> int:
     ap.add_argument("--heap-factors", default="0.7,0.9,1.0")
     ap.add_argument("--bmp-alphas", default="1.0,0.9,0.8,0.7")
     ap.add_argument("--skip", default="", help="engines to leave out: pyseismic,bmp")
+    ap.add_argument("--engines", default="exact,scipy,seismic,pyseismic,bmp",
+                    help="engines to run (comma list of exact,scipy,seismic,pyseismic,bmp); the exact "
+                         "top-10 (recall truth) is always computed")
+    ap.add_argument("--merge", action="store_true",
+                    help="merge this run's rows into the collection's entry of --out (same query count), "
+                         "replacing rows of the same engines: a long session split into several jobs "
+                         "(each row keeps its own date and load average)")
     ap.add_argument("--scipy-queries", type=int, default=200, help="queries timed for scipy (it is slow)")
     ap.add_argument("--tmp", default=None, help="folder for bmp's index file")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "sparse.json"))
@@ -378,6 +407,10 @@ def main(argv=None) -> int:
     args.heap_factors = [float(x) for x in args.heap_factors.split(",")]
     args.bmp_alphas = [float(x) for x in args.bmp_alphas.split(",")]
     args.skip = set(x for x in args.skip.split(",") if x)
+    args.engines = set(x for x in args.engines.split(",") if x) - args.skip
+    unknown = args.engines - {"exact", "scipy", "seismic", "pyseismic", "bmp"}
+    if unknown:
+        raise SystemExit(f"--engines: unknown engine(s) {sorted(unknown)}")
     npost_arg = args.n_postings
     results = []
     from threadpoolctl import threadpool_limits

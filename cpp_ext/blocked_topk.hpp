@@ -72,7 +72,11 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 /// document can enter the top-k, and the touched ones whose partial score plus
 /// L reaches theta are scored exactly from the forward index. Every returned
 /// score is the forward-index score (same formula and order as the Seismic
-/// kernel), so results do not depend on where the loop stopped.
+/// kernel), so results do not depend on where the loop stopped. In shards of at
+/// most 32,768 documents, a query whose lists hold >= 2 postings per document is
+/// instead scored term-at-a-time into the dense accumulator (long lists used by
+/// several queries of the batch expanded once into uint16 columns), then the
+/// documents within float slack of the k-th accumulated score are re-scored.
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
                        size_t vocab, int n_threads, const topk_out& out);
 
