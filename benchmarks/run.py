@@ -67,42 +67,139 @@ def _nlist(n: int) -> int:
 
 # ----------------------------------------------------------------------------------------- hybrid
 
-def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1000,
-                 nprobes: tuple[int, ...] = (1, 4, 16, 64), k: int = 10, sparse: bool = True) -> dict[str, Any]:
-    """Build a BM25 + dense (IVF) [+ learned-sparse] index of the synthetic hybrid corpus and
-    benchmark it. The sparse leg (``sparse=True``) takes precomputed vectors from
-    ``benchmarks.datasets.synthetic_sparse_topical`` (seeded, calibrated to SciFact SPLADE vectors)
-    and is searched in its approximate (Seismic) mode with the leg's default knobs."""
+#: where built benchmark indexes are kept between runs (``$RETRIEVER_CACHE``, default /tmp/cache)
+CACHE = Path(os.environ.get("RETRIEVER_CACHE", "/tmp/cache"))
+
+
+def _code_digest() -> str:
+    """SHA-256 over the sources that decide what a built hybrid index holds: every ``index/``
+    Python file (analyzer, builders, format) and ``benchmarks/datasets.py`` (the generators)."""
+    import hashlib
+
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(list((root / "index").rglob("*.py")) + [root / "benchmarks" / "datasets.py"]):
+        h.update(str(f.relative_to(root)).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def hybrid_index(n_docs: int, tmp: Path, *, n_queries: int = 1000, sparse: bool = True,
+                 cache_dir: Path | None = None) -> dict[str, Any]:
+    """Build the hybrid benchmark index of ``synthetic_hybrid(n_docs)`` (BM25 + dense IVF with
+    nlist ≈ √N [+ learned sparse from ``synthetic_sparse_topical``]), or reuse a copy cached in
+    ``cache_dir``.
+
+    The cache key is a SHA-256 over the build configuration, sizes, index format version, the
+    FAISS / numpy versions and the sources of ``index/`` and ``benchmarks/datasets.py``
+    (:func:`_code_digest`), so any change to the builders or generators builds afresh. The index is
+    written atomically by ``build_index``; the sparse query vectors (which need the documents to be
+    generated) are stored next to it (``<key>.queries.npz``) and a ``<key>.json`` record, written
+    last, marks the entry complete and keeps the original build time.
+
+    Args:
+        n_docs: documents (>= 1).
+        tmp: folder for an uncached build (``cache_dir=None``).
+        n_queries: queries of the collection.
+        sparse: include the learned-sparse leg.
+        cache_dir: folder of cached indexes, or ``None`` to build into ``tmp`` (removed by the caller).
+
+    Returns:
+        ``{"path": index dir, "collection": HybridCollection, "sparse_queries": list of
+        (term_ids uint32, weights float32) or None, "factory": str, "nlist": int,
+        "build_seconds": float, "cached": bool, "built_at": str}``.
+
+    Raises:
+        ValueError: ``n_docs`` < 1.
+    """
+    import hashlib
+    import shutil
+
     import faiss
 
     from benchmarks.datasets import synthetic_hybrid
-    from index.config import DenseConfig
-    from retriever import Retriever, build_index
-    from retriever.bench import bench_index
+    from index.config import BuildConfig, DenseConfig
+    from index.format import FORMAT_VERSION
+    from retriever import build_index
 
+    if n_docs < 1:
+        raise ValueError(f"n_docs must be >= 1, got {n_docs}")
     col = synthetic_hybrid(n_docs, n_queries=n_queries)
     nlist = _nlist(n_docs)
     factory = f"IVF{nlist},Flat"
+    legs: tuple[str, ...] = ("bm25", "dense") + (("sparse",) if sparse else ())
+    build_kw: dict[str, Any] = {"legs": legs, "shard_size": max(n_docs, 1), "batch_size": 8192}
+    dense_cfg = DenseConfig(faiss_factory=factory)
     out = tmp / col.name
+    meta = qfile = None
+    if cache_dir is not None:
+        cfg = BuildConfig(**build_kw, dense=dense_cfg).to_dict()
+        key_doc = {"n_docs": n_docs, "n_queries": n_queries, "config": cfg, "format": FORMAT_VERSION,
+                   "faiss": faiss.__version__, "numpy": np.__version__, "code": _code_digest()}
+        key = hashlib.sha256(json.dumps(key_doc, sort_keys=True).encode()).hexdigest()[:16]
+        out = cache_dir / f"hybrid-{n_docs}-{'3' if sparse else '2'}legs-{key}"
+        meta = out.with_name(out.name + ".json")
+        qfile = out.with_name(out.name + ".queries.npz")
+        if meta.is_file() and out.is_dir() and (qfile.is_file() or not sparse):
+            info = json.loads(meta.read_text())
+            sq = None
+            if sparse:
+                with np.load(qfile) as z:
+                    sq = _rows(z["q_ptr"], z["q_terms"], z["q_w"])
+            return {"path": out, "collection": col, "sparse_queries": sq, "factory": factory, "nlist": nlist,
+                    "build_seconds": info["build_seconds"], "cached": True, "built_at": info["built_at"]}
+        shutil.rmtree(out, ignore_errors=True)  # an incomplete entry (no record): build again
+        cache_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    legs: tuple[str, ...] = ("bm25", "dense")
     extra: dict[str, Any] = {}
-    sparse_q = None
+    sq = None
     if sparse:
-        from benchmarks.datasets import synthetic_sparse_topical
+        from benchmarks.bench_sparse import synthetic_cached
 
-        (ip, terms, weights), (qip, qt, qw) = synthetic_sparse_topical(n_docs, n_queries)
-        sparse_q = [(qt[qip[i]:qip[i + 1]], qw[qip[i]:qip[i + 1]]) for i in range(len(qip) - 1)]
-        legs += ("sparse",)
+        (ip, terms, weights), (qip, qt, qw) = synthetic_cached(n_docs, n_queries)
+        sq = _rows(qip, qt, qw)
         extra["sparse_vectors"] = (ip, terms, weights)
-    build_index(col.text.docs(), out, legs=legs, dense_vectors=col.dense.blocks(),
-                show_progress=False, shard_size=max(n_docs, 1), batch_size=8192,
-                dense=DenseConfig(faiss_factory=factory), **extra)
+    build_index(col.text.docs(), out, show_progress=False, dense_vectors=col.dense.blocks(), dense=dense_cfg,
+                **build_kw, **extra)
     build_s = time.perf_counter() - t0
+    built_at = time.strftime("%Y-%m-%d %H:%M:%S")
+    if meta is not None and qfile is not None:
+        if sparse:
+            tmpq = qfile.with_name(qfile.name + f".tmp{os.getpid()}.npz")
+            np.savez(tmpq, q_ptr=qip, q_terms=qt, q_w=qw)
+            os.replace(tmpq, qfile)
+        tmpm = meta.with_name(meta.name + f".tmp{os.getpid()}")
+        tmpm.write_text(json.dumps({"build_seconds": build_s, "built_at": built_at, "key": key_doc}, indent=1))
+        os.replace(tmpm, meta)
+    return {"path": out, "collection": col, "sparse_queries": sq, "factory": factory, "nlist": nlist,
+            "build_seconds": build_s, "cached": False, "built_at": built_at}
+
+
+def _rows(ptr: np.ndarray, terms: np.ndarray, weights: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+    """CSR triple → list of per-row ``(terms, weights)`` views."""
+    return [(terms[ptr[i]:ptr[i + 1]], weights[ptr[i]:ptr[i + 1]]) for i in range(len(ptr) - 1)]
+
+
+def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1000,
+                 nprobes: tuple[int, ...] = (1, 4, 16, 64), k: int = 10, sparse: bool = True,
+                 cache_dir: Path | None = None) -> dict[str, Any]:
+    """Build (or reuse, see :func:`hybrid_index`) a BM25 + dense (IVF) [+ learned-sparse] index of
+    the synthetic hybrid corpus and benchmark it. The sparse leg (``sparse=True``) takes
+    precomputed vectors from ``benchmarks.datasets.synthetic_sparse_topical`` (seeded, calibrated
+    to SciFact SPLADE vectors) and is searched in its approximate (Seismic) mode with the leg's
+    default knobs."""
+    import shutil
+
+    from retriever import Retriever
+    from retriever.bench import bench_index
+
+    built = hybrid_index(n_docs, tmp, n_queries=n_queries, sparse=sparse, cache_dir=cache_dir)
+    col, sparse_q, out, nlist = built["collection"], built["sparse_queries"], built["path"], built["nlist"]
     r = Retriever.open(out, n_threads=threads)
     entry: dict[str, Any] = {"n_docs": n_docs, "n_queries": n_queries, "threads": threads, "k": k,
-                             "dense_factory": factory, "dim": col.dense.dim, "build_seconds": build_s,
-                             "legs": list(r.legs),
+                             "dense_factory": built["factory"], "dim": col.dense.dim,
+                             "build_seconds": built["build_seconds"], "index_cached": built["cached"],
+                             "index_built_at": built["built_at"], "legs": list(r.legs),
                              "points": []}
     cache: dict[str, Any] = {}
     sp = {"sparse": {"algorithm": "seismic"}} if sparse else {}
@@ -132,8 +229,8 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
                          "meets_target": best["hybrid"]["latency_ms"]["p99"] <= 10.0}
     r.close()
     del r
-    import shutil
-    shutil.rmtree(out, ignore_errors=True)
+    if cache_dir is None:
+        shutil.rmtree(out, ignore_errors=True)
     return entry
 
 
@@ -143,7 +240,7 @@ def section_hybrid(quick: bool) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
         for n in sizes:
             out["sizes"][str(n)] = bench_hybrid(n, Path(tmp), n_queries=200 if quick else 1000,
-                                                nprobes=(1, 8) if quick else (1, 4, 16, 64))
+                                                nprobes=(1, 8) if quick else (1, 4, 16, 64), cache_dir=CACHE)
     return out
 
 
