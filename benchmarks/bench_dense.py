@@ -42,7 +42,10 @@ from pathlib import Path
 
 import numpy as np
 
-from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
+try:  # python3 benchmarks/bench_dense.py (script folder on sys.path) or import benchmarks.bench_dense
+    from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
+except ImportError:
+    from benchmarks._dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
 
 K = 10
 
@@ -128,7 +131,9 @@ def uptime() -> str:
         return "unknown"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (``argv`` without the program name; default ``sys.argv[1:]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100,000 synthetic vectors instead of 1,000,000")
     ap.add_argument("--n", type=int, default=None, help="synthetic corpus size (overrides --quick)")
@@ -137,7 +142,7 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=1, help="FAISS / BLAS / kernel threads (default 1)")
     ap.add_argument("--index", type=Path, default=None, help="cached SciFact dense index")
     ap.add_argument("--datasets", default="scifact,synthetic", help="comma-separated subset of scifact,synthetic")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     import faiss
     from threadpoolctl import threadpool_limits
@@ -173,14 +178,14 @@ def main() -> int:
             ids, x, manifest = load_model_vectors(scifact_index(args.index))
             _, qv, _ = scifact_queries(manifest)
             out["datasets"].append(run_dataset("scifact-minilm", ids, x, qv, sf_cfg, args.runs, Path(tmp)))
-            out["datasets"][-1]["argv"] = " ".join(sys.argv[1:])
+            out["datasets"][-1]["argv"] = " ".join(argv)
         if "synthetic" in which:
             t = time.perf_counter()
             x, qv = synthetic(n, args.queries, seed=0)
             gen_s = time.perf_counter() - t
             ds = run_dataset(f"synthetic-{n}", [str(i) for i in range(n)], x, qv, syn_cfg, args.runs, Path(tmp))
             ds["generate_s"] = round(gen_s, 1)
-            ds["argv"] = " ".join(sys.argv[1:])
+            ds["argv"] = " ".join(argv)
             out["datasets"].append(ds)
     done = {d["dataset"] for d in out["datasets"]}
     if old.get("command") == out["command"]:  # keep the other dataset of an earlier partial run

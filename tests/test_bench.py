@@ -169,3 +169,24 @@ def test_bench_cli_query_vectors(tmp_path, small_corpus, queries_tsv, capsys):
     assert list(rep["modes"]) == ["bm25", "dense", "hybrid"] and rep["settings"]["n_queries"] == 5
     assert rep["modes"]["hybrid"]["recall@10"] == {"bm25": 1.0, "dense": 1.0, "fused": 1.0}
     assert rep["settings"]["query_vectors"] is True
+
+
+def test_bench_index_passes(tmp_path, small_corpus):
+    """passes > 1: per-pass figures kept, reported statistics are their medians; passes < 1 refused."""
+    from retriever import Retriever, build_index
+    from retriever.bench import bench_index
+    from index.errors import QueryError
+
+    build_index(small_corpus, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    qs = ["vitamin bone", "heart", "gene cell", "sleep"]
+    rep = bench_index(r, qs, modes=["bm25"], k=5, passes=3)
+    e = rep["modes"]["bm25"]
+    assert len(e["passes"]) == 3
+    assert e["qps"] == float(np.median([p["qps"] for p in e["passes"]]))
+    assert e["latency_ms"]["p99"] == float(np.median([p["latency_ms"]["p99"] for p in e["passes"]]))
+    assert e["recall@5"] == {"bm25": 1.0}
+    assert "passes" not in bench_index(r, qs, modes=["bm25"], k=5)["modes"]["bm25"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(QueryError, match="passes"):
+            bench_index(r, qs, modes=["bm25"], passes=bad)
