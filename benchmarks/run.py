@@ -155,8 +155,11 @@ def hybrid_index(n_docs: int, tmp: Path, *, n_queries: int = 1000, sparse: bool 
     sq = None
     if sparse:
         from benchmarks.bench_sparse import synthetic_cached
+        from benchmarks.datasets import synthetic_sparse_topical
 
-        (ip, terms, weights), (qip, qt, qw) = synthetic_cached(n_docs, n_queries)
+        # the vectors themselves are cached too (shared with bench_sparse) when indexes are
+        (ip, terms, weights), (qip, qt, qw) = (synthetic_cached(n_docs, n_queries) if cache_dir is not None
+                                               else synthetic_sparse_topical(n_docs, n_queries))
         sq = _rows(qip, qt, qw)
         extra["sparse_vectors"] = (ip, terms, weights)
     build_index(col.text.docs(), out, show_progress=False, dense_vectors=col.dense.blocks(), dense=dense_cfg,
@@ -180,18 +183,42 @@ def _rows(ptr: np.ndarray, terms: np.ndarray, weights: np.ndarray) -> list[tuple
     return [(terms[ptr[i]:ptr[i + 1]], weights[ptr[i]:ptr[i + 1]]) for i in range(len(ptr) - 1)]
 
 
+#: learned-sparse knobs of the hybrid benchmark's sparse leg (Seismic mode). query_cut 8 instead of
+#: the leg's default 10: at 1M documents (1,000 queries, nprobe 4) it kept fused recall@10 at
+#: 0.998 against the exact hybrid list (sparse leg alone 0.989) for 3.4 instead of 3.9 ms median
+#: sparse CPU time per query; query_cut 6 gave fused 0.991, 4 gave 0.980 (below the 0.99 aim);
+#: heap_factor 0.9 vs 1.0 changed neither recall nor time measurably.
+HYBRID_SPARSE_PARAMS: dict[str, Any] = {"algorithm": "seismic", "query_cut": 8, "heap_factor": 0.9}
+#: fused recall@10 a point needs to be the headline (else the best recall wins).
+HEADLINE_MIN_RECALL = 0.99
+
+
 def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1000,
                  nprobes: tuple[int, ...] = (1, 4, 16, 64), k: int = 10, sparse: bool = True,
-                 cache_dir: Path | None = None) -> dict[str, Any]:
+                 cache_dir: Path | None = None, passes: int = 3,
+                 sparse_cuts: tuple[int, ...] = (6, 10), compare_sequential: bool = True) -> dict[str, Any]:
     """Build (or reuse, see :func:`hybrid_index`) a BM25 + dense (IVF) [+ learned-sparse] index of
-    the synthetic hybrid corpus and benchmark it. The sparse leg (``sparse=True``) takes
-    precomputed vectors from ``benchmarks.datasets.synthetic_sparse_topical`` (seeded, calibrated
-    to SciFact SPLADE vectors) and is searched in its approximate (Seismic) mode with the leg's
-    default knobs."""
+    the synthetic hybrid corpus and benchmark it at batch size 1 with ``threads`` threads.
+
+    The sparse leg (``sparse=True``) takes precomputed vectors from
+    ``benchmarks.datasets.synthetic_sparse_topical`` (seeded, calibrated to SciFact SPLADE vectors)
+    and is searched in its approximate (Seismic) mode with :data:`HYBRID_SPARSE_PARAMS`.
+
+    Measured (each mode: ``passes`` timed passes over the queries, medians reported): BM25 alone,
+    sparse alone, and for each ``nprobe`` dense alone and hybrid (``points``; the headline is the
+    lowest-p99 point with fused recall@10 >= :data:`HEADLINE_MIN_RECALL`). ``variants`` (at the
+    headline's nprobe): hybrid with the legs in sequence (``compare_sequential``) and hybrid with
+    other sparse ``query_cut`` values (``sparse_cuts``), so the defaults are justified by figures from
+    the same run.
+
+    Returns:
+        a JSON-ready dict (see ``benchmarks/results/run_hybrid.json``).
+    """
     import shutil
 
+    import retriever.engine as engine
     from retriever import Retriever
-    from retriever.bench import bench_index
+    from retriever.bench import bench_index, peak_rss_bytes
 
     built = hybrid_index(n_docs, tmp, n_queries=n_queries, sparse=sparse, cache_dir=cache_dir)
     col, sparse_q, out, nlist = built["collection"], built["sparse_queries"], built["path"], built["nlist"]
@@ -199,34 +226,63 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
     entry: dict[str, Any] = {"n_docs": n_docs, "n_queries": n_queries, "threads": threads, "k": k,
                              "dense_factory": built["factory"], "dim": col.dense.dim,
                              "build_seconds": built["build_seconds"], "index_cached": built["cached"],
-                             "index_built_at": built["built_at"], "legs": list(r.legs),
-                             "points": []}
+                             "index_built_at": built["built_at"], "legs": list(r.legs), "passes": passes,
+                             "concurrent_legs": engine.CONCURRENT_LEGS, "points": []}
     cache: dict[str, Any] = {}
-    sp = {"sparse": {"algorithm": "seismic"}} if sparse else {}
-    bm25 = bench_index(r, col.text.queries, modes=["bm25"] + (["sparse"] if sparse else []), k=k,
-                       n_threads=threads, batch_size=1, exact_cache=cache, leg_params=sp,
-                       sparse_vectors=sparse_q)
-    entry["bm25"] = bm25["modes"]["bm25"]
+    sp = {"sparse": dict(HYBRID_SPARSE_PARAMS)} if sparse else {}
+    common = dict(k=k, n_threads=threads, batch_size=1, exact_cache=cache, sparse_vectors=sparse_q, passes=passes)
+    single = bench_index(r, col.text.queries, modes=["bm25"] + (["sparse"] if sparse else []), leg_params=sp,
+                         **common)
+    entry["bm25"] = single["modes"]["bm25"]
     if sparse:
-        entry["sparse_leg"] = bm25["modes"]["sparse"]
+        entry["sparse_leg"] = single["modes"]["sparse"]
         entry["sparse_params"] = sp["sparse"]
-    entry["bytes_on_disk"] = bm25["index"]["bytes_on_disk"]
-    for nprobe in nprobes:
+    entry["bytes_on_disk"] = single["index"]["bytes_on_disk"]
+
+    def hybrid_point(nprobe: int, modes: list[str], sparse_params: dict[str, Any] | None = None) -> dict[str, Any]:
         lp = {"dense": {"nprobe": min(nprobe, nlist)}, **sp}
-        rep = bench_index(r, col.text.queries, modes=["dense", "hybrid"], k=k, n_threads=threads, batch_size=1,
-                          query_vectors=col.dense.queries, leg_params=lp, exact_cache=cache,
-                          sparse_vectors=sparse_q)
+        if sparse_params:
+            lp["sparse"] = sparse_params
+        return bench_index(r, col.text.queries, modes=modes, leg_params=lp, query_vectors=col.dense.queries,
+                           **common)
+
+    for nprobe in nprobes:
+        rep = hybrid_point(nprobe, ["dense", "hybrid"])
         entry["points"].append({"nprobe": nprobe, **rep["modes"]})
         h = rep["modes"]["hybrid"]
-        print(f"  hybrid {n_docs} nprobe={nprobe}: p99 {h['latency_ms']['p99']:.2f} ms, "
+        print(f"  hybrid {n_docs} nprobe={nprobe}: p50 {h['latency_ms']['p50']:.2f} p99 {h['latency_ms']['p99']:.2f} ms, "
               f"QPS {h['qps']:.0f}, recall@{k} {h[f'recall@{k}']}", flush=True)
-    entry["peak_rss_bytes"] = rep["peak_rss_bytes"]
-    ok = [p for p in entry["points"] if (p["hybrid"][f"recall@{k}"].get("fused") or 0) >= 0.95]
-    best = min(ok or entry["points"], key=lambda p: p["hybrid"]["latency_ms"]["p99"])
+    ok = [p for p in entry["points"] if (p["hybrid"][f"recall@{k}"].get("fused") or 0) >= HEADLINE_MIN_RECALL]
+    if ok:
+        best = min(ok, key=lambda p: p["hybrid"]["latency_ms"]["p99"])
+    else:
+        best = max(entry["points"], key=lambda p: p["hybrid"][f"recall@{k}"].get("fused") or 0)
+    variants = []
+    if compare_sequential and len(entry["legs"]) > 1:
+        was = engine.CONCURRENT_LEGS
+        engine.CONCURRENT_LEGS = False
+        try:
+            rep = hybrid_point(best["nprobe"], ["hybrid"])
+        finally:
+            engine.CONCURRENT_LEGS = was
+        variants.append({"label": "legs in sequence", "nprobe": best["nprobe"], "concurrent_legs": False,
+                         "sparse_params": sp.get("sparse"), "hybrid": rep["modes"]["hybrid"]})
+    for qc in (sparse_cuts if sparse else ()):
+        params = {**sp["sparse"], "query_cut": qc}
+        rep = hybrid_point(best["nprobe"], ["hybrid"], params)
+        variants.append({"label": f"sparse query_cut {qc}", "nprobe": best["nprobe"],
+                         "concurrent_legs": engine.CONCURRENT_LEGS, "sparse_params": params,
+                         "hybrid": rep["modes"]["hybrid"]})
+    for v in variants:
+        h = v["hybrid"]
+        print(f"  hybrid {n_docs} nprobe={v['nprobe']} ({v['label']}): p50 {h['latency_ms']['p50']:.2f} "
+              f"p99 {h['latency_ms']['p99']:.2f} ms, recall@{k} {h[f'recall@{k}']}", flush=True)
+    entry["variants"] = variants
+    entry["peak_rss_bytes"] = peak_rss_bytes()
     entry["headline"] = {"nprobe": best["nprobe"], "p99_ms": best["hybrid"]["latency_ms"]["p99"],
                          "p50_ms": best["hybrid"]["latency_ms"]["p50"], "qps": best["hybrid"]["qps"],
-                         f"recall@{k}": best["hybrid"][f"recall@{k}"], "target_p99_ms": 10.0,
-                         "meets_target": best["hybrid"]["latency_ms"]["p99"] <= 10.0}
+                         f"recall@{k}": best["hybrid"][f"recall@{k}"], "min_fused_recall": HEADLINE_MIN_RECALL,
+                         "target_p99_ms": 10.0, "meets_target": best["hybrid"]["latency_ms"]["p99"] <= 10.0}
     r.close()
     del r
     if cache_dir is None:
@@ -235,12 +291,20 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
 
 
 def section_hybrid(quick: bool) -> dict[str, Any]:
+    """Hybrid end to end: 100k and 1M documents (quick: 10k, 200 queries, 2 nprobe values, one
+    pass, no variants). Built indexes are cached under :data:`CACHE`."""
     sizes = [10_000] if quick else [100_000, 1_000_000]
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
         for n in sizes:
-            out["sizes"][str(n)] = bench_hybrid(n, Path(tmp), n_queries=200 if quick else 1000,
-                                                nprobes=(1, 8) if quick else (1, 4, 16, 64), cache_dir=CACHE)
+            t0 = time.perf_counter()
+            if quick:
+                e = bench_hybrid(n, Path(tmp), n_queries=200, nprobes=(1, 8), cache_dir=CACHE, passes=1,
+                                 sparse_cuts=(), compare_sequential=False)
+            else:
+                e = bench_hybrid(n, Path(tmp), cache_dir=CACHE)
+            e["seconds"] = round(time.perf_counter() - t0, 1)
+            out["sizes"][str(n)] = e
     return out
 
 
