@@ -516,8 +516,21 @@ def section_bm25(quick: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- peers' benchmarks
 
-def _peer_section(leg: str, quick: bool) -> dict[str, Any]:
-    """Run ``benchmarks/bench_<leg>.py`` (another branch's script) if present."""
+#: arguments of the peer scripts in quick mode: synthetic collections only (no SciFact encoding,
+#: which needs minutes of model time on a cold cache), small sizes, results into the run's folder.
+def _peer_args(leg: str, quick: bool, out: Path) -> list[str]:
+    if not quick:
+        return []
+    if leg == "dense":
+        return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200"]
+    if leg == "sparse":
+        return ["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]
+    return ["--quick"]
+
+
+def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
+    """Run ``benchmarks/bench_<leg>.py`` (another branch's script) if present, with
+    :func:`_peer_args`; thread settings it changes (FAISS OpenMP, BLAS pools) are restored after."""
     modname = f"benchmarks.bench_{leg}"
     try:
         mod = importlib.import_module(modname)
@@ -526,14 +539,25 @@ def _peer_section(leg: str, quick: bool) -> dict[str, Any]:
     fn = getattr(mod, "main", None)
     if fn is None:
         return {"_status": "not available", "reason": f"{modname} has no main(argv)"}
-    before = {p: p.stat().st_mtime for p in RESULTS.glob("*.json")}
-    rc = fn(["--quick"] if quick else [])
-    written = [p.name for p in RESULTS.glob("*.json") if before.get(p) != p.stat().st_mtime
-               and not p.name.startswith("run_")]
-    res: dict[str, Any] = {"module": modname, "rc": rc, "files": written}
-    for name in written:
+    folders = {RESULTS.resolve(), Path(out).resolve()}
+    files = lambda: [p for d in folders for p in d.glob("*.json")]  # noqa: E731
+    before = {p: p.stat().st_mtime for p in files()}
+    argv = _peer_args(leg, quick, Path(out))
+    import faiss
+    from threadpoolctl import threadpool_limits
+
+    omp = faiss.omp_get_max_threads()
+    with threadpool_limits(limits=None):  # restores the BLAS/OpenMP pools' limits on exit
         try:
-            res.setdefault("reports", {})[name] = json.loads((RESULTS / name).read_text())
+            rc = fn(argv)
+        finally:
+            faiss.omp_set_num_threads(omp)
+    written = sorted({p.name: p for p in files() if before.get(p) != p.stat().st_mtime
+                      and not p.name.startswith("run_")}.items())
+    res: dict[str, Any] = {"module": modname, "argv": argv, "rc": rc, "files": [n for n, _ in written]}
+    for name, path in written:
+        try:
+            res.setdefault("reports", {})[name] = json.loads(path.read_text())
         except ValueError:
             pass
     if rc not in (0, None):
@@ -556,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         try:
-            res = SECTION_FUNCS[name](args.quick)
+            res = (_peer_section(name, args.quick, out) if name in ("dense", "sparse")
+                   else SECTION_FUNCS[name](args.quick))
             status = res.pop("_status", "ok")
         except Exception as e:  # a failing section is recorded, the others still run
             traceback.print_exc()
