@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="FAISS / BLAS / kernel threads (default 1)")
     ap.add_argument("--index", type=Path, default=None, help="cached SciFact dense index")
     ap.add_argument("--datasets", default="scifact,synthetic", help="comma-separated subset of scifact,synthetic")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default benchmarks/results/bench_dense[_quick].json)")
     args = ap.parse_args(argv)
 
     import faiss
@@ -167,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
               {"dim": 128, "index": "HNSW32", "ef_search": 48, "shortlist": 48}]
     res_dir = ROOT / "benchmarks" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
-    path = res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
+    path = args.out or res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.is_file() else {}
     out = {"command": "python3 benchmarks/bench_dense.py" + (" --quick" if args.quick else ""),
            "threads": args.threads, "k": K, "runs": args.runs, "machine": platform.processor() or platform.machine(),

@@ -522,7 +522,8 @@ def _peer_args(leg: str, quick: bool, out: Path) -> list[str]:
     if not quick:
         return []
     if leg == "dense":
-        return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200"]
+        return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
+                "--out", str(out / "bench_dense_quick.json")]
     if leg == "sparse":
         return ["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]
     return ["--quick"]
