@@ -4,11 +4,14 @@ Sections (each writes ``benchmarks/results/run_<section>.json``; then ``SUMMARY.
 ``benchmarks/results/*.png`` and the README's marked section are regenerated from whatever JSON
 files exist, so a section can be rerun alone):
 
-- ``hybrid``: BM25 + dense + learned sparse (Seismic mode, precomputed topical vectors) on the seeded synthetic corpus
-  (benchmarks/datasets.py), top-10, RRF, 2 threads, batch size 1, query vectors passed (dense query
-  encoding excluded; BM25 query analysis included). Dense leg: IVF (nlist ≈ √N) over precomputed
-  vectors, swept over nprobe; recall@10 against flat / exhaustive search and the fused list of the
-  exact legs. Full: 100k and 1M documents. Quick: 10k.
+- ``hybrid``: BM25 + dense + learned sparse (Seismic mode, precomputed topical vectors,
+  :data:`HYBRID_SPARSE_PARAMS`) on the seeded synthetic corpus (benchmarks/datasets.py), top-10,
+  RRF, 2 threads (the legs side by side, ``retriever.engine.CONCURRENT_LEGS``), batch size 1, query
+  vectors passed (dense query encoding excluded; BM25 query analysis included); medians of 3 timed
+  passes. Dense leg: IVF (nlist ≈ √N) over precomputed vectors, swept over nprobe; recall@10
+  against flat / exhaustive search and the fused list of the exact legs; same-run variants (legs in
+  sequence, other sparse query_cut). Built indexes are cached under ``$RETRIEVER_CACHE`` (default
+  /tmp/cache; see :func:`hybrid_index`). Full: 100k and 1M documents. Quick: 10k, one pass.
 - ``encode``: query encoding time of each bundled model, on its own (SciFact queries).
 - ``indexing``: documents/s of the non-model part (BM25-only ``build_index`` of in-memory records:
   validation, analysis, postings, Arrow shards, checksums; median of 3, next to bm25s's indexing of
@@ -20,7 +23,8 @@ files exist, so a section can be rerun alone):
   exist (written on other branches); otherwise a "not available" entry.
 
 Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, < 5 minutes on 2
-cores) asserts nothing about speed. Timing method: see ``retriever/bench.py`` and
+cores: 100 s measured with warm caches; peers on small synthetic collections only, their JSON in
+the ``--out`` folder) asserts nothing about speed. Timing method: see ``retriever/bench.py`` and
 ``benchmarks/timing.py``.
 """
 
@@ -290,10 +294,15 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
     return entry
 
 
+#: ``--hybrid-sizes``: run the hybrid section for these sizes only, merging them into an existing
+#: ``run_hybrid.json`` (each size fits in one job; every size entry records its own machine state).
+HYBRID_SIZES: list[int] | None = None
+
+
 def section_hybrid(quick: bool) -> dict[str, Any]:
     """Hybrid end to end: 100k and 1M documents (quick: 10k, 200 queries, 2 nprobe values, one
     pass, no variants). Built indexes are cached under :data:`CACHE`."""
-    sizes = [10_000] if quick else [100_000, 1_000_000]
+    sizes = HYBRID_SIZES or ([10_000] if quick else [100_000, 1_000_000])
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
         for n in sizes:
@@ -304,6 +313,7 @@ def section_hybrid(quick: bool) -> dict[str, Any]:
             else:
                 e = bench_hybrid(n, Path(tmp), cache_dir=CACHE)
             e["seconds"] = round(time.perf_counter() - t0, 1)
+            e["machine"] = _machine()
             out["sizes"][str(n)] = e
     return out
 
@@ -572,7 +582,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections (repeatable)")
     ap.add_argument("--out", default=str(RESULTS), help="results folder")
     ap.add_argument("--no-readme", action="store_true", help="do not regenerate README.md's bench section")
+    ap.add_argument("--hybrid-sizes", default=None,
+                    help="comma list of hybrid corpus sizes to run; merged into an existing run_hybrid.json")
     args = ap.parse_args(argv)
+    global HYBRID_SIZES
+    HYBRID_SIZES = None
+    if args.hybrid_sizes:
+        try:
+            HYBRID_SIZES = [int(x) for x in args.hybrid_sizes.split(",")]
+        except ValueError:
+            ap.error(f"--hybrid-sizes must be a comma list of integers, got {args.hybrid_sizes!r}")
+        if min(HYBRID_SIZES) < 1:
+            ap.error(f"--hybrid-sizes must be >= 1, got {args.hybrid_sizes!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
@@ -589,6 +610,14 @@ def main(argv: list[str] | None = None) -> int:
             res, status = {"error": f"{type(e).__name__}: {e}"}, "error"
         doc = {"section": name, "status": status, "quick": args.quick, "command": cmd, "machine": _machine(),
                "seconds": round(time.perf_counter() - t0, 1), "results": res}
+        prev_path = out / f"run_{name}.json"
+        if name == "hybrid" and HYBRID_SIZES and status == "ok" and prev_path.is_file():
+            prev = json.loads(prev_path.read_text())
+            if prev.get("status") == "ok" and prev.get("quick") == args.quick:
+                kept = {n: e for n, e in prev["results"]["sizes"].items() if n not in res["sizes"]}
+                res["sizes"] = dict(sorted({**kept, **res["sizes"]}.items(), key=lambda kv: int(kv[0])))
+                doc["command"] = "; ".join(dict.fromkeys([prev.get("command", ""), cmd]))
+                doc["seconds"] = round(doc["seconds"] + sum(e.get("seconds", 0) for e in kept.values()), 1)
         (out / f"run_{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
         print(f"   {name}: {status} in {doc['seconds']} s", flush=True)
     from benchmarks.report import write_plots, write_summary
