@@ -526,10 +526,17 @@ def section_bm25(quick: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- peers' benchmarks
 
-#: arguments of the peer scripts in quick mode: synthetic collections only (no SciFact encoding,
-#: which needs minutes of model time on a cold cache), small sizes, results into the run's folder.
 def _peer_args(leg: str, quick: bool, out: Path) -> list[str]:
+    """Arguments of a peer script. Quick: synthetic collections only (no SciFact encoding, which
+    needs minutes of model time on a cold cache), small sizes, results into the run's folder.
+    Full: the sparse script with the settings of its published 1M run (200 queries, query_cut
+    3/5/8/12 at heap_factor 0.9, scipy on 50 queries, bmp left out: its adapter's synthetic recall
+    is invalid), which took 19 minutes for the 1M collection on 2 cores; its default full sweep
+    (1,000 queries, 15 knob points, bmp) would not fit the whole run's 60 minutes."""
     if not quick:
+        if leg == "sparse":
+            return ["--max-queries", "200", "--query-cuts", "3,5,8,12", "--heap-factors", "0.9",
+                    "--scipy-queries", "50", "--skip", "bmp"]
         return []
     if leg == "dense":
         return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",

@@ -1,4 +1,5 @@
-"""Runs one batch: prepare queries per leg, search every shard, merge, fuse once."""
+"""Runs one batch: prepare queries per leg, search every shard (the legs side by side when threads
+allow), merge, fuse once."""
 
 from __future__ import annotations
 
@@ -144,10 +145,19 @@ class Engine:
                leg_params: Mapping[str, Mapping[str, Any]] | None = None) -> BatchResult:
         """Search a batch (arguments already validated by the API layer).
 
+        With several legs, ``n_threads`` >= 2 (or <= 0: every core) and :data:`CONCURRENT_LEGS`,
+        the legs run side by side (:func:`plan_legs` groups; the calling thread runs the first,
+        pooled workers the others; ``n_threads // groups`` kernel and OpenMP threads per leg).
+        Every leg returns the same lists either way, so the fused result does not depend on it.
+
         Args:
             queries: nq query strings (an empty/blank string yields no hits).
             prepared: per-leg inputs that replace encoding (e.g. user query vectors).
             leg_params: per-leg keyword options for the leg's ``search``.
+
+        Raises:
+            QueryError: unknown mode or leg option (from the leg that raised it, also when it ran
+                in a worker thread).
         """
         names = self.legs_for(mode)
         nq = len(queries)

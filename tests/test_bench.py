@@ -219,3 +219,24 @@ def test_hybrid_index_cache(tmp_path, monkeypatch):
     assert not c["cached"] and c["path"] == a["path"] and (c["path"] / "manifest.json").is_file()
     with pytest.raises(ValueError, match="n_docs"):
         run.hybrid_index(0, tmp_path, **kw)
+
+
+def test_run_hybrid_sizes_merge(tmp_path, monkeypatch):
+    """``--hybrid-sizes``: each size runs on its own and lands in one run_hybrid.json."""
+    import json
+
+    from benchmarks import bench_sparse, run
+
+    monkeypatch.setattr(run, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bench_sparse, "CACHE", tmp_path / "cache")
+    out = tmp_path / "res"
+    for n in ("700", "600", "700"):
+        assert run.main(["--quick", "--only", "hybrid", "--hybrid-sizes", n, "--out", str(out), "--no-readme"]) == 0
+    doc = json.loads((out / "run_hybrid.json").read_text())
+    assert doc["status"] == "ok" and list(doc["results"]["sizes"]) == ["600", "700"]
+    assert doc["results"]["sizes"]["700"]["index_cached"]  # second 700 run reused the cached index
+    assert all("load_avg_1m" in e["machine"] for e in doc["results"]["sizes"].values())
+    with pytest.raises(SystemExit):
+        run.main(["--only", "hybrid", "--hybrid-sizes", "x", "--out", str(out)])
+    assert run._peer_args("sparse", True, out)[-2:] == ["--out", str(out / "sparse_quick.json")]
+    assert "--skip" in run._peer_args("sparse", False, out) and run._peer_args("dense", False, out) == []
