@@ -48,7 +48,10 @@ from pathlib import Path
 
 import numpy as np
 
-from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
+try:  # python3 benchmarks/bench_dense.py (script folder on sys.path) or import benchmarks.bench_dense
+    from _dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
+except ImportError:
+    from benchmarks._dense_common import ROOT, load_model_vectors, scifact_index, scifact_queries, synthetic
 
 K = 10
 
@@ -182,7 +185,9 @@ def uptime() -> str:
         return "unknown"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    """Command-line entry point (``argv`` without the program name; default ``sys.argv[1:]``)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="100,000 synthetic vectors instead of 1,000,000")
     ap.add_argument("--n", type=int, default=None, help="synthetic corpus size (overrides --quick)")
@@ -193,7 +198,9 @@ def main() -> int:
     ap.add_argument("--datasets", default="scifact,synthetic", help="comma-separated subset of scifact,synthetic")
     ap.add_argument("--faiss-blas-as-is", action="store_true",
                     help="do not align the OpenBLAS kernels bundled with FAISS to numpy's (see blas_setup)")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=None,
+                    help="results JSON (default benchmarks/results/bench_dense[_quick].json)")
+    args = ap.parse_args(argv)
 
     blas = blas_setup(align=not args.faiss_blas_as_is)
     import faiss
@@ -220,7 +227,8 @@ def main() -> int:
         for d, k in ((64, 100), (96, 50), (128, 30), (128, 50), (192, 30), (256, 30))]
     res_dir = ROOT / "benchmarks" / "results"
     res_dir.mkdir(parents=True, exist_ok=True)
-    path = res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
+    path = args.out or res_dir / ("bench_dense_quick.json" if args.quick else "bench_dense.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.is_file() else {}
     out = {"command": "python3 benchmarks/bench_dense.py" + (" --quick" if args.quick else ""),
            "threads": args.threads, "k": K, "runs": args.runs, "machine": platform.processor() or platform.machine(),
@@ -234,14 +242,14 @@ def main() -> int:
             ids, x, manifest = load_model_vectors(scifact_index(args.index))
             _, qv, _ = scifact_queries(manifest)
             out["datasets"].append(run_dataset("scifact-minilm", ids, x, qv, sf_cfg, args.runs, Path(tmp)))
-            out["datasets"][-1]["argv"] = " ".join(sys.argv[1:])
+            out["datasets"][-1]["argv"] = " ".join(argv)
         if "synthetic" in which:
             t = time.perf_counter()
             x, qv = synthetic_cached(n, args.queries, seed=0)
             gen_s = time.perf_counter() - t
             ds = run_dataset(f"synthetic-{n}", [str(i) for i in range(n)], x, qv, syn_cfg, args.runs, Path(tmp))
             ds["generate_s"] = round(gen_s, 1)
-            ds["argv"] = " ".join(sys.argv[1:])
+            ds["argv"] = " ".join(argv)
             out["datasets"].append(ds)
     done = {d["dataset"] for d in out["datasets"]}
     if old.get("command") == out["command"]:  # keep the other dataset of an earlier partial run

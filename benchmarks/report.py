@@ -77,6 +77,11 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                         out.append(f"| {int(n):,} | {mode} | {p['nprobe']} | {m['latency_ms']['p50']:.2f} | "
                                    f"{m['latency_ms']['p95']:.2f} | {m['latency_ms']['p99']:.2f} | "
                                    f"{m['encode_ms']['p50']:.2f} | {m['qps']:,.0f} | {_rec(m['recall@10'])} |")
+                for v in e.get("variants", ()):  # same run: legs in sequence, other sparse knobs
+                    m = v["hybrid"]
+                    out.append(f"| {int(n):,} | hybrid, {v['label']} | {v['nprobe']} | {m['latency_ms']['p50']:.2f} | "
+                               f"{m['latency_ms']['p95']:.2f} | {m['latency_ms']['p99']:.2f} | "
+                               f"{m['encode_ms']['p50']:.2f} | {m['qps']:,.0f} | {_rec(m['recall@10'])} |")
             sizes = list(h["results"]["sizes"].values())
             out += ["", "Index size on disk / peak RSS of the benchmark process (which also built the index, "
                     "so this is the build's peak): " + "; ".join(
@@ -146,7 +151,7 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
     dense_md = dense_bench_markdown()
     for leg in ("dense", "sparse"):
         d = docs.get(leg)
-        rep = (d or {}).get("results", {}).get("reports", {}).get("sparse.json") if leg == "sparse" else None
+        rep = _sparse_report(d) if leg == "sparse" else None
         if leg == "dense" and dense_md:
             out += ["### Dense vs FAISS flat (Matryoshka funnel)", "", dense_md, ""]
         elif d and d["status"] == "ok" and rep and rep.get("results"):
@@ -165,6 +170,13 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
 def _knobs(r: dict) -> str:
     parts = [f"{k} {r[k]}" for k in ("n_postings", "query_cut", "heap_factor", "alpha") if k in r]
     return ", ".join(parts)
+
+
+def _sparse_report(doc: dict | None) -> dict | None:
+    """bench_sparse's report inside ``run_sparse.json``: ``sparse.json`` (full) or
+    ``sparse_quick.json`` (``--quick``)."""
+    reports = (doc or {}).get("results", {}).get("reports", {})
+    return reports.get("sparse.json") or reports.get("sparse_quick.json")
 
 
 def sparse_markdown(report: dict[str, Any], detail: bool = True) -> str:
@@ -361,7 +373,7 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
         ax.set_title("BM25")
         written.append(_save(fig, out, "bm25_qps.png"))
     sp = docs.get("sparse")
-    rep = (sp or {}).get("results", {}).get("reports", {}).get("sparse.json")
+    rep = _sparse_report(sp)
     if sp and sp["status"] == "ok" and rep and rep.get("results"):
         cols = rep["results"]
         fig, axes = plt.subplots(1, len(cols), figsize=(5.5 * len(cols), 4), squeeze=False)

@@ -4,8 +4,10 @@ peak RSS and index size. ``retriever bench`` and ``benchmarks/run.py`` are thin 
 
 Method (PISA-style): one untimed warm-up pass over the first batches, then every query is run in
 batches of ``batch_size`` (1 = per-query latency); each batch's wall time is one latency sample.
+With ``passes`` > 1 the timed pass is repeated and every statistic is the median over passes.
 Stage times come from :attr:`BatchResult.timings_ms`: ``encode`` (query preparation: dense/sparse
-encoding and BM25 analysis), ``search`` (kernels and shard merge), ``fuse``. Passing
+encoding and BM25 analysis), ``search`` (kernels and shard merge; summed over legs, also when the
+legs run side by side), ``fuse``. Passing
 ``query_vectors`` removes dense encoding from the measurement (BM25 analysis stays in).
 
 Recall@k is |top-k ∩ exact top-k| / |exact top-k| averaged over queries with at least one exact
@@ -67,6 +69,18 @@ def _percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
             "max": float(a.max())}
 
 
+def _median_of_passes(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over passes of every number in the passes' (equally shaped) dicts."""
+    first = per_pass[0]
+    out: dict[str, Any] = {}
+    for key, v in first.items():
+        if isinstance(v, dict):
+            out[key] = _median_of_passes([p[key] for p in per_pass])
+        else:
+            out[key] = float(np.median([p[key] for p in per_pass]))
+    return out
+
+
 def recall_at_k(got: np.ndarray, exact: np.ndarray, k: int) -> float | None:
     """Mean over queries of |got[:k] ∩ exact[:k]| / |exact[:k]| (ids padded with -1; queries whose
     exact list is empty are skipped; ``None`` when every exact list is empty)."""
@@ -124,7 +138,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                 fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                 leg_params: dict[str, dict[str, Any]] | None = None, warmup_batches: int = 5,
                 recall: bool = True, exact_cache: dict[str, Any] | None = None,
-                sparse_vectors: Any = None) -> dict[str, Any]:
+                sparse_vectors: Any = None, passes: int = 1) -> dict[str, Any]:
     """Benchmark ``modes`` of an opened :class:`~retriever.Retriever` over ``queries``.
 
     Args:
@@ -141,15 +155,26 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
             parameter sweeps compute the exact lists once per mode.
         sparse_vectors: nq learned-sparse query vectors aligned with ``queries`` (a sequence of
             ``(term_ids, weights)`` pairs; SPLADE encoding excluded).
+        passes: timed passes over all the queries (>= 1). Each statistic (QPS, every latency
+            percentile) is computed per pass and the median over passes is reported; the per-pass
+            values are kept under ``passes``.
 
     Returns:
         a JSON-ready dict: ``{"settings": ..., "index": {...}, "modes": {mode: {...}}}`` where each
         mode has ``qps``, ``latency_ms`` (per batch: p50/p95/p99/mean/max), ``encode_ms`` /
         ``search_ms`` / ``fuse_ms`` (per batch percentiles), ``qps_excluding_encode``,
-        ``recall@k`` (per leg and ``fused``) and ``peak_rss_bytes`` after the mode ran.
+        ``recall@k`` (per leg and ``fused``, from the last pass's ids; every pass returns the
+        same ids), ``passes`` (per-pass QPS and latency percentiles) and ``peak_rss_bytes`` after
+        the mode ran.
+
+    Raises:
+        QueryError: no non-blank query, ``passes`` < 1, or query vectors that do not match the
+            queries.
     """
     from index.errors import QueryError
 
+    if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
+        raise QueryError(f"passes must be an integer >= 1, got {passes!r}")
     keep = [i for i, q in enumerate(queries) if q.strip()]
     qs = [queries[i] for i in keep]
     if not qs:
@@ -195,25 +220,30 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
 
         for s, e in batches[:warmup_batches]:
             call(s, e)
-        lat, enc, sea, fus = [], [], [], []
+        per_pass = []
         ids = np.full((len(qs), k), -1, np.int64)
-        t_all = time.perf_counter()
-        for s, e in batches:
-            t0 = time.perf_counter()
-            res = call(s, e)
-            lat.append((time.perf_counter() - t0) * 1e3)
-            enc.append(res.timings_ms.get("encode", 0.0))
-            sea.append(res.timings_ms.get("search", 0.0))
-            fus.append(res.timings_ms.get("fuse", 0.0))
-            ids[s:e, :res.ids.shape[1]] = res.ids
-        total_s = time.perf_counter() - t_all
-        entry: dict[str, Any] = {
-            "qps": len(qs) / total_s,
-            "qps_excluding_encode": len(qs) / max((sum(lat) - sum(enc)) / 1e3, 1e-12),
-            "latency_ms": _percentiles(lat), "encode_ms": _percentiles(enc),
-            "search_ms": _percentiles(sea), "fuse_ms": _percentiles(fus),
-            "latency_excluding_encode_ms": _percentiles(np.subtract(lat, enc)),
-        }
+        for _ in range(passes):
+            lat, enc, sea, fus = [], [], [], []
+            t_all = time.perf_counter()
+            for s, e in batches:
+                t0 = time.perf_counter()
+                res = call(s, e)
+                lat.append((time.perf_counter() - t0) * 1e3)
+                enc.append(res.timings_ms.get("encode", 0.0))
+                sea.append(res.timings_ms.get("search", 0.0))
+                fus.append(res.timings_ms.get("fuse", 0.0))
+                ids[s:e, :res.ids.shape[1]] = res.ids
+            total_s = time.perf_counter() - t_all
+            per_pass.append({
+                "qps": len(qs) / total_s,
+                "qps_excluding_encode": len(qs) / max((sum(lat) - sum(enc)) / 1e3, 1e-12),
+                "latency_ms": _percentiles(lat), "encode_ms": _percentiles(enc),
+                "search_ms": _percentiles(sea), "fuse_ms": _percentiles(fus),
+                "latency_excluding_encode_ms": _percentiles(np.subtract(lat, enc)),
+            })
+        entry: dict[str, Any] = _median_of_passes(per_pass)
+        if passes > 1:
+            entry["passes"] = [{"qps": p["qps"], "latency_ms": p["latency_ms"]} for p in per_pass]
         if recall:
             ex = None if exact_cache is None else exact_cache.get(mode)
             if ex is None:

@@ -1,8 +1,10 @@
-"""Runs one batch: prepare queries per leg, search every shard, merge, fuse once."""
+"""Runs one batch: prepare queries per leg, search every shard (the legs side by side when threads
+allow), merge, fuse once."""
 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -43,21 +45,71 @@ def _empty(nq: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32), np.zeros(nq, np.int32)
 
 
-#: run the legs of a multi-leg batch side by side when ``n_threads`` allows (results are the same
-#: either way). Off by default: on 2 cores (1M docs, IVF dense + BM25, batch 1) it did not lower
-#: p50 and raised p99, as FAISS's OpenMP threads and the BM25 kernel compete for the cores.
-CONCURRENT_LEGS = False
+#: run the legs of a multi-leg batch side by side when ``n_threads >= 2`` (results are identical
+#: either way; see :meth:`Engine.search`). Measured with ``python -m benchmarks.run --only hybrid``
+#: (1M documents, BM25 + dense IVF + learned sparse, 2 threads, batch 1): the legs in sequence cost
+#: the sum of their times, side by side the largest of them plus ~0.1 ms of hand-off.
+CONCURRENT_LEGS = True
+#: weight of the newest sample in each leg's running cost estimate (ms per query), which decides
+#: how the legs are split between threads.
+COST_SMOOTHING = 0.2
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
 def _pool() -> ThreadPoolExecutor:
-    """Process-wide worker threads that run the legs of a hybrid batch concurrently."""
+    """Process-wide worker threads that run the legs of a hybrid batch concurrently (created on
+    first use, kept for the life of the process so a query does not pay thread start-up)."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=3, thread_name_prefix="retriever-leg")
+            _POOL = ThreadPoolExecutor(max_workers=max(2, len(LEG_LOADERS) - 1), thread_name_prefix="retriever-leg")
         return _POOL
+
+
+def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) -> list[list[str]]:
+    """Split ``names`` into at most ``n_groups`` lists run side by side, by longest processing time
+    first (Graham, "Bounds on multiprocessing timing anomalies", SIAM J. Appl. Math. 1969): legs in
+    decreasing estimated cost, each to the group with the least total so far (ties: lower group).
+
+    Args:
+        names: leg names (in the index's order; ties in cost keep this order).
+        n_groups: threads available (>= 1).
+        cost: estimated ms per query of each leg; a leg without an estimate counts 1.0.
+
+    Returns:
+        non-empty groups of leg names, the costliest group first.
+    """
+    n_groups = max(1, min(int(n_groups), len(names)))
+    order = sorted(names, key=lambda n: -cost.get(n, 1.0))  # stable: index order among equals
+    groups: list[list[str]] = [[] for _ in range(n_groups)]
+    loads = [0.0] * n_groups
+    for n in order:
+        g = min(range(n_groups), key=lambda i: (loads[i], i))
+        groups[g].append(n)
+        loads[g] += cost.get(n, 1.0)
+    return [g for g in groups if g]
+
+
+class _omp_threads:
+    """Context manager: OpenMP threads of the *calling* thread (FAISS's OpenMP setting is per
+    thread) set to ``n`` while a leg runs beside others, restored afterwards. No-op when FAISS has
+    not been imported."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.prev: int | None = None
+        self.faiss = sys.modules.get("faiss")
+
+    def __enter__(self) -> None:
+        if self.faiss is not None:
+            self.prev = int(self.faiss.omp_get_max_threads())
+            if self.prev != self.n:
+                self.faiss.omp_set_num_threads(self.n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.faiss is not None and self.prev is not None and self.prev != self.n:
+            self.faiss.omp_set_num_threads(self.prev)
 
 
 class Engine:
@@ -71,6 +123,8 @@ class Engine:
     def __init__(self, reader: IndexReader, **leg_options: Any) -> None:
         self.reader = reader
         self.legs = {name: LEG_LOADERS[name](reader, **leg_options) for name in reader.legs}
+        #: running estimate of each leg's search time, ms per query (see :func:`plan_legs`)
+        self.leg_cost: dict[str, float] = {}
 
     def legs_for(self, mode: str) -> list[str]:
         """Legs used by ``mode``.
@@ -91,10 +145,19 @@ class Engine:
                leg_params: Mapping[str, Mapping[str, Any]] | None = None) -> BatchResult:
         """Search a batch (arguments already validated by the API layer).
 
+        With several legs, ``n_threads`` >= 2 (or <= 0: every core) and :data:`CONCURRENT_LEGS`,
+        the legs run side by side (:func:`plan_legs` groups; the calling thread runs the first,
+        pooled workers the others; ``n_threads // groups`` kernel and OpenMP threads per leg).
+        Every leg returns the same lists either way, so the fused result does not depend on it.
+
         Args:
             queries: nq query strings (an empty/blank string yields no hits).
             prepared: per-leg inputs that replace encoding (e.g. user query vectors).
             leg_params: per-leg keyword options for the leg's ``search``.
+
+        Raises:
+            QueryError: unknown mode or leg option (from the leg that raised it, also when it ran
+                in a worker thread).
         """
         names = self.legs_for(mode)
         nq = len(queries)
@@ -124,18 +187,41 @@ class Engine:
                 per_leg[name] = _scatter(merged, blank, leg_depth)
             return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
-        if len(names) > 1 and n_threads != 1 and CONCURRENT_LEGS:
-            # the legs' kernels release the GIL: run them side by side, the threads split between them
-            total = n_threads if n_threads > 0 else (os.cpu_count() or 1)
-            share = max(1, total // len(names))
-            futures = [_pool().submit(run_leg, name, share) for name in names[1:]]
-            spent = [run_leg(names[0], share)] + [f.result() for f in futures]
+        total = n_threads if n_threads > 0 else (os.cpu_count() or 1)
+        if len(names) > 1 and total > 1 and CONCURRENT_LEGS:
+            # Legs side by side (every leg kernel releases the GIL): the legs are split into
+            # min(threads, legs) groups by their running cost estimates; the calling thread runs
+            # the first group, pooled workers the others; each leg's kernels (and FAISS's OpenMP
+            # team) get threads // groups threads, so the total stays n_threads.
+            plan = plan_legs(names, total, self.leg_cost)
+            share = max(1, total // len(plan))
+
+            def run_group(group: list[str]) -> list[tuple[float, float]]:
+                with _omp_threads(share):
+                    return [run_leg(name, share) for name in group]
+
+            futures = [_pool().submit(run_group, g) for g in plan[1:]]
+            try:
+                spent_by = dict(zip(plan[0], run_group(plan[0])))
+            finally:
+                done = [f.result() for f in futures]  # waits for every group, re-raises the first error
+            for g, res in zip(plan[1:], done):
+                spent_by.update(zip(g, res))
+            spent = [spent_by[name] for name in names]
         else:
             spent = [run_leg(name, n_threads) for name in names]
+        if len(names) > 1 and nq:
+            a = COST_SMOOTHING
+            for name, (enc_ms, search_ms) in zip(names, spent):
+                c = (enc_ms + search_ms) / nq
+                old_c = self.leg_cost.get(name)
+                self.leg_cost[name] = c if old_c is None else (1 - a) * old_c + a * c
         per_leg = {name: per_leg[name] for name in names}  # leg order, not completion order
-        for enc_ms, search_ms in spent:  # summed over legs (CPU time of the stages, as before)
+        for name, (enc_ms, search_ms) in zip(names, spent):  # summed over legs, even when side by side
             timings["encode"] += enc_ms
             timings["search"] += search_ms
+            if len(names) > 1:
+                timings[f"leg:{name}"] = enc_ms + search_ms
         t3 = time.perf_counter()
         if len(names) == 1:
             name = names[0]

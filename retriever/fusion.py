@@ -125,43 +125,45 @@ def fuse(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
     leg_scores = {n: np.full((nq, k), np.nan, dtype=np.float32) for n in names}
     leg_ranks = {n: np.zeros((nq, k), dtype=np.int32) for n in names}
     weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
+    rrf = isinstance(fusion, RRF)
+    norm = None if rrf else NORMALISERS[fusion.norm]
     for q in range(nq):
-        all_ids, contrib, per_leg = [], [], []
+        seg_ids, seg_contrib, seg_scores, seg_ranks = [], [], [], []
         for n in names:
             ids, scores, nf = legs[n]
             m = int(nf[q])
-            li = ids[q, :m]
-            ls = scores[q, :m].astype(np.float64)
-            ranks = tie_ranks(scores[q], m)
-            if isinstance(fusion, RRF):
+            srow = scores[q, :m]
+            ranks = tie_ranks(srow, m)
+            if rrf:
                 c = weights[n] / (fusion.k + ranks)
             else:
-                c = weights[n] * NORMALISERS[fusion.norm](ls) if m else ls
-            all_ids.append(li)
-            contrib.append(c)
-            per_leg.append((li, scores[q, :m], ranks))
-        cat_ids = np.concatenate(all_ids)
+                ls = srow.astype(np.float64)
+                c = weights[n] * norm(ls) if m else ls
+            seg_ids.append(ids[q, :m])
+            seg_contrib.append(c)
+            seg_scores.append(srow)
+            seg_ranks.append(ranks)
+        cat_ids = np.concatenate(seg_ids)
         if cat_ids.size == 0:
             continue
         uniq, inv = np.unique(cat_ids, return_inverse=True)
-        total = np.zeros(len(uniq), dtype=np.float64)
-        # Sum in a fixed leg order so results are identical across runs.
-        start = 0
-        for c in contrib:
-            np.add.at(total, inv[start:start + len(c)], c)
-            start += len(c)
+        # np.bincount adds the weights in input order (legs in a fixed order), one float64 sum per
+        # document: identical across runs and to a sequential loop over the legs.
+        total = np.bincount(inv, weights=np.concatenate(seg_contrib), minlength=len(uniq))
         order = np.lexsort((uniq, -total))[:k]
         m = len(order)
         out_ids[q, :m] = uniq[order]
         out_scores[q, :m] = total[order]
         n_found[q] = m
-        pos = {int(d): j for j, d in enumerate(uniq[order])}
-        for n, (li, ls, ranks) in zip(names, per_leg):
-            for d, s, r in zip(li.tolist(), ls.tolist(), ranks.tolist()):
-                j = pos.get(d)
-                if j is not None:
-                    leg_scores[n][q, j] = s
-                    leg_ranks[n][q, j] = r
+        # position in the fused list of every candidate (-1: not in the top-k)
+        slot = np.full(len(uniq), -1, dtype=np.int64)
+        slot[order] = np.arange(m)
+        pos = slot[inv]
+        start = 0
+        for n, ls, lr in zip(names, seg_scores, seg_ranks):
+            j = pos[start:start + len(ls)]
+            start += len(ls)
+            hit = j >= 0
+            leg_scores[n][q, j[hit]] = ls[hit]
+            leg_ranks[n][q, j[hit]] = lr[hit]
     return out_ids, out_scores, n_found, {n: LegArrays(leg_scores[n], leg_ranks[n]) for n in names}
-
-

@@ -68,7 +68,9 @@ class BatchResult:
         legs: ``{leg: LegArrays}`` for every leg that ran.
         mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
         fusion: the fusion configuration used (``None`` for a single leg).
-        timings_ms: wall time per stage in milliseconds (``encode``, ``search``, ``fuse``).
+        timings_ms: wall time per stage in milliseconds (``encode``, ``search``, ``fuse``; ``encode``
+            and ``search`` are summed over the legs, also when they ran side by side) and, for
+            several legs, ``leg:<name>`` (that leg's encode + search wall time).
     """
 
     ids: np.ndarray

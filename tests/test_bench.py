@@ -106,10 +106,16 @@ def test_run_pieces_tiny(tmp_path):
     from benchmarks.report import write_plots, write_summary
     from benchmarks.update_readme import END, START, update_readme
 
-    e = run.bench_hybrid(1500, tmp_path, threads=1, n_queries=20, nprobes=(1, 64))
+    e = run.bench_hybrid(1500, tmp_path, threads=2, n_queries=20, nprobes=(1, 64), passes=2, sparse_cuts=(3,))
     assert e["n_docs"] == 1500 and e["dense_factory"].startswith("IVF") and len(e["points"]) == 2
-    assert e["bm25"]["recall@10"] == {"bm25": 1.0}
-    assert e["legs"] == ["bm25", "dense", "sparse"] and e["sparse_params"] == {"algorithm": "seismic"}
+    assert e["bm25"]["recall@10"] == {"bm25": 1.0} and len(e["bm25"]["passes"]) == 2
+    assert e["legs"] == ["bm25", "dense", "sparse"] and e["sparse_params"] == run.HYBRID_SPARSE_PARAMS
+    assert not e["index_cached"] and not (tmp_path / "synthetic-hybrid-1500").exists()
+    assert [v["label"] for v in e["variants"]] == ["legs in sequence", "sparse query_cut 3"]
+    assert e["variants"][1]["sparse_params"]["query_cut"] == 3 and not e["variants"][0]["concurrent_legs"]
+    # the sequential variant returns the same lists as the concurrent point at that nprobe
+    same = next(p for p in e["points"] if p["nprobe"] == e["headline"]["nprobe"])
+    assert e["variants"][0]["hybrid"]["recall@10"] == same["hybrid"]["recall@10"]
     assert 0 < e["sparse_leg"]["recall@10"]["sparse"] <= 1.0
     for p in e["points"]:
         assert set(p["hybrid"]["recall@10"]) == {"bm25", "dense", "sparse", "fused"}
@@ -169,3 +175,68 @@ def test_bench_cli_query_vectors(tmp_path, small_corpus, queries_tsv, capsys):
     assert list(rep["modes"]) == ["bm25", "dense", "hybrid"] and rep["settings"]["n_queries"] == 5
     assert rep["modes"]["hybrid"]["recall@10"] == {"bm25": 1.0, "dense": 1.0, "fused": 1.0}
     assert rep["settings"]["query_vectors"] is True
+
+
+def test_bench_index_passes(tmp_path, small_corpus):
+    """passes > 1: per-pass figures kept, reported statistics are their medians; passes < 1 refused."""
+    from retriever import Retriever, build_index
+    from retriever.bench import bench_index
+    from index.errors import QueryError
+
+    build_index(small_corpus, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    qs = ["vitamin bone", "heart", "gene cell", "sleep"]
+    rep = bench_index(r, qs, modes=["bm25"], k=5, passes=3)
+    e = rep["modes"]["bm25"]
+    assert len(e["passes"]) == 3
+    assert e["qps"] == float(np.median([p["qps"] for p in e["passes"]]))
+    assert e["latency_ms"]["p99"] == float(np.median([p["latency_ms"]["p99"] for p in e["passes"]]))
+    assert e["recall@5"] == {"bm25": 1.0}
+    assert "passes" not in bench_index(r, qs, modes=["bm25"], k=5)["modes"]["bm25"]
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(QueryError, match="passes"):
+            bench_index(r, qs, modes=["bm25"], passes=bad)
+
+
+def test_hybrid_index_cache(tmp_path, monkeypatch):
+    """benchmarks.run.hybrid_index: built once into the cache folder, then reused (same path, build
+    time and sparse query vectors); an entry without its record is rebuilt."""
+    from benchmarks import bench_sparse, run
+
+    monkeypatch.setattr(bench_sparse, "CACHE", tmp_path / "vectors")
+    kw = dict(n_queries=10, cache_dir=tmp_path / "c")
+    a = run.hybrid_index(900, tmp_path, **kw)
+    b = run.hybrid_index(900, tmp_path, **kw)
+    assert not a["cached"] and b["cached"] and a["path"] == b["path"] and a["path"].parent == tmp_path / "c"
+    assert b["build_seconds"] == a["build_seconds"] and b["factory"] == a["factory"] == "IVF32,Flat"
+    assert len(a["sparse_queries"]) == len(b["sparse_queries"]) == 10
+    for (t1, w1), (t2, w2) in zip(a["sparse_queries"], b["sparse_queries"]):
+        np.testing.assert_array_equal(t1, t2)
+        np.testing.assert_array_equal(w1, w2)
+    assert run.hybrid_index(900, tmp_path, n_queries=10, cache_dir=tmp_path / "c", sparse=False)["path"] != a["path"]
+    a["path"].with_name(a["path"].name + ".json").unlink()
+    c = run.hybrid_index(900, tmp_path, **kw)
+    assert not c["cached"] and c["path"] == a["path"] and (c["path"] / "manifest.json").is_file()
+    with pytest.raises(ValueError, match="n_docs"):
+        run.hybrid_index(0, tmp_path, **kw)
+
+
+def test_run_hybrid_sizes_merge(tmp_path, monkeypatch):
+    """``--hybrid-sizes``: each size runs on its own and lands in one run_hybrid.json."""
+    import json
+
+    from benchmarks import bench_sparse, run
+
+    monkeypatch.setattr(run, "CACHE", tmp_path / "cache")
+    monkeypatch.setattr(bench_sparse, "CACHE", tmp_path / "cache")
+    out = tmp_path / "res"
+    for n in ("700", "600", "700"):
+        assert run.main(["--quick", "--only", "hybrid", "--hybrid-sizes", n, "--out", str(out), "--no-readme"]) == 0
+    doc = json.loads((out / "run_hybrid.json").read_text())
+    assert doc["status"] == "ok" and list(doc["results"]["sizes"]) == ["600", "700"]
+    assert doc["results"]["sizes"]["700"]["index_cached"]  # second 700 run reused the cached index
+    assert all("load_avg_1m" in e["machine"] for e in doc["results"]["sizes"].values())
+    with pytest.raises(SystemExit):
+        run.main(["--only", "hybrid", "--hybrid-sizes", "x", "--out", str(out)])
+    assert run._peer_args("sparse", True, out)[-2:] == ["--out", str(out / "sparse_quick.json")]
+    assert "--skip" in run._peer_args("sparse", False, out) and run._peer_args("dense", False, out) == []

@@ -124,3 +124,74 @@ def test_batch_tie_ranks_equal_per_row_tie_ranks():
             want = np.zeros(k, np.int32)
             want[:nf[q]] = tie_ranks(s[q], int(nf[q]))
             np.testing.assert_array_equal(got[q], want)
+
+
+def _fuse_reference(legs, k, fusion):
+    """Straightforward per-document fusion (dicts, no numpy tricks): the oracle for :func:`fuse`."""
+    names = list(legs)
+    nq = next(iter(legs.values()))[0].shape[0]
+    out = []
+    for q in range(nq):
+        total: dict[int, float] = {}
+        per: dict[str, dict[int, tuple[float, int]]] = {}
+        for n in names:
+            ids, scores, nf = legs[n]
+            m = int(nf[q])
+            w = float(fusion.weights.get(n, 1.0))
+            s64 = scores[q, :m].astype(np.float64)
+            per[n] = {}
+            for j in range(m):
+                rank = 1 + next(i for i in range(m) if scores[q, i] == scores[q, j])
+                if isinstance(fusion, RRF):
+                    c = w / (fusion.k + rank)
+                else:
+                    if fusion.norm == "minmax":
+                        lo, hi = s64.min(), s64.max()
+                        v = 1.0 if hi == lo else (s64[j] - lo) / (hi - lo)
+                    elif fusion.norm == "zscore":
+                        sd = s64.std()
+                        v = 1.0 if sd == 0 else (s64[j] - s64.mean()) / sd
+                    else:
+                        v = s64[j]
+                    c = w * v
+                d = int(ids[q, j])
+                total[d] = total.get(d, 0.0) + c
+                per[n][d] = (float(scores[q, j]), rank)
+        top = sorted(total, key=lambda d: (-total[d], d))[:k]
+        out.append((top, [total[d] for d in top], per))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fuse_matches_reference(seed):
+    """Random leg lists (ties, empty rows, overlapping ids) against the dict-based oracle: ids,
+    fused scores (float32 of the float64 sum), per-leg scores and tie-shared ranks."""
+    rng = np.random.default_rng(seed)
+    nq, depth, n_docs = 5, 25, 40
+    legs = {}
+    for n in ("bm25", "dense", "sparse"):
+        ids = np.full((nq, depth), -1, np.int64)
+        sc = np.full((nq, depth), -np.inf, np.float32)
+        nf = np.zeros(nq, np.int32)
+        for q in range(nq):
+            m = int(rng.integers(0, depth + 1))
+            d = rng.choice(n_docs, m, replace=False)
+            s = rng.integers(0, 6, m).astype(np.float32) if seed % 2 else rng.random(m).astype(np.float32)
+            o = np.lexsort((d, -s))
+            ids[q, :m], sc[q, :m], nf[q] = d[o], s[o], m
+        legs[n] = (ids, sc, nf)
+    for fusion in (RRF(), RRF(k=2.0, weights={"dense": 3.0}), Linear("minmax"), Linear("zscore"),
+                   Linear("none", weights={"bm25": 0.5})):
+        for k in (1, 7, 60):
+            ids, scores, n_found, per_leg = fuse(legs, k, fusion)
+            for q, (top, tot, per) in enumerate(_fuse_reference(legs, k, fusion)):
+                assert n_found[q] == len(top)
+                assert ids[q, :len(top)].tolist() == top
+                np.testing.assert_array_equal(scores[q, :len(top)], np.float32(tot))
+                for n in legs:
+                    for j, d in enumerate(top):
+                        if d in per[n]:
+                            assert per_leg[n].scores[q, j] == np.float32(per[n][d][0])
+                            assert per_leg[n].ranks[q, j] == per[n][d][1]
+                        else:
+                            assert np.isnan(per_leg[n].scores[q, j]) and per_leg[n].ranks[q, j] == 0

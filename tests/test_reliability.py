@@ -230,6 +230,69 @@ def test_concurrent_searches_match_serial(bm25_index):
             assert all(b == serial_batch for b in f2)
 
 
+def test_plan_legs_longest_first():
+    from retriever.engine import plan_legs
+
+    cost = {"bm25": 1.5, "dense": 1.0, "sparse": 4.0}
+    assert plan_legs(["bm25", "dense", "sparse"], 2, cost) == [["sparse"], ["bm25", "dense"]]
+    assert plan_legs(["bm25", "dense", "sparse"], 8, cost) == [["sparse"], ["bm25"], ["dense"]]
+    assert plan_legs(["bm25", "dense", "sparse"], 1, cost) == [["sparse", "bm25", "dense"]]
+    # no estimates yet: every leg counts 1.0, index order among equals
+    assert plan_legs(["bm25", "dense", "sparse"], 2, {}) == [["bm25", "sparse"], ["dense"]]
+    assert plan_legs(["bm25", "dense"], 2, {"bm25": 9.0, "dense": 9.0}) == [["bm25"], ["dense"]]
+
+
+def test_concurrent_legs_identical_to_sequential(tmp_path, monkeypatch):
+    """Three legs (BM25 + dense IVF + learned sparse, precomputed vectors) side by side or in
+    sequence, batch 1 and batched, from several threads at once: same ids, scores, per-leg scores
+    and ranks."""
+    import retriever.engine as engine
+
+    rng = np.random.default_rng(5)
+    docs = random_corpus(400, seed=9, min_len=2)
+    dv = rng.standard_normal((400, 16)).astype(np.float32)
+    dv /= np.linalg.norm(dv, axis=1, keepdims=True)
+    sv = [(np.unique(rng.integers(0, 300, rng.integers(1, 30))), None) for _ in range(400)]
+    sv = [(t, rng.random(len(t)).astype(np.float32) + 0.01) for t, _ in sv]
+    ptr = np.zeros(401, np.int64)
+    ptr[1:] = np.cumsum([len(t) for t, _ in sv])
+    from index.config import DenseConfig
+    build_index(docs, tmp_path / "ix", legs=("bm25", "dense", "sparse"), dense_vectors=dv, shard_size=150,
+                sparse_vectors=(ptr, np.concatenate([t for t, _ in sv]), np.concatenate([w for _, w in sv])),
+                dense=DenseConfig(faiss_factory="IVF4,Flat", dtype="float32"), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=2)
+    nq = 24
+    qs = [" ".join(rng.choice(["vitamin", "bone", "heart", "gene", "cell", "sleep"], size=1 + i % 4)) for i in range(nq)]
+    qv = rng.standard_normal((nq, 16)).astype(np.float32)
+    qsv = [(np.unique(rng.integers(0, 300, 8)), np.ones(len(np.unique(rng.integers(0, 300, 8))), np.float32))
+           for _ in range(nq)]
+    qsv = [(t, np.linspace(1.0, 0.1, len(t)).astype(np.float32)) for t, _ in qsv]
+    lp = {"dense": {"nprobe": 2}, "sparse": {"algorithm": "seismic", "query_cut": 5}}
+
+    def run(i0, i1, threads):
+        res = r.search_arrays(qs[i0:i1], 10, query_vectors=qv[i0:i1], sparse_vectors=qsv[i0:i1], leg_params=lp,
+                              n_threads=threads)
+        return (res.ids.tolist(), res.scores.tolist(),
+                {n: (np.nan_to_num(la.scores, nan=-1.0).tolist(), la.ranks.tolist()) for n, la in res.legs.items()})
+
+    monkeypatch.setattr(engine, "CONCURRENT_LEGS", False)
+    seq_batch = run(0, nq, 1)
+    seq_one = [run(i, i + 1, 1) for i in range(nq)]
+    monkeypatch.setattr(engine, "CONCURRENT_LEGS", True)
+    assert run(0, nq, 2) == seq_batch and run(0, nq, 3) == seq_batch
+    assert [run(i, i + 1, 2) for i in range(nq)] == seq_one
+    assert set(r.engine.leg_cost) == {"bm25", "dense", "sparse"}
+    timings = r.search_arrays(qs[:1], 10, query_vectors=qv[:1], sparse_vectors=qsv[:1], leg_params=lp,
+                              n_threads=2).timings_ms
+    assert {"leg:bm25", "leg:dense", "leg:sparse"} <= set(timings)
+    with ThreadPoolExecutor(4) as ex:
+        assert list(ex.map(lambda i: run(i, i + 1, 2), range(nq))) == seq_one
+    # a failing leg inside a worker reaches the caller
+    with pytest.raises(Exception, match="algorithm"):
+        r.search_arrays(qs[:2], 10, query_vectors=qv[:2], sparse_vectors=qsv[:2], n_threads=2,
+                        leg_params={"sparse": {"algorithm": "nope"}})
+
+
 # ---------------------------------------------------------------------------
 # Security: loading executes no code
 # ---------------------------------------------------------------------------

@@ -329,3 +329,41 @@ def test_exact_both_paths_match_scipy():
     for k in (1, 10, 100):
         ids, scores, n_found = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, k, n_threads=1)
         check_topk_matches(ids, scores, n_found, S, k)
+
+
+def test_pooled_scratch_single_query_calls_match_brute_force():
+    """The kernels reuse pooled per-worker scratch (query weights, accumulator, seen-stamps) across
+    calls: one-query calls alternating between two indexes of different sizes and vocabularies
+    return exactly what a fresh batch call returns, and the exact kernel matches scipy."""
+    big_v, small_v = 500, 120
+    big_docs, big_q = synthetic(3000, big_v, seed=11)
+    small_docs, small_q = synthetic(300, small_v, seed=12)
+    ixs = []
+    for docs, queries, vocab in ((big_docs, big_q, big_v), (small_docs, small_q, small_v)):
+        indptr, terms, weights = to_csr(docs, vocab)
+        scale = impact_scale(weights.max())
+        ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=0, block_size=8,
+                                summary_energy=1.0)
+        ixs.append((ix, scale, csr_batch(queries, vocab), vocab))
+
+    def seismic(ix, scale, qb):
+        return _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
+                                            *[ix[n] for n in _BLOCK_ARGS], *qb, 10, query_cut=1000,
+                                            heap_factor=1e-9, n_threads=1)
+
+    whole = [(_kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, 10, n_threads=2), seismic(ix, scale, qb))
+             for ix, scale, qb, _ in ixs]
+    for (ix, scale, qb, vocab), (ex, se) in zip(ixs, whole):
+        S = brute_topk(ix, scale, qb, vocab, 10)
+        check_topk_matches(*ex, S, 10)
+        check_topk_matches(*se, S, 10)
+    nq = min(len(ixs[0][2][0]), len(ixs[1][2][0])) - 1
+    for q in range(nq):
+        for which in (0, 1, 0):
+            ix, scale, (qo, qt, qw), _ = ixs[which]
+            one = (np.array([0, qo[q + 1] - qo[q]], np.uint64), qt[qo[q]:qo[q + 1]], qw[qo[q]:qo[q + 1]])
+            for got, want in ((_kernels.sparse_exact_topk(*exact_args(ix), scale, *one, 10, n_threads=1),
+                               whole[which][0]), (seismic(ix, scale, one), whole[which][1])):
+                np.testing.assert_array_equal(got[0][0], want[0][q])
+                np.testing.assert_array_equal(got[1][0], want[1][q])
+                assert got[2][0] == want[2][q]
