@@ -302,6 +302,8 @@ constexpr size_t kDenseScanMaxDocs = size_t{1} << 18;
 constexpr uint64_t kDenseScanRatio = 4;
 /// Scores tested together against the threshold in the dense selection pass.
 constexpr size_t kScanBlock = 16;
+/// kth_largest() keeps a sorted run up to this k, else uses nth_element.
+constexpr size_t kSmallK = 64;
 
 inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
     if (c.pos + kPrefetch < c.end) __builtin_prefetch(doc_norm + c.docs[c.pos + kPrefetch]);
@@ -383,17 +385,21 @@ class bm25_worker {
 
     /// Exhaustive scoring for collections small enough to scan: the
     /// accumulator is a dense array over all n_docs documents; postings are
-    /// scattered into it with no touched list (no dependency between
-    /// postings). Selection then works on blocks of kScanBlock documents:
+    /// scattered into it with one store each (no touched list, no dependency
+    /// between postings). Selection then works on blocks of kScanBlock
+    /// documents:
     ///   1. block_max() gives each block's largest score (NaN ignored);
     ///   2. without an allow filter, the k-th largest block maximum theta is a
     ///      lower bound of the k-th best score when theta > 0: k different
     ///      blocks each hold a document scoring >= theta, and a score > 0
     ///      means the document matched (unmatched ones stay +0.0f);
     ///   3. only blocks whose maximum reaches max(theta, heap threshold) are
-    ///      examined document by document, `seen` telling matching documents
-    ///      from unmatched zeros.
-    /// Finally acc and seen are cleared (the pool invariant). Scores are the
+    ///      examined document by document. With theta > 0 every score
+    ///      examined is > 0, so it belongs to a matching document; otherwise
+    ///      (allow filter, negative or zero scores, fewer than k positive
+    ///      blocks) a second pass over the postings marks the matching
+    ///      documents in `seen` first.
+    /// Finally the accumulator is cleared (the pool invariant). Scores are the
     /// same float32 query-order sums as exhaustive_impl's, and the kept set
     /// (best score, then smallest id) does not depend on the order candidates
     /// are offered, so results are bit-identical.
@@ -403,7 +409,6 @@ class bm25_worker {
         const size_t n_docs = m_data.n_docs;
         A.ensure(n_docs);
         float* acc = A.acc.data();
-        uint8_t* seen = A.seen.data();
         const uint64_t* offsets = m_data.csr.offsets;
         const uint32_t* doc_ids = m_data.csr.doc_ids;
         const uint32_t* tfs = m_data.tfs;
@@ -416,7 +421,6 @@ class bm25_worker {
             for (uint64_t p = offsets[t]; p < pe; ++p) {
                 const uint32_t d = doc_ids[p];
                 if (d >= n_docs) check_doc(d);
-                seen[d] = 1;
                 acc[d] += kImp ? w * imp[p] : bm25_contribution(w, tfs[p], norm[d]);
             }
         }
@@ -428,22 +432,56 @@ class bm25_worker {
         }
         float thr = m_heap.threshold();
         const size_t k = m_out.k;
+        bool positive = false;  // thr > 0 before any document is examined
         if (m_allow == nullptr && nb >= k) {
-            m_block_tmp.assign(bmax, bmax + nb);
-            std::nth_element(m_block_tmp.begin(), m_block_tmp.begin() + (k - 1), m_block_tmp.end(),
-                             std::greater<float>());
-            const float theta = m_block_tmp[k - 1];  // block maxima are never NaN
-            if (theta > 0.0f) thr = std::max(thr, theta);
+            const float theta = kth_largest(bmax, nb, k);  // block maxima are never NaN
+            if (theta > 0.0f) {
+                thr = std::max(thr, theta);
+                positive = true;
+            }
+        }
+        uint8_t* seen = nullptr;
+        if (!positive) {
+            seen = A.seen.data();
+            for (uint64_t i = b; i < e; ++i) {
+                const uint32_t t = m_q.q_terms[i];
+                for (uint64_t p = offsets[t], pe = offsets[t + 1]; p < pe; ++p) seen[doc_ids[p]] = 1;
+            }
         }
         for (size_t j = 0; j < nb; ++j) {
             if (bmax[j] >= thr) {
-                const float ht = select_range(acc, seen, j * kScanBlock,
-                                              std::min(n_docs, (j + 1) * kScanBlock), thr);
+                const size_t lo = j * kScanBlock, hi = std::min(n_docs, lo + kScanBlock);
+                const float ht = seen ? select_range<true>(acc, seen, lo, hi, thr)
+                                      : select_range<false>(acc, seen, lo, hi, thr);
                 thr = std::max(thr, ht);
             }
         }
         std::memset(acc, 0, n_docs * sizeof(float));
-        std::memset(seen, 0, n_docs);
+        if (seen) std::memset(seen, 0, n_docs);
+    }
+
+    /// The k-th largest of v[0..n) (1 <= k <= n, no NaN).
+    float kth_largest(const float* v, size_t n, size_t k) {
+        if (k <= kSmallK) {
+            // a descending run of the k largest so far; most values fail the first test
+            float top[kSmallK];
+            size_t m = 0;
+            for (size_t i = 0; i < n; ++i) {
+                const float x = v[i];
+                if (m == k && !(x > top[k - 1])) continue;
+                size_t j = m < k ? m++ : k - 1;
+                while (j > 0 && top[j - 1] < x) {
+                    top[j] = top[j - 1];
+                    --j;
+                }
+                top[j] = x;
+            }
+            return top[k - 1];
+        }
+        m_block_tmp.assign(v, v + n);
+        std::nth_element(m_block_tmp.begin(), m_block_tmp.begin() + (k - 1), m_block_tmp.end(),
+                         std::greater<float>());
+        return m_block_tmp[k - 1];
     }
 
     /// Largest non-NaN value of a[0..n) (-inf when there is none).
@@ -463,11 +501,13 @@ class bm25_worker {
         return m;
     }
 
-    /// Offers the matching documents of [lo, hi) whose score reaches thr to
-    /// the heap; returns the heap's threshold afterwards.
+    /// Offers the documents of [lo, hi) whose score reaches thr (and, with
+    /// kSeen, that are marked in seen) to the heap; returns the heap's
+    /// threshold afterwards.
+    template <bool kSeen>
     float select_range(const float* acc, const uint8_t* seen, size_t lo, size_t hi, float thr) {
         for (size_t d = lo; d < hi; ++d) {
-            if (acc[d] >= thr && seen[d] && allowed(static_cast<uint32_t>(d)) &&
+            if (acc[d] >= thr && (!kSeen || seen[d]) && allowed(static_cast<uint32_t>(d)) &&
                 m_heap.push(acc[d], static_cast<uint32_t>(d))) {
                 thr = std::max(thr, m_heap.threshold());
             }
