@@ -168,7 +168,8 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default="retriever,bm25s,rank_bm25",
                     help="comma-separated subset of: retriever, bm25s, rank_bm25 (default all). A subset "
                          "replaces only those engines' figures in the collection's existing entry, so a "
-                         "long run can be split into steps run back to back")
+                         "long run can be split into steps run back to back (figures older than "
+                         "SPLIT_RUN_HOURS are dropped)")
     ap.add_argument("--out", default=None, help="default benchmarks/results/bm25.json (bm25_quick.json with --quick)")
     args = ap.parse_args(argv)
     n_syn = args.synthetic_docs or (100_000 if args.quick else 1_000_000)
@@ -207,9 +208,8 @@ def main(argv=None) -> int:
                 # a step of a split run: keep the other engines' figures, note each step
                 entry = {**old, "command": command, "machine": machine()}
                 entry.setdefault("steps", [])
-                today = time.strftime("%Y-%m-%d")
-                for eng in ("retriever", "bm25s", "rank_bm25"):  # only figures of today's steps stay
-                    if eng in entry and not str(entry[eng].get("measured", "")).startswith(today):
+                for eng in ("retriever", "bm25s", "rank_bm25"):  # only recent steps' figures stay
+                    if eng in entry and not _recent(entry[eng].get("measured")):
                         del entry[eng]
                 entry.pop("ratios", None)
             else:
@@ -224,9 +224,8 @@ def main(argv=None) -> int:
                 entry[eng]["measured"] = step["started"]
                 print(f" {eng}", json.dumps(entry[eng]), flush=True)
             entry["load_avg_after"] = step["load_avg_after"] = list(os.getloadavg())
-            today = time.strftime("%Y-%m-%d")
             entry["steps"] = [st for st in entry["steps"]
-                              if set(st["engines"]) - set(engines) and st["started"].startswith(today)] + [step]
+                              if set(st["engines"]) - set(engines) and _recent(st.get("started"))] + [step]
             if "retriever" not in entry or "bm25s" not in entry:
                 report["collections"][col.name] = entry
                 print(" (ratios need both retriever and bm25s figures: run the other engines next)")
@@ -249,6 +248,22 @@ def main(argv=None) -> int:
             _write(out_path, report)
     print(markdown(report))
     return 0
+
+
+#: steps of a split run (``--engines``) count as one run when at most this many hours apart.
+SPLIT_RUN_HOURS = 3.0
+
+
+def _recent(stamp: str | None) -> bool:
+    """True when ``stamp`` (``time.strftime("%Y-%m-%d %H:%M:%S %Z")``, UTC) is within
+    :data:`SPLIT_RUN_HOURS` of now."""
+    import calendar
+
+    try:
+        t = calendar.timegm(time.strptime(str(stamp).replace(" UTC", ""), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return False
+    return 0 <= time.time() - t <= SPLIT_RUN_HOURS * 3600
 
 
 def _write(out_path: Path, report: dict) -> None:
