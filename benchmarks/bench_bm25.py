@@ -19,6 +19,9 @@ Usage:
     python -m benchmarks.bench_bm25                          # SciFact + 1M synthetic (~15 min)
     python -m benchmarks.bench_bm25 --collections scifact    # one collection; merged into the JSON
     python -m benchmarks.bench_bm25 --quick                  # SciFact + 100k synthetic
+    python -m benchmarks.bench_bm25 --collections synthetic --engines retriever   # a split run:
+    python -m benchmarks.bench_bm25 --collections synthetic --engines bm25s       # steps back to back,
+    python -m benchmarks.bench_bm25 --collections synthetic --engines rank_bm25   # one entry
 Writes benchmarks/results/bm25.json (bm25_quick.json with --quick), adding or replacing the
 collections it ran (each with its command, machine, date and load), and prints a Markdown table.
 """
@@ -162,6 +165,11 @@ def main(argv=None) -> int:
     ap.add_argument("--synthetic-docs", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--skip-rank-bm25", action="store_true")
+    ap.add_argument("--engines", default="retriever,bm25s,rank_bm25",
+                    help="comma-separated subset of: retriever, bm25s, rank_bm25 (default all). A subset "
+                         "replaces only those engines' figures in the collection's existing entry, so a "
+                         "long run can be split into steps run back to back (figures older than "
+                         "SPLIT_RUN_HOURS are dropped)")
     ap.add_argument("--out", default=None, help="default benchmarks/results/bm25.json (bm25_quick.json with --quick)")
     args = ap.parse_args(argv)
     n_syn = args.synthetic_docs or (100_000 if args.quick else 1_000_000)
@@ -169,6 +177,13 @@ def main(argv=None) -> int:
     bad = set(wanted) - {"scifact", "synthetic"}
     if bad:
         ap.error(f"unknown collection(s): {', '.join(sorted(bad))}")
+    engines = [x.strip() for x in args.engines.split(",") if x.strip()]
+    bad = set(engines) - {"retriever", "bm25s", "rank_bm25"}
+    if bad:
+        ap.error(f"unknown engine(s): {', '.join(sorted(bad))}")
+    if args.skip_rank_bm25 and "rank_bm25" in engines:
+        engines.remove("rank_bm25")
+    split = any(a == "--engines" or a.startswith("--engines=") for a in (argv if argv is not None else sys.argv[1:]))
     out_path = Path(args.out or RESULTS / ("bm25_quick.json" if args.quick else "bm25.json"))
     command = "python -m benchmarks.bench_bm25 " + " ".join(argv if argv is not None else sys.argv[1:])
     report = {"collections": {}}
@@ -188,14 +203,34 @@ def main(argv=None) -> int:
             entry = {"n_docs": col.n_docs, "n_queries": len(col.queries), "command": command,
                      "machine": machine(), "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
                      "load_avg_before": list(os.getloadavg())}
-            entry["retriever"] = bench_ours(col, Path(tmp), args.repeats)
-            print(" retriever", json.dumps(entry["retriever"]), flush=True)
-            entry["bm25s"] = bench_bm25s(col, args.repeats)
-            print(" bm25s", json.dumps(entry["bm25s"]), flush=True)
-            if not args.skip_rank_bm25:
-                entry["rank_bm25"] = bench_rank_bm25(col, 50 if col.n_docs < 100_000 else 20)
-                print(" rank_bm25", json.dumps(entry["rank_bm25"]), flush=True)
-            entry["load_avg_after"] = list(os.getloadavg())
+            old = report["collections"].get(col.name)
+            if split and old and old.get("n_docs") == col.n_docs:
+                # a step of a split run: keep the other engines' figures, note each step
+                entry = {**old, "command": command, "machine": machine()}
+                entry.setdefault("steps", [])
+                for eng in ("retriever", "bm25s", "rank_bm25"):  # only recent steps' figures stay
+                    if eng in entry and not _recent(entry[eng].get("measured")):
+                        del entry[eng]
+                entry.pop("ratios", None)
+            else:
+                entry["steps"] = []
+            step = {"engines": engines, "command": command, "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+                    "load_avg_before": list(os.getloadavg())}
+            runners = {"retriever": lambda: bench_ours(col, Path(tmp), args.repeats),
+                       "bm25s": lambda: bench_bm25s(col, args.repeats),
+                       "rank_bm25": lambda: bench_rank_bm25(col, 50 if col.n_docs < 100_000 else 20)}
+            for eng in engines:
+                entry[eng] = runners[eng]()
+                entry[eng]["measured"] = step["started"]
+                print(f" {eng}", json.dumps(entry[eng]), flush=True)
+            entry["load_avg_after"] = step["load_avg_after"] = list(os.getloadavg())
+            entry["steps"] = [st for st in entry["steps"]
+                              if set(st["engines"]) - set(engines) and _recent(st.get("started"))] + [step]
+            if "retriever" not in entry or "bm25s" not in entry:
+                report["collections"][col.name] = entry
+                print(" (ratios need both retriever and bm25s figures: run the other engines next)")
+                _write(out_path, report)
+                continue
             ours = entry["retriever"]
             entry["ratios"] = {
                 "vs_bm25s_end_to_end": ours["end_to_end_t1"]["qps_median"] / entry["bm25s"]["end_to_end_t1"]["qps_median"],
@@ -210,12 +245,32 @@ def main(argv=None) -> int:
                 del report["collections"][name]  # one entry per collection kind (synthetic size may change)
             report["collections"][col.name] = entry
             print(" ratios", json.dumps(entry["ratios"]), flush=True)
-            out_path.parent.mkdir(parents=True, exist_ok=True)
-            tmp_out = out_path.with_suffix(".json.tmp")
-            tmp_out.write_text(json.dumps(report, indent=1))
-            tmp_out.replace(out_path)
+            _write(out_path, report)
     print(markdown(report))
     return 0
+
+
+#: steps of a split run (``--engines``) count as one run when at most this many hours apart.
+SPLIT_RUN_HOURS = 3.0
+
+
+def _recent(stamp: str | None) -> bool:
+    """True when ``stamp`` (``time.strftime("%Y-%m-%d %H:%M:%S %Z")``, UTC) is within
+    :data:`SPLIT_RUN_HOURS` of now."""
+    import calendar
+
+    try:
+        t = calendar.timegm(time.strptime(str(stamp).replace(" UTC", ""), "%Y-%m-%d %H:%M:%S"))
+    except ValueError:
+        return False
+    return 0 <= time.time() - t <= SPLIT_RUN_HOURS * 3600
+
+
+def _write(out_path: Path, report: dict) -> None:
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp_out = out_path.with_suffix(".json.tmp")
+    tmp_out.write_text(json.dumps(report, indent=1))
+    tmp_out.replace(out_path)
 
 
 def markdown(report: dict) -> str:
@@ -225,6 +280,8 @@ def markdown(report: dict) -> str:
              "rank-bm25 | retriever / bm25s (end to end) | retriever / rank-bm25 | indexing docs/s: retriever / bm25s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, e in report["collections"].items():
+        if "ratios" not in e:  # a split run not finished yet
+            continue
         o, b, ra = e["retriever"], e["bm25s"], e["ratios"]
         rk = e.get("rank_bm25")
         lines.append(

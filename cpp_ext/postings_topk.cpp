@@ -45,6 +45,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "parallel.hpp"
 #include "topk.hpp"
 
@@ -291,6 +295,16 @@ constexpr uint64_t kPrefetch = 16;
 /// documents (below, acc + seen fit in the L2 cache).
 constexpr size_t kPrefetchMinDocs = size_t{1} << 16;
 
+/// exhaustive() scans a dense accumulator over all documents (instead of a
+/// touched list) when n_docs <= kDenseScanMaxDocs and n_docs <= kDenseScanRatio
+/// times the query's postings.
+constexpr size_t kDenseScanMaxDocs = size_t{1} << 18;
+constexpr uint64_t kDenseScanRatio = 4;
+/// Scores tested together against the threshold in the dense selection pass.
+constexpr size_t kScanBlock = 16;
+/// kth_largest() keeps a sorted run up to this k, else uses nth_element.
+constexpr size_t kSmallK = 64;
+
 inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
     if (c.pos + kPrefetch < c.end) __builtin_prefetch(doc_norm + c.docs[c.pos + kPrefetch]);
 }
@@ -349,6 +363,17 @@ class bm25_worker {
 
     // ---- exhaustive: term-at-a-time ------------------------------------
     void exhaustive(uint64_t b, uint64_t e) {
+        uint64_t total = 0;
+        for (uint64_t i = b; i < e; ++i) {
+            const uint32_t t = m_q.q_terms[i];
+            total += m_data.csr.offsets[t + 1] - m_data.csr.offsets[t];
+        }
+        // Small collections (the query's postings cover a good part of it):
+        // scatter without a touched list and select in one linear pass.
+        if (m_data.n_docs <= kDenseScanMaxDocs && m_data.n_docs <= kDenseScanRatio * total) {
+            m_imp != nullptr ? exhaustive_dense<true>(b, e) : exhaustive_dense<false>(b, e);
+            return;
+        }
         // Prefetching pays only when the accumulator does not sit in cache.
         const bool pf = m_data.n_docs > kPrefetchMinDocs;
         if (m_imp != nullptr) {
@@ -356,6 +381,138 @@ class bm25_worker {
         } else {
             pf ? exhaustive_impl<false, true>(b, e) : exhaustive_impl<false, false>(b, e);
         }
+    }
+
+    /// Exhaustive scoring for collections small enough to scan: the
+    /// accumulator is a dense array over all n_docs documents; postings are
+    /// scattered into it with one store each (no touched list, no dependency
+    /// between postings). Selection then works on blocks of kScanBlock
+    /// documents:
+    ///   1. block_max() gives each block's largest score (NaN ignored);
+    ///   2. without an allow filter, the k-th largest block maximum theta is a
+    ///      lower bound of the k-th best score when theta > 0: k different
+    ///      blocks each hold a document scoring >= theta, and a score > 0
+    ///      means the document matched (unmatched ones stay +0.0f);
+    ///   3. only blocks whose maximum reaches max(theta, heap threshold) are
+    ///      examined document by document. With theta > 0 every score
+    ///      examined is > 0, so it belongs to a matching document; otherwise
+    ///      (allow filter, negative or zero scores, fewer than k positive
+    ///      blocks) a second pass over the postings marks the matching
+    ///      documents in `seen` first.
+    /// Finally the accumulator is cleared (the pool invariant). Scores are the
+    /// same float32 query-order sums as exhaustive_impl's, and the kept set
+    /// (best score, then smallest id) does not depend on the order candidates
+    /// are offered, so results are bit-identical.
+    template <bool kImp>
+    void exhaustive_dense(uint64_t b, uint64_t e) {
+        dense_accumulator& A = m_acc.get();
+        const size_t n_docs = m_data.n_docs;
+        A.ensure(n_docs);
+        float* acc = A.acc.data();
+        const uint64_t* offsets = m_data.csr.offsets;
+        const uint32_t* doc_ids = m_data.csr.doc_ids;
+        const uint32_t* tfs = m_data.tfs;
+        const float* norm = m_data.doc_norm;
+        const float* imp = m_imp;
+        for (uint64_t i = b; i < e; ++i) {
+            const uint32_t t = m_q.q_terms[i];
+            const float w = m_q.q_weights[i];
+            const uint64_t pe = offsets[t + 1];
+            for (uint64_t p = offsets[t]; p < pe; ++p) {
+                const uint32_t d = doc_ids[p];
+                if (d >= n_docs) check_doc(d);
+                acc[d] += kImp ? w * imp[p] : bm25_contribution(w, tfs[p], norm[d]);
+            }
+        }
+        const size_t nb = (n_docs + kScanBlock - 1) / kScanBlock;
+        m_block_max.resize(nb);
+        float* bmax = m_block_max.data();
+        for (size_t j = 0; j < nb; ++j) {
+            bmax[j] = block_max(acc + j * kScanBlock, std::min(kScanBlock, n_docs - j * kScanBlock));
+        }
+        float thr = m_heap.threshold();
+        const size_t k = m_out.k;
+        bool positive = false;  // thr > 0 before any document is examined
+        if (m_allow == nullptr && nb >= k) {
+            const float theta = kth_largest(bmax, nb, k);  // block maxima are never NaN
+            if (theta > 0.0f) {
+                thr = std::max(thr, theta);
+                positive = true;
+            }
+        }
+        uint8_t* seen = nullptr;
+        if (!positive) {
+            seen = A.seen.data();
+            for (uint64_t i = b; i < e; ++i) {
+                const uint32_t t = m_q.q_terms[i];
+                for (uint64_t p = offsets[t], pe = offsets[t + 1]; p < pe; ++p) seen[doc_ids[p]] = 1;
+            }
+        }
+        for (size_t j = 0; j < nb; ++j) {
+            if (bmax[j] >= thr) {
+                const size_t lo = j * kScanBlock, hi = std::min(n_docs, lo + kScanBlock);
+                const float ht = seen ? select_range<true>(acc, seen, lo, hi, thr)
+                                      : select_range<false>(acc, seen, lo, hi, thr);
+                thr = std::max(thr, ht);
+            }
+        }
+        std::memset(acc, 0, n_docs * sizeof(float));
+        if (seen) std::memset(seen, 0, n_docs);
+    }
+
+    /// The k-th largest of v[0..n) (1 <= k <= n, no NaN).
+    float kth_largest(const float* v, size_t n, size_t k) {
+        if (k <= kSmallK) {
+            // a descending run of the k largest so far; most values fail the first test
+            float top[kSmallK];
+            size_t m = 0;
+            for (size_t i = 0; i < n; ++i) {
+                const float x = v[i];
+                if (m == k && !(x > top[k - 1])) continue;
+                size_t j = m < k ? m++ : k - 1;
+                while (j > 0 && top[j - 1] < x) {
+                    top[j] = top[j - 1];
+                    --j;
+                }
+                top[j] = x;
+            }
+            return top[k - 1];
+        }
+        m_block_tmp.assign(v, v + n);
+        std::nth_element(m_block_tmp.begin(), m_block_tmp.begin() + (k - 1), m_block_tmp.end(),
+                         std::greater<float>());
+        return m_block_tmp[k - 1];
+    }
+
+    /// Largest non-NaN value of a[0..n) (-inf when there is none).
+    static float block_max(const float* a, size_t n) {
+#if defined(__SSE2__)
+        if (n == kScanBlock) {
+            // _mm_max_ps(x, m) returns m when x is NaN, so NaNs are skipped.
+            __m128 m = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+            for (size_t j = 0; j < kScanBlock; j += 4) m = _mm_max_ps(_mm_loadu_ps(a + j), m);
+            m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+            m = _mm_max_ps(m, _mm_shuffle_ps(m, m, 0x55));
+            return _mm_cvtss_f32(m);
+        }
+#endif
+        float m = -std::numeric_limits<float>::infinity();
+        for (size_t j = 0; j < n; ++j) m = a[j] > m ? a[j] : m;
+        return m;
+    }
+
+    /// Offers the documents of [lo, hi) whose score reaches thr (and, with
+    /// kSeen, that are marked in seen) to the heap; returns the heap's
+    /// threshold afterwards.
+    template <bool kSeen>
+    float select_range(const float* acc, const uint8_t* seen, size_t lo, size_t hi, float thr) {
+        for (size_t d = lo; d < hi; ++d) {
+            if (acc[d] >= thr && (!kSeen || seen[d]) && allowed(static_cast<uint32_t>(d)) &&
+                m_heap.push(acc[d], static_cast<uint32_t>(d))) {
+                thr = std::max(thr, m_heap.threshold());
+            }
+        }
+        return m_heap.threshold();
     }
 
     /// kImp: contributions from the precomputed impacts (no doc_norm reads);
@@ -1138,6 +1295,8 @@ class bm25_worker {
     uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
     float m_pass_thr = 0.0f;
     size_t m_pass_fe = 0;
+    std::vector<float> m_block_max;  // exhaustive_dense scratch
+    std::vector<float> m_block_tmp;
     const float* m_imp;  // precomputed impacts or null
     float m_norm_min;
     // "auto": exhaustive up to this many postings per query; with computed

@@ -514,3 +514,72 @@ def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) 
     if not _scatter(doc, tid, tf, offsets, out_doc, out_tf):
         raise ValueError("documents not in ascending order")
     return offsets, out_doc, out_tf
+
+
+@nb.njit(cache=True)
+def _query_term_weights(term_ids, counts, idf, slot):
+    nq = counts.shape[0]
+    m_max = term_ids.shape[0]
+    q_off = np.zeros(nq + 1, dtype=np.uint64)
+    q_terms = np.empty(m_max, dtype=np.uint32)
+    q_weights = np.empty(m_max, dtype=np.float32)
+    occ = np.empty(m_max, dtype=np.int64)
+    m = 0
+    p = 0
+    for q in range(nq):
+        start = m
+        for _ in range(counts[q]):
+            t = term_ids[p]
+            p += 1
+            if t < 0:
+                continue
+            j = slot[t]
+            if j >= 0:
+                occ[j] += 1
+            else:
+                slot[t] = m
+                q_terms[m] = t
+                occ[m] = 1
+                m += 1
+        for j in range(start, m):
+            t = q_terms[j]
+            slot[t] = -1
+            q_weights[j] = np.float32(np.float64(occ[j]) * np.float64(idf[t]))
+        q_off[q + 1] = m
+    return q_off, q_terms[:m], q_weights[:m]
+
+
+def query_term_weights(term_ids: np.ndarray, counts: np.ndarray, idf: np.ndarray,
+                       slot: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per query, its distinct terms (first-occurrence order) weighted by occurrences x idf.
+
+    The weight of a term is ``float32(float64(n) * float64(idf[t]))`` for a term occurring n times
+    in the query, the query-side factor of Lucene's BM25 with repeated query terms. One pass over
+    the token stream; ``slot`` maps a term to its position in the current query and is restored
+    to all -1 before returning.
+
+    Args:
+        term_ids: i64[m] term id of each token occurrence, queries one after another
+            (-1: not indexed, e.g. a stop word).
+        counts: i64[nq] tokens per query (sum = m).
+        idf: f32[n_terms] idf of each term.
+        slot: i64[n_terms] scratch, all -1 (left all -1).
+
+    Returns:
+        ``(q_offsets u64[nq+1], q_terms u32[k], q_weights f32[k])``: query j's terms are
+        ``q_terms[q_offsets[j]:q_offsets[j+1]]``.
+
+    Raises:
+        ValueError: ``counts`` does not sum to ``len(term_ids)``, ``slot`` and ``idf`` differ in
+            length, or a term id is >= ``len(idf)``.
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if len(counts) and (int(counts.min()) < 0 or int(counts.sum()) != len(term_ids)):
+        raise ValueError(f"counts must be >= 0 and sum to len(term_ids) = {len(term_ids)}")
+    if len(slot) != len(idf):
+        raise ValueError(f"slot has {len(slot)} entries, idf has {len(idf)}")
+    term_ids = np.asarray(term_ids, dtype=np.int64)
+    if len(term_ids) and int(term_ids.max()) >= len(idf):
+        raise ValueError(f"term id {int(term_ids.max())} out of range (len(idf) = {len(idf)})")
+    return _query_term_weights(term_ids, counts,
+                               np.asarray(idf, dtype=np.float32), slot)

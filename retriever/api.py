@@ -76,9 +76,10 @@ class Retriever:
         if isinstance(queries, str):
             raise QueryError("queries must be a list of strings, not one string (use search())")
         qs = list(queries)
-        for i, q in enumerate(qs):
-            if not isinstance(q, str):
-                raise QueryError(f"query #{i} is {type(q).__name__}, expected str")
+        if not all(map(str.__instancecheck__, qs)):
+            for i, q in enumerate(qs):
+                if not isinstance(q, str):
+                    raise QueryError(f"query #{i} is {type(q).__name__}, expected str")
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise QueryError(f"k must be an integer >= 1, got {k!r}")
         if depth is None:

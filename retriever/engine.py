@@ -161,8 +161,12 @@ class Engine:
         """
         names = self.legs_for(mode)
         nq = len(queries)
-        blank = np.array([not q.strip() for q in queries], dtype=bool)
-        live = [q for q, b in zip(queries, blank) if not b]
+        if all(map(str.strip, queries)):  # no blank query (the usual case): no per-query loop
+            blank = np.zeros(nq, dtype=bool)
+            live = queries if isinstance(queries, list) else list(queries)
+        else:
+            blank = np.array([not q.strip() for q in queries], dtype=bool)
+            live = [q for q, b in zip(queries, blank) if not b]
         timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
         leg_depth = k if len(names) == 1 else max(depth, k)
         per_leg: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

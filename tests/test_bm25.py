@@ -174,3 +174,50 @@ def test_query_terms_vectorised_equals_loop(bm25_index):
         np.testing.assert_array_equal(a, b)
     assert len(got[1]) > 0
 
+
+def test_query_terms_compiled_equals_loop_across_calls(bm25_index):
+    """The compiled path (scanner + token table kept across calls + compiled dedupe) gives the
+    per-query loop's arrays for texts with case folding, possessives, joiners, astral characters
+    (Python fallback inside the batch), repeats and unknown words, on a first call (table empty)
+    and on later calls that mix known and new tokens."""
+    import random
+
+    leg = Retriever.open(bm25_index).engine.legs["bm25"]
+    words = (" ".join(QUERIES)).split() + ["GENE", "Gene's", "heart’s", "U.S.", "3,5", "x😀y", "𠀀gene",
+                                           "the", "and", "zzzunknown", "straße", "ΣΊΣΥΦΟΣ", "", "  "]
+    rng = random.Random(7)
+    for call in range(4):
+        qs = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(40)]
+        assert leg._query_terms_compiled(qs) is not None
+        got = leg.query_terms(qs)
+        want = leg._query_terms_loop([leg.analyzer.tokenize(q) for q in qs])
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype
+            np.testing.assert_array_equal(a, b)
+    assert leg._table.n > 0 and (leg._slot == -1).all()
+
+
+def test_query_term_weights_against_counter():
+    """index.analyzer_kernels.query_term_weights against collections.Counter, and its input checks."""
+    from index.analyzer_kernels import query_term_weights
+
+    rng = np.random.default_rng(3)
+    idf = rng.random(50).astype(np.float32) * 5
+    counts = rng.integers(0, 20, 30)
+    ids = rng.integers(-1, 50, int(counts.sum()))
+    slot = np.full(50, -1, np.int64)
+    off, terms, weights = query_term_weights(ids, counts, idf, slot)
+    at = 0
+    for j, c in enumerate(counts.tolist()):
+        cnt = Counter(t for t in ids[at:at + c].tolist() if t >= 0)  # first-occurrence order
+        at += c
+        assert terms[off[j]:off[j + 1]].tolist() == list(cnt)
+        assert weights[off[j]:off[j + 1]].tolist() == [float(np.float32(n * float(idf[t]))) for t, n in cnt.items()]
+    assert (slot == -1).all() and off.dtype == np.uint64 and terms.dtype == np.uint32
+    with pytest.raises(ValueError, match="sum to"):
+        query_term_weights(ids, counts + 1, idf, slot)
+    with pytest.raises(ValueError, match="out of range"):
+        query_term_weights(np.array([50]), np.array([1]), idf, slot)
+    with pytest.raises(ValueError, match="slot has"):
+        query_term_weights(ids, counts, idf, slot[:10])
+

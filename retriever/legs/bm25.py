@@ -12,6 +12,7 @@ otherwise the exact length. avgdl is always the exact mean length.
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter, OrderedDict
 from typing import Sequence
 
@@ -102,6 +103,9 @@ class BM25Leg:
         self.idf = np.log1p((self.N - df + 0.5) / (df + 0.5)).astype(np.float32)
         self._idf_list: list[float] = self.idf.tolist()
         self._token_ids: dict[str, int] = {}
+        self._table = None  # compiled query path: token -> term id table, made on first use
+        self._slot: np.ndarray | None = None
+        self._table_lock = threading.Lock()
         self._dl = []
         for (s, a) in self.shards:
             dl = a["doc_len"].astype(np.int64)
@@ -148,9 +152,10 @@ class BM25Leg:
         """Analyse queries into a ragged batch.
 
         Tokens map to term ids through a cache (token → id, filled on first sight by the
-        analyzer's stop-word / stemming / vocabulary lookup); batches of
-        :attr:`VECTORISE_MIN` or more queries are then deduplicated and counted with numpy,
-        smaller ones in a plain loop (same output).
+        analyzer's stop-word / stemming / vocabulary lookup). Batches of :attr:`VECTORISE_MIN`
+        or more queries go through the compiled scanner, a token table kept across calls and a
+        compiled dedupe (:meth:`_query_terms_compiled`); smaller ones through a plain loop
+        (same output).
 
         Returns:
             ``(q_offsets u64[nq+1], q_terms u32[m], q_weights f32[m])``: unique known terms per
@@ -160,6 +165,9 @@ class BM25Leg:
         if len(queries) < self.VECTORISE_MIN:
             tokenize = self.analyzer.tokenize
             return self._query_terms_loop([tokenize(q) for q in queries])
+        got = self._query_terms_compiled(queries)
+        if got is not None:
+            return got
         nq = len(queries)
         # each distinct token of the batch is looked up once (compiled scanner for large batches)
         batch = self.analyzer.tokenize_batch(list(queries))
@@ -180,6 +188,76 @@ class BM25Leg:
         offsets = np.zeros(nq + 1, dtype=np.uint64)
         np.cumsum(np.bincount(qidx[at], minlength=nq), out=offsets[1:])
         return offsets, terms.astype(np.uint32), weights
+
+    def _query_terms_compiled(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`query_terms` through the compiled scanner and a token table kept across calls.
+
+        The table maps each token seen so far to its term id (-1: stop word, over-long or not
+        in the vocabulary), so a batch is scanned, looked up and deduplicated with no Python
+        work per token; only tokens never seen before go through the analyzer (stop words,
+        stemming) and the vocabulary. A text with a code point above U+FFFF is tokenised in
+        Python and its tokens looked up in the same table. Returns ``None`` when the batch
+        cannot be encoded as UTF-8 (lone surrogates); the caller then takes the Python path.
+        """
+        import pyarrow as pa
+
+        from index.analyzer import _IDEO
+        from index.analyzer_kernels import TokenTable, query_term_weights, scan_tokens
+
+        texts = queries if isinstance(queries, list) else list(queries)
+        n = len(texts)
+        try:
+            arr = pa.array(texts, type=pa.large_string())
+        except (pa.ArrowException, UnicodeError):  # lone surrogates
+            return None
+        bufs = arr.buffers()
+        offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
+        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+        lowercase = self.analyzer.config.lowercase
+        with self._table_lock:  # the table grows in place: one batch at a time
+            if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
+                self._table = TokenTable()
+                self._slot = np.full(len(self.idf), -1, dtype=np.int64)
+            table = self._table
+            vals: list[np.ndarray] = []
+            counts = np.zeros(n, dtype=np.int64)
+            start = 0
+            while start < n:
+                done, v, cnt, first_new = scan_tokens(data, offsets[start:], table, lowercase=lowercase,
+                                                      ideo_class=_IDEO, stop_on_astral=True)
+                vals.append(self._resolve(v, first_new))
+                counts[start:start + done] = cnt
+                start += done
+                if start == n:
+                    break
+                toks = self.analyzer.tokenize(texts[start])  # a text the scanner leaves to Python
+                if toks:
+                    tb = pa.array(toks, type=pa.large_string()).buffers()
+                    _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
+                                                     np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
+                                                     table, lowercase=False, ideo_class=_IDEO, verbatim=True)
+                    vals.append(self._resolve(v, first_new))
+                counts[start] = len(toks)
+                start += 1
+            ids = vals[0] if len(vals) == 1 else np.concatenate(vals)
+            return query_term_weights(ids, counts, self.idf, self._slot)
+
+    def _resolve(self, values: np.ndarray, first_new: int) -> np.ndarray:
+        """Give the token-table entries added since ``first_new`` their term ids and replace
+        their placeholders in ``values`` (caller holds the table lock)."""
+        table = self._table
+        if table.n > first_new:
+            new_tokens = table.tokens(first_new, table.n)
+            vocab = self.vocab
+            terms = self.analyzer.terms(new_tokens)
+            new_ids = np.asarray([-1 if t is None else vocab.get(t, -1) for t in terms], dtype=np.int64)
+            table.set_values(first_new, new_ids)
+            pending = values < -1
+            values[pending] = new_ids[-2 - values[pending]]
+        return values
+
+    #: the query token table is emptied when it holds this many distinct tokens.
+    TOKEN_TABLE_MAX = 2_000_000
 
     #: query batches at least this large are counted with numpy in :meth:`query_terms`.
     VECTORISE_MIN = 16
