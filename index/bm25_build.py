@@ -236,7 +236,9 @@ class PostingsBuilder:
             ``offsets`` u64[T+1] (T = vocabulary size now), ``doc_ids`` u32[nnz] (ascending per
             term), ``tfs`` u32[nnz], ``doc_len`` u32[n_docs] (terms after analysis).
         """
-        return self.flush_async().result()
+        fut = self.flush_async()
+        self._wait(0)  # a batch's own error first
+        return fut.result()
 
 
 class _Shard:
