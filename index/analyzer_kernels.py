@@ -15,11 +15,12 @@ batch of UTF-8 encoded texts without creating a Python object per token:
    ``.``, ``'``, ``’`` (followed by a word character) or ``,`` between two digits.
    ``\\w`` / ``\\d`` membership comes from a table built by running Python's own ``re`` over every
    BMP character, so the classes are Python's by construction.
-4. *dedupe*: each distinct token of the batch gets a local id (first-occurrence order) through an
-   open-addressing hash table (FNV-1a 64 over the token's UTF-8 bytes), so the caller stems and
-   looks up each distinct token once per batch.
+4. *dedupe*: each distinct token gets an entry number (first-occurrence order) in a persistent
+   open-addressing hash table (exact key for tokens of <= 7 bytes, else FNV-1a 64 of the UTF-8
+   bytes plus a byte comparison), so the caller stems and assigns each distinct token once.
 
-Then :func:`count_terms` turns local ids into per-document (term id, tf) pairs and document
+ASCII texts skip step 1's decoding (folded byte by byte). Every kernel runs without the GIL.
+Then :func:`count_terms` turns entries into per-document (term id, tf) pairs and document
 lengths, and :func:`csr_by_term` is the stable counting sort that turns a shard's pairs into CSR
 postings (doc ids ascending within each term). All functions are pure functions of arrays.
 """
