@@ -97,6 +97,25 @@ class Analyzer:
             return None
         return self._stem_one(token)
 
+    @property
+    def stop_words(self) -> frozenset[str]:
+        """The stop words in force (empty when ``config.stopwords`` is ``"none"``)."""
+        return self._stop
+
+    def stem_many(self, tokens: Sequence[str]) -> list[str]:
+        """Stems of ``tokens`` (all of them: no stop word or length filter), in one PyStemmer call
+        without caching; the tokens themselves when the analyzer has no stemmer.
+
+        Args:
+            tokens: m tokens as :meth:`tokenize` returns them.
+
+        Returns:
+            m stems, in order (Porter 1980 as implemented by Snowball / PyStemmer).
+        """
+        if self._batch_stemmer is None:
+            return list(tokens)
+        return self._batch_stemmer.stemWords(tokens)
+
     def terms(self, tokens: Sequence[str]) -> list[str | None]:
         """:meth:`term` of many tokens (stemmed in one PyStemmer call, without caching).
 

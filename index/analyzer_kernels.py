@@ -15,11 +15,12 @@ batch of UTF-8 encoded texts without creating a Python object per token:
    ``.``, ``'``, ``’`` (followed by a word character) or ``,`` between two digits.
    ``\\w`` / ``\\d`` membership comes from a table built by running Python's own ``re`` over every
    BMP character, so the classes are Python's by construction.
-4. *dedupe*: each distinct token of the batch gets a local id (first-occurrence order) through an
-   open-addressing hash table (FNV-1a 64 over the token's UTF-8 bytes), so the caller stems and
-   looks up each distinct token once per batch.
+4. *dedupe*: each distinct token gets an entry number (first-occurrence order) in a persistent
+   open-addressing hash table (exact key for tokens of <= 7 bytes, else FNV-1a 64 of the UTF-8
+   bytes plus a byte comparison), so the caller stems and assigns each distinct token once.
 
-Then :func:`count_terms` turns local ids into per-document (term id, tf) pairs and document
+ASCII texts skip step 1's decoding (folded byte by byte). Every kernel runs without the GIL.
+Then :func:`count_terms` turns entries into per-document (term id, tf) pairs and document
 lengths, and :func:`csr_by_term` is the stable counting sort that turns a shard's pairs into CSR
 postings (doc ids ascending within each term). All functions are pure functions of arrays.
 """
@@ -88,15 +89,19 @@ def _put_utf8(buf, n, cp):
 
 
 _KEY_LONG = np.int64(-72057594037927936)  # 0xFF << 56: keys of tokens longer than 7 bytes
-_MIX = np.int64(-7046029254386353131)  # 0x9E3779B97F4A7C15
+_KEY_SHORT = np.int64(-9223372036854775808)  # 0x80 << 56: keys of tokens of at most 7 bytes
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+_U29 = np.uint64(29)
+_U32 = np.uint64(32)
 
 
 @nb.njit(cache=True, inline="always")
 def _key(buf, start, m):
-    """Slot key of the token buf[start:start+m] (m >= 1): the bytes themselves and the length when
-    m <= 7 (exact), else 0xFF and 56 bits of its FNV-1a hash (the bytes are compared too)."""
+    """Slot key of the token buf[start:start+m] (m >= 0), never 0: the bytes themselves and
+    0x80 | length in the top byte when m <= 7 (exact), else 0xFF and 56 bits of its FNV-1a hash
+    (the bytes are compared too)."""
     if m <= 7:
-        k = np.int64(m) << 56
+        k = _KEY_SHORT | (np.int64(m) << 56)  # no signed overflow (undefined in LLVM)
         for j in range(m):
             k |= np.int64(buf[start + j]) << (8 * j)
         return k
@@ -108,38 +113,285 @@ def _key(buf, start, m):
 
 @nb.njit(cache=True, inline="always")
 def _slot_of(key, mask):
-    x = key * _MIX
-    x ^= x >> 29
+    x = np.uint64(key) * _MIX  # unsigned: wrapping arithmetic is defined
+    x ^= x >> _U29
     x *= _MIX
-    x ^= x >> 32
-    return x & mask
+    x ^= x >> _U32
+    return np.int64(x & np.uint64(mask))
 
 
-@nb.njit(cache=True)
-def _set_values(slots, e_off, blob, lo, hi, values):
-    """Write ``values[e - lo]`` as the value of entries ``lo..hi-1`` (in ``slots``)."""
+@nb.njit(cache=True, nogil=True)
+def _reserve(slots, e_off, blob, n_e, new_entries, new_bytes):
+    """Grow the table's arrays (doubling, rehashing ``slots``) so that ``new_entries`` more entries
+    of ``new_bytes`` more bytes (separators included) fit with the load factor <= 1/2."""
+    if n_e + new_entries + 2 > e_off.shape[0]:
+        no = np.zeros(max(2 * e_off.shape[0], n_e + new_entries + 2), dtype=np.int64)
+        no[:n_e + 1] = e_off[:n_e + 1]
+        e_off = no
+    o = e_off[n_e]
+    if o + new_bytes > blob.shape[0]:
+        nb_ = np.empty(max(2 * blob.shape[0], o + new_bytes), dtype=np.uint8)
+        nb_[:o] = blob[:o]
+        blob = nb_
+    cap = slots.shape[0] >> 1
+    if 2 * (n_e + new_entries) > cap:
+        while 2 * (n_e + new_entries) > cap:
+            cap *= 2
+        old = slots
+        slots = np.zeros(2 * cap, dtype=np.int64)
+        mask = cap - 1
+        for q in range(old.shape[0] >> 1):
+            k3 = old[2 * q]
+            if k3 != 0:
+                sl = _slot_of(k3, mask)
+                while slots[2 * sl] != 0:
+                    sl = (sl + 1) & mask
+                slots[2 * sl] = k3
+                slots[2 * sl + 1] = old[2 * q + 1]
+    return slots, e_off, blob
+
+
+@nb.njit(cache=True, inline="always")
+def _lookup(buf, s, m, slots, e_off, blob, n_e):
+    """Entry of the token ``buf[s:s+m]``; adds it as entry ``n_e`` when absent (the caller checks
+    ``result == n_e``). Capacity must have been reserved (:func:`_reserve`)."""
+    key = _key(buf, s, m)
     mask = (slots.shape[0] >> 1) - 1
-    for e in range(lo, hi):
-        o = e_off[e]
-        key = _key(blob, o, e_off[e + 1] - 1 - o)
-        slot = _slot_of(key, mask)
-        while True:
-            if slots[2 * slot] == key and (slots[2 * slot + 1] >> 32) == e:
-                slots[2 * slot + 1] = (np.int64(e) << 32) | (values[e - lo] & 0xFFFFFFFF)
+    slot = _slot_of(key, mask)
+    while True:
+        k2 = slots[2 * slot]
+        if k2 == 0:
+            break
+        if k2 == key:
+            e = slots[2 * slot + 1]
+            if m <= 7:
+                return e
+            o = e_off[e]
+            if e_off[e + 1] - 1 - o == m:
+                same = True
+                for j in range(m):
+                    if blob[o + j] != buf[s + j]:
+                        same = False
+                        break
+                if same:
+                    return e
+        slot = (slot + 1) & mask
+    o = e_off[n_e]
+    for j in range(m):
+        blob[o + j] = buf[s + j]
+    blob[o + m] = 0x0A
+    e_off[n_e + 1] = o + m + 1
+    slots[2 * slot] = key
+    slots[2 * slot + 1] = n_e
+    return n_e
+
+
+@nb.njit(cache=True, inline="always")
+def _strip_possessive(buf, n, flags):
+    r"""Remove ``(?<=\w)['’][sS]\b`` from ``buf[:n]`` in place, left to right, the lookbehind on the
+    unstripped text (as ``re.sub`` does); returns the new length."""
+    w = 0
+    i = 0
+    while i < n:
+        c = buf[i]
+        if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[buf[i - 1]] & 1) != 0 and i + 1 < n
+                and (buf[i + 1] == 0x73 or buf[i + 1] == 0x53)
+                and (i + 2 >= n or (flags[buf[i + 2]] & 1) == 0)):
+            i += 2
+            continue
+        buf[w] = c
+        w += 1
+        i += 1
+    return w
+
+
+@nb.njit(cache=True, inline="always")
+def _next_token(buf, n, i, flags):
+    """The next token of ``buf[:n]`` at or after ``i``: ``(start, end)``, or ``(-1, n)`` when there
+    is none. A token is an ideograph / Hiragana character alone, or a maximal chain of
+    non-ideographic word-character runs joined by ``.``, ``'``, ``’`` (followed by a word
+    character) or ``,`` between two digits."""
+    while i < n:
+        f = flags[buf[i]]
+        if (f & 4) != 0:
+            return i, i + 1
+        if (f & 1) != 0:
+            s = i
+            i += 1
+            while True:
+                while i < n and (flags[buf[i]] & 5) == 1:
+                    i += 1
+                if i + 1 < n and (flags[buf[i + 1]] & 5) == 1:
+                    c = buf[i]
+                    if c == 0x2E or c == 0x27 or c == 0x2019:
+                        i += 2
+                        continue
+                    if c == 0x2C and (flags[buf[i - 1]] & 2) != 0 and (flags[buf[i + 1]] & 2) != 0:
+                        i += 2
+                        continue
                 break
-            if slots[2 * slot] == 0:
-                raise ValueError("token table entry not found")
-            slot = (slot + 1) & mask
+            return s, i
+        i += 1
+    return -1, n
+
+
+@nb.njit(cache=True, nogil=True)
+def _fold_ascii(data, i0, n, lower, lb):
+    """``lb[:n]`` = ASCII fold of ``data[i0:i0+n]``; returns (all ASCII, has an apostrophe)."""
+    apos = False
+    for j in range(n):
+        b = data[i0 + j]
+        if b >= 0x80:
+            return False, apos
+        lb[j] = lower[b]
+        if b == 0x27:
+            apos = True
+    return True, apos
+
+
+@nb.njit(cache=True, nogil=True)
+def _tokens_bytes(lb, n, flags, slots, e_off, blob, n_e, tok_out, n_tok):
+    """Tokens of the ASCII text ``lb[:n]`` → entries appended to ``tok_out`` (capacity reserved);
+    returns (n_e, n_tok)."""
+    i = 0
+    while True:
+        s, i = _next_token(lb, n, i, flags)
+        if s < 0:
+            break
+        e = _lookup(lb, s, i - s, slots, e_off, blob, n_e)
+        if e == n_e:
+            n_e += 1
+        tok_out[n_tok] = e
+        n_tok += 1
+    return n_e, n_tok
+
+
+@nb.njit(cache=True, nogil=True)
+def _tokens_cps(cps, n, tokb, flags, slots, e_off, blob, n_e, tok_out, n_tok):
+    """Tokens of the code points ``cps[:n]`` (UTF-8 encoded into ``tokb``) → entries appended to
+    ``tok_out`` (capacity reserved); returns (n_e, n_tok)."""
+    i = 0
+    while True:
+        s, i = _next_token(cps, n, i, flags)
+        if s < 0:
+            break
+        m = 0
+        for j in range(s, i):
+            m = _put_utf8(tokb, m, cps[j])
+        e = _lookup(tokb, 0, m, slots, e_off, blob, n_e)
+        if e == n_e:
+            n_e += 1
+        tok_out[n_tok] = e
+        n_tok += 1
+    return n_e, n_tok
+
+
+@nb.njit(cache=True, nogil=True)
+def _scan(data, offsets, flags, fold_n, fold_cp, lower, lowercase, verbatim, stop_on_astral,
+          slots, e_off, blob, n_e, tok_out, doc_ntok):
+    """See :func:`scan_tokens`; returns (docs done, tokens written, slots, e_off, blob, n_e)."""
+    n_docs = offsets.shape[0] - 1
+    cps = np.empty(1024, dtype=np.int64)
+    lb = np.empty(1024, dtype=np.uint8)
+    tokb = np.empty(3 * 1024, dtype=np.uint8)
+    n_tok = 0
+    for d in range(n_docs):
+        i0 = offsets[d]
+        end = offsets[d + 1]
+        n = end - i0
+        first_tok = n_tok
+        if verbatim:  # the text is one token already
+            slots, e_off, blob = _reserve(slots, e_off, blob, n_e, 1, n + 1)
+            e = _lookup(data, i0, n, slots, e_off, blob, n_e)
+            if e == n_e:
+                n_e += 1
+            tok_out[n_tok] = e
+            n_tok += 1
+            doc_ntok[d] = 1
+            continue
+        if n > lb.shape[0]:
+            lb = np.empty(2 * n, dtype=np.uint8)
+        # ASCII fast path: fold byte by byte into lb, tokenise the bytes in place
+        ascii, apos = _fold_ascii(data, i0, n, lower, lb)
+        if ascii:
+            if apos:
+                n = _strip_possessive(lb, n, flags)
+            # <= (n + 1) // 2 tokens, each followed by a separator in the blob
+            slots, e_off, blob = _reserve(slots, e_off, blob, n_e, (n + 1) // 2, n + (n + 1) // 2 + 1)
+            n_e, n_tok = _tokens_bytes(lb, n, flags, slots, e_off, blob, n_e, tok_out, n_tok)
+            doc_ntok[d] = n_tok - first_tok
+            continue
+        # general path. 1. decode + fold
+        if 3 * n + 3 > cps.shape[0]:
+            cps = np.empty(2 * (3 * n + 3), dtype=np.int64)
+            tokb = np.empty(3 * cps.shape[0], dtype=np.uint8)
+        i = i0
+        n = 0
+        apos = False
+        bad = False
+        while i < end:
+            b = np.int64(data[i])
+            if b < 0x80:
+                cp = b
+                i += 1
+            elif b < 0xE0:
+                cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
+                i += 2
+            elif b < 0xF0:
+                cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
+                i += 3
+            else:  # above U+FFFF: not handled here
+                bad = True
+                break
+            if lowercase:
+                k = fold_n[cp]
+                for j in range(k):
+                    c2 = np.int64(fold_cp[3 * cp + j])
+                    cps[n] = c2
+                    n += 1
+                    if c2 == 0x27 or c2 == 0x2019:
+                        apos = True
+            else:
+                cps[n] = cp
+                n += 1
+                if cp == 0x27 or cp == 0x2019:
+                    apos = True
+        if bad:
+            if stop_on_astral:
+                return d, n_tok, slots, e_off, blob, n_e
+            doc_ntok[d] = -1
+            continue
+        # 2. possessive strip
+        if apos:
+            n = _strip_possessive(cps, n, flags)
+        # 3. tokenise; 4. token bytes -> entry (<= n tokens of <= 3 bytes per code point)
+        slots, e_off, blob = _reserve(slots, e_off, blob, n_e, n, 4 * n + 1)
+        n_e, n_tok = _tokens_cps(cps, n, tokb, flags, slots, e_off, blob, n_e, tok_out, n_tok)
+        doc_ntok[d] = n_tok - first_tok
+    return n_docs, n_tok, slots, e_off, blob, n_e
+
+
+@nb.njit(cache=True, nogil=True)
+def _char_lengths(e_off, blob, lo, hi):
+    """Code points of entries lo..hi-1 (UTF-8 bytes that are not continuation bytes)."""
+    out = np.zeros(hi - lo, dtype=np.int64)
+    for e in range(lo, hi):
+        c = 0
+        for p in range(e_off[e], e_off[e + 1] - 1):
+            if (blob[p] & 0xC0) != 0x80:
+                c += 1
+        out[e - lo] = c
+    return out
 
 
 class TokenTable:
-    """A token → value hash table kept in numpy arrays, so the kernels stay pure functions.
+    """A token → entry hash table kept in numpy arrays, so the kernels stay pure functions.
 
-    ``slots`` i64[2 * cap] (cap a power of two, load <= 1/2, linear probing): pairs
-    ``(key, entry << 32 | value as int32)``, key 0 = empty (see ``_key``); ``off`` i64[n+1] and
-    ``blob`` u8 (entry e's UTF-8 bytes are ``blob[off[e]:off[e+1]-1]``, each followed by
-    ``\n``); ``value`` i64[n] (the caller's value of each entry, e.g. a term id, in
-    [-2**31, 2**31)). Set values with :meth:`set_values`.
+    Entries are numbered 0, 1, ... in the order they were added. ``slots`` i64[2 * cap] (cap a
+    power of two, load <= 1/2, linear probing): pairs ``(key, entry)``, key 0 = empty (see
+    ``_key``); ``off`` i64 and ``blob`` u8 (entry e's UTF-8 bytes are ``blob[off[e]:off[e+1]-1]``,
+    each followed by ``\n``); ``value`` i64[>= n]: the caller's value of each entry (e.g. a term
+    id), set with :meth:`set_values`.
     """
 
     def __init__(self) -> None:
@@ -150,19 +402,20 @@ class TokenTable:
         self.n = 0
 
     def set_values(self, lo: int, values: np.ndarray) -> None:
-        """Set the values of entries ``lo .. lo + len(values) - 1`` (int64 in int32 range).
+        """Set the values of entries ``lo .. lo + len(values) - 1``.
 
         Raises:
-            ValueError: a value outside the int32 range or entries that do not exist.
+            ValueError: entries that do not exist.
         """
         values = np.asarray(values, dtype=np.int64)
         hi = lo + len(values)
         if lo < 0 or hi > self.n:
             raise ValueError(f"entries {lo}..{hi - 1} do not exist (table has {self.n})")
-        if len(values) and (values.min() < -2**31 or values.max() >= 2**31):
-            raise ValueError("values must be in the int32 range")
+        if hi > len(self.value):
+            grown = np.empty(max(2 * len(self.value), hi), dtype=np.int64)
+            grown[:lo] = self.value[:lo]
+            self.value = grown
         self.value[lo:hi] = values
-        _set_values(self.slots, self.off, self.blob, np.int64(lo), np.int64(hi), values)
 
     def tokens(self, lo: int, hi: int) -> list[str]:
         """Entries ``lo..hi-1`` as strings."""
@@ -170,191 +423,28 @@ class TokenTable:
             return []
         return self.blob[self.off[lo]:self.off[hi]].tobytes().decode("utf-8").split("\n")[:-1]
 
+    def char_lengths(self, lo: int, hi: int) -> np.ndarray:
+        """i64[hi-lo]: length in code points of entries ``lo..hi-1`` (``len`` of :meth:`tokens`)."""
+        return _char_lengths(self.off, self.blob, np.int64(lo), np.int64(max(hi, lo)))
 
-@nb.njit(cache=True)
-def _scan(data, offsets, flags, fold_n, fold_cp, lowercase, verbatim, stop_on_astral,
-          slots, e_off, blob, e_val, n_e, tok_out, doc_ntok):
-    """See :func:`scan_tokens`; returns (docs done, tokens written, arrays, n_e)."""
-    n_docs = offsets.shape[0] - 1
-    n_e0 = n_e
-    cps = np.empty(1024, dtype=np.int64)
-    tokb = np.empty(3 * 1024, dtype=np.uint8)
-    n_tok = 0
-    for d in range(n_docs):
-        i = offsets[d]
-        end = offsets[d + 1]
-        if 3 * (end - i) + 3 > cps.shape[0]:
-            cps = np.empty(2 * (3 * (end - i) + 3), dtype=np.int64)
-            tokb = np.empty(3 * cps.shape[0], dtype=np.uint8)
-        n = 0
-        first_tok = n_tok
-        if verbatim:  # the text is one token already
-            s_v = 0
-            e_v = 0
-        else:
-            # 1. decode + fold
-            apos = False
-            bad = False
-            while i < end:
-                b = np.int64(data[i])
-                if b < 0x80:
-                    cp = b
-                    i += 1
-                elif b < 0xE0:
-                    cp = ((b & 0x1F) << 6) | (np.int64(data[i + 1]) & 0x3F)
-                    i += 2
-                elif b < 0xF0:
-                    cp = ((b & 0x0F) << 12) | ((np.int64(data[i + 1]) & 0x3F) << 6) | (np.int64(data[i + 2]) & 0x3F)
-                    i += 3
-                else:  # above U+FFFF: not handled here
-                    bad = True
-                    break
-                if lowercase:
-                    k = fold_n[cp]
-                    for j in range(k):
-                        c2 = np.int64(fold_cp[3 * cp + j])
-                        cps[n] = c2
-                        n += 1
-                        if c2 == 0x27 or c2 == 0x2019:
-                            apos = True
-                else:
-                    cps[n] = cp
-                    n += 1
-                    if cp == 0x27 or cp == 0x2019:
-                        apos = True
-            if bad:
-                if stop_on_astral:
-                    return d, n_tok, slots, e_off, blob, e_val, n_e
-                doc_ntok[d] = -1
-                continue
-            # 2. possessive strip: (?<=\w)['’][sS]\b, lookbehind on the unstripped text
-            if apos:
-                w = 0
-                i = 0
-                while i < n:
-                    c = cps[i]
-                    if ((c == 0x27 or c == 0x2019) and i > 0 and (flags[cps[i - 1]] & 1) != 0 and i + 1 < n
-                            and (cps[i + 1] == 0x73 or cps[i + 1] == 0x53)
-                            and (i + 2 >= n or (flags[cps[i + 2]] & 1) == 0)):
-                        i += 2
-                        continue
-                    cps[w] = c
-                    w += 1
-                    i += 1
-                n = w
-        # 3. tokenise
-        i = 0
-        while True:
-            if verbatim:
-                if i > 0:
-                    break
-                i = 1
-                m = end - offsets[d]
-                for j in range(m):
-                    tokb[j] = data[offsets[d] + j]
-            else:
-                if i >= n:
-                    break
-                f = flags[cps[i]]
-                if (f & 4) != 0:
-                    s = i
-                    i += 1
-                elif (f & 1) != 0:
-                    s = i
-                    i += 1
-                    while True:
-                        while i < n and (flags[cps[i]] & 5) == 1:
-                            i += 1
-                        if i + 1 < n and (flags[cps[i + 1]] & 5) == 1:
-                            c = cps[i]
-                            if c == 0x2E or c == 0x27 or c == 0x2019:
-                                i += 2
-                                continue
-                            if c == 0x2C and (flags[cps[i - 1]] & 2) != 0 and (flags[cps[i + 1]] & 2) != 0:
-                                i += 2
-                                continue
-                        break
-                else:
-                    i += 1
-                    continue
-                m = 0
-                for j in range(s, i):
-                    m = _put_utf8(tokb, m, cps[j])
-            # 4. token bytes tokb[:m] -> entry of the table
-            key = _key(tokb, 0, m)
-            mask = (slots.shape[0] >> 1) - 1
-            slot = _slot_of(key, mask)
-            val = np.int64(0)
-            found = False
-            while True:
-                k2 = slots[2 * slot]
-                if k2 == 0:
-                    break
-                if k2 == key:
-                    val = slots[2 * slot + 1]
-                    if m <= 7:
-                        found = True
-                        break
-                    e = val >> 32
-                    o = e_off[e]
-                    if e_off[e + 1] - 1 - o == m:
-                        same = True
-                        for j in range(m):
-                            if blob[o + j] != tokb[j]:
-                                same = False
-                                break
-                        if same:
-                            found = True
-                            break
-                slot = (slot + 1) & mask
-            if found:
-                lv = val & 0xFFFFFFFF
-                value = lv - 0x100000000 if lv >= 0x80000000 else lv
-            else:  # new entry, value pending: -(2 + its index among this call's new entries)
-                if n_e + 2 > e_off.shape[0] or n_e + 1 > e_val.shape[0]:
-                    no = np.zeros(2 * n_e + 2, dtype=np.int64)
-                    no[:n_e + 1] = e_off[:n_e + 1]
-                    e_off = no
-                    nv = np.empty(2 * n_e + 2, dtype=np.int64)
-                    nv[:n_e] = e_val[:n_e]
-                    e_val = nv
-                o = e_off[n_e]
-                if o + m + 1 > blob.shape[0]:
-                    nb_ = np.empty(2 * blob.shape[0] + m + 1, dtype=np.uint8)
-                    nb_[:o] = blob[:o]
-                    blob = nb_
-                for j in range(m):
-                    blob[o + j] = tokb[j]
-                blob[o + m] = 0x0A
-                e_off[n_e + 1] = o + m + 1
-                value = -2 - (n_e - n_e0)
-                e_val[n_e] = value
-                slots[2 * slot] = key
-                slots[2 * slot + 1] = (n_e << 32) | (value & 0xFFFFFFFF)
-                n_e += 1
-                if 4 * n_e > slots.shape[0]:  # load > 1/2: grow and rehash
-                    old = slots
-                    slots = np.zeros(2 * old.shape[0], dtype=np.int64)
-                    mask = (slots.shape[0] >> 1) - 1
-                    for q in range(old.shape[0] >> 1):
-                        k3 = old[2 * q]
-                        if k3 != 0:
-                            sl = _slot_of(k3, mask)
-                            while slots[2 * sl] != 0:
-                                sl = (sl + 1) & mask
-                            slots[2 * sl] = k3
-                            slots[2 * sl + 1] = old[2 * q + 1]
-            if n_tok >= tok_out.shape[0]:
-                raise ValueError("token output buffer too small")
-            tok_out[n_tok] = value
-            n_tok += 1
-        doc_ntok[d] = n_tok - first_tok
-    return n_docs, n_tok, slots, e_off, blob, e_val, n_e
+
+@lru_cache(maxsize=4)
+def _ascii_fold(ideo_class: str, lowercase: bool) -> np.ndarray:
+    """u8[128]: each ASCII byte's ``str.casefold`` (itself when not ``lowercase``)."""
+    _, fold_n, fold_cp = char_tables(ideo_class)
+    if not lowercase:
+        return np.arange(128, dtype=np.uint8)
+    if not (fold_n[:128] == 1).all() or (fold_cp[0:384:3] >= 128).any():  # never true
+        raise ValueError("casefold of an ASCII character is not one ASCII character")
+    return fold_cp[0:384:3].astype(np.uint8)
 
 
 def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, lowercase: bool, ideo_class: str,
                 verbatim: bool = False, stop_on_astral: bool = False) -> tuple[int, np.ndarray, np.ndarray, int]:
     """Tokenise UTF-8 texts and look every token up in ``table``, adding the new ones.
+
+    Runs without the GIL (numba ``nogil``), so another thread can run Python meanwhile; ``table``
+    must not be used by another thread during the call.
 
     Args:
         data: u8[total] UTF-8 bytes of all texts (valid UTF-8, e.g. an Arrow string buffer).
@@ -367,11 +457,10 @@ def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, low
             such a text is skipped and its count is -1).
 
     Returns:
-        ``(done, values i64[m], counts i64[done], first_new)``: texts ``0..done-1`` were
-        scanned; ``values`` holds, per token occurrence in order, the table value of its entry,
-        or ``-2 - j`` for the j-th entry this call added (entries ``first_new..table.n-1``, in
-        first-occurrence order; their ``table.value`` is the same placeholder until the caller
-        sets it); ``counts`` the number of tokens per text.
+        ``(done, entries i32[m], counts i64[done], first_new)``: texts ``0..done-1`` were
+        scanned; ``entries`` holds, per token occurrence in order, the table entry of the token;
+        the entries this call added are ``first_new..table.n-1``, in first-occurrence order;
+        ``counts`` the number of tokens per text.
 
     Raises:
         ValueError: ``offsets`` is not non-decreasing within ``data``.
@@ -382,12 +471,16 @@ def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, low
     n = len(offsets) - 1
     # a token takes >= 1 byte and two word tokens are >= 1 byte apart; an ideograph is 3 bytes
     bound = (int(offsets[n] - offsets[0]) + 1) // 2 + n + 1
-    tok_out = np.empty(bound, dtype=np.int64)
+    tok_out = np.empty(bound, dtype=np.int32)
     counts = np.zeros(n, dtype=np.int64)
     first_new = table.n
-    done, n_tok, table.slots, table.off, table.blob, table.value, table.n = _scan(
-        data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp, bool(lowercase), bool(verbatim),
-        bool(stop_on_astral), table.slots, table.off, table.blob, table.value, np.int64(table.n), tok_out, counts)
+    done, n_tok, table.slots, table.off, table.blob, n_e = _scan(
+        data, offsets.astype(np.int64, copy=False), flags, fold_n, fold_cp, _ascii_fold(ideo_class, bool(lowercase)),
+        bool(lowercase), bool(verbatim), bool(stop_on_astral), table.slots, table.off, table.blob,
+        np.int64(table.n), tok_out, counts)
+    table.n = int(n_e)
+    if table.n >= 2**31:
+        raise ValueError(f"token table has {table.n} entries, more than int32 entry ids allow")
     return int(done), tok_out[:n_tok], counts[:done], first_new
 
 
@@ -411,11 +504,11 @@ def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
         ValueError: ``offsets`` is not non-decreasing from 0 or does not fit ``data``.
     """
     table = TokenTable()
-    _, vals, counts, _ = scan_tokens(data, offsets, table, lowercase=lowercase, ideo_class=ideo_class)
-    return (-2 - vals).astype(np.int32), counts, table.tokens(0, table.n)
+    _, entries, counts, _ = scan_tokens(data, offsets, table, lowercase=lowercase, ideo_class=ideo_class)
+    return entries, counts, table.tokens(0, table.n)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
     n_docs = counts.shape[0]
     last = np.full(max(n_terms, 1), -1, dtype=np.int64)
@@ -475,7 +568,7 @@ def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | No
                         identity)
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _scatter(doc, tid, tf, offsets, out_doc, out_tf):
     cur = offsets[:-1].astype(np.int64)
     for i in range(doc.shape[0]):

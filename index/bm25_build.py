@@ -8,7 +8,9 @@ a shard's ``offsets`` cover the terms known when it was written.
 
 from __future__ import annotations
 
-from itertools import repeat
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import compress
 from typing import Sequence
 
 import numpy as np
@@ -20,52 +22,141 @@ from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens
 class PostingsBuilder:
     """Accumulates analysed documents of the current shard and emits its CSR postings.
 
+    Two hash tables of :mod:`index.analyzer_kernels` hold the state: ``_tokens`` maps every token
+    seen so far to an entry whose value is its term id (-1: not indexed: a stop word, entered
+    up front, or an over-long token), and ``_terms`` maps every term to its term id (its entry
+    number: terms are entered in order of first occurrence).
+
+    With ``background=True`` (the default) each batch is analysed on a worker thread, in order,
+    while the caller prepares the next one: the scanning and counting kernels run without the GIL,
+    so reading and validating records overlaps with analysis on a second core. Results are the
+    same as with ``background=False``; an error raised by a batch is raised again by the next
+    :meth:`add`, :meth:`flush` or :meth:`close`.
+
     Args:
         analyzer: the index's analyzer.
+        background: analyse on a worker thread.
     """
 
-    def __init__(self, analyzer: Analyzer) -> None:
+    def __init__(self, analyzer: Analyzer, *, background: bool = True) -> None:
         self.analyzer = analyzer
-        self.vocab: dict[str, int] = {}
-        self.terms: list[str] = []
-        self._table = TokenTable()  # token -> term id (-1: not indexed), every token seen so far
-        self._docs: list[np.ndarray] = []
-        self._term_ids: list[np.ndarray] = []
-        self._tfs: list[np.ndarray] = []
-        self._lens: list[np.ndarray] = []
-        self._n = 0
-        self.sum_dl = 0
+        self._tokens = TokenTable()  # token -> entry; value: term id (-1: not indexed)
+        self._terms = TokenTable()  # term -> term id (entry number)
+        stop = sorted(analyzer.stop_words)
+        if stop:
+            data, offsets = _utf8(stop)
+            scan_tokens(data, offsets, self._tokens, lowercase=False, ideo_class=_IDEO, verbatim=True)
+            self._tokens.set_values(0, np.full(self._tokens.n, -1, dtype=np.int64))
+        self._n_resolved = self._tokens.n  # entries 0.._n_resolved-1 have their term ids
+        self._terms_cache: list[str] = []
+        self._shard = _Shard()
+        self._n = 0  # documents of the current shard handed to add()
+        self._sum_dl = 0
+        self._error: BaseException | None = None  # the first error of a batch
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="postings") if background else None
+        self._pending: deque[Future] = deque()
+
+    # ---------------------------------------------------------------- results (wait for the worker)
+
+    @property
+    def terms(self) -> list[str]:
+        """The vocabulary so far: term id i is ``terms[i]``."""
+        self._wait(0)
+        t = self._terms
+        if len(self._terms_cache) < t.n:
+            self._terms_cache.extend(t.tokens(len(self._terms_cache), t.n))
+        return self._terms_cache
+
+    @property
+    def vocab(self) -> dict[str, int]:
+        """term → term id (built on each access)."""
+        return {t: i for i, t in enumerate(self.terms)}
+
+    @property
+    def sum_dl(self) -> int:
+        """Total document length (terms after analysis) of every document added so far."""
+        self._wait(0)
+        return self._sum_dl
+
+    def _wait(self, keep: int) -> None:
+        """Wait until at most ``keep`` batches are in flight; re-raise a batch's error."""
+        while len(self._pending) > keep:
+            self._pending.popleft().result()
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Wait for the batches in flight and stop the worker thread (a no-op when closed already).
+
+        Args:
+            raise_errors: re-raise a batch's error (False: drop it, e.g. while another error
+                is being raised).
+        """
+        try:
+            while self._pending:
+                fut = self._pending.popleft()
+                if raise_errors:
+                    fut.result()
+                else:
+                    fut.exception()
+        finally:
+            self._pending.clear()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
+
+    # ------------------------------------------------------------------------------------- input
 
     def add(self, texts: Sequence[str]) -> None:
         """Analyse and add a batch of documents (in shard order).
 
-        Tokens are scanned and looked up in a token table by :func:`index.analyzer_kernels.scan_tokens`
+        Tokens are scanned and looked up in the token table by :func:`index.analyzer_kernels.scan_tokens`
         (the same token streams as :meth:`Analyzer.tokenize`); tokens never seen before are
         resolved to terms (stop words, length limit, stemming) in first-occurrence order, so term
         ids are those of analysing the documents one by one. A text the scanner does not handle
         (a code point above U+FFFF) is tokenised in Python, in its place in the order.
+
+        Raises:
+            whatever an earlier batch raised on the worker thread.
         """
+        texts = texts if isinstance(texts, list) else list(texts)
+        first_doc = self._n
+        self._n += len(texts)
+        if self._pool is None:
+            self._add(texts, first_doc, self._shard)
+            return
+        self._wait(1)  # at most two batches in flight
+        self._pending.append(self._pool.submit(self._add, texts, first_doc, self._shard))
+
+    def _add(self, texts: list[str], first_doc: int, shard: "_Shard") -> None:
+        if self._error is not None:  # an earlier batch failed: the state is incomplete
+            raise RuntimeError("an earlier batch failed") from self._error
+        try:
+            self._add_batch(texts, first_doc, shard)
+        except BaseException as e:
+            self._error = e
+            raise
+
+    def _add_batch(self, texts: list[str], first_doc: int, shard: "_Shard") -> None:
         import pyarrow as pa
 
-        texts = texts if isinstance(texts, list) else list(texts)
         n = len(texts)
         cfg = self.analyzer.config
         try:
             arr = pa.array(texts, type=pa.large_string())
         except (pa.ArrowException, UnicodeError):  # lone surrogates: whole batch in Python
             arr = None
-        vals: list[np.ndarray] = []
+        entries: list[np.ndarray] = []
         counts = np.zeros(n, dtype=np.int64)
         start = 0
         if arr is not None:
             bufs = arr.buffers()
             offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
             data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+        table = self._tokens
         while start < n:
             if arr is not None:
-                done, v, cnt, first_new = scan_tokens(data, offsets[start:], self._table, lowercase=cfg.lowercase,
+                done, e, cnt, first_new = scan_tokens(data, offsets[start:], table, lowercase=cfg.lowercase,
                                                       ideo_class=_IDEO, stop_on_astral=True)
-                vals.append(self._resolve(v, first_new))
+                entries.append(e)
                 counts[start:start + done] = cnt
                 start += done
                 if start == n:
@@ -73,40 +164,70 @@ class PostingsBuilder:
             # text `start` in Python, its tokens looked up as whole tokens
             toks = self.analyzer.tokenize(texts[start])
             if toks:
-                tarr = pa.array(toks, type=pa.large_string())
-                tb = tarr.buffers()
-                _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
-                                                 np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
-                                                 self._table, lowercase=False, ideo_class=_IDEO, verbatim=True)
-                vals.append(self._resolve(v, first_new))
+                tdata, toffsets = _utf8(toks)
+                _, e, _, _ = scan_tokens(tdata, toffsets, table, lowercase=False, ideo_class=_IDEO, verbatim=True)
+                entries.append(e)
             counts[start] = len(toks)
             start += 1
-        tids = np.concatenate(vals) if vals else np.zeros(0, dtype=np.int64)
-        doc, tid, tf, lens = count_terms(tids, counts, None, len(self.terms), self._n)
-        self._docs.append(doc)
-        self._term_ids.append(tid)
-        self._tfs.append(tf)
-        self._lens.append(lens)
-        self._n += n
-        self.sum_dl += int(lens.sum(dtype=np.int64))
+        self._resolve()
+        ent = np.concatenate(entries) if len(entries) != 1 else entries[0]
+        n_terms = self._terms.n
+        doc, tid, tf, lens = count_terms(ent, counts, table.value[:table.n], n_terms, first_doc)
+        shard.docs.append(doc)
+        shard.term_ids.append(tid)
+        shard.tfs.append(tf)
+        shard.lens.append(lens)
+        self._sum_dl += int(lens.sum(dtype=np.int64))
 
-    def _resolve(self, values: np.ndarray, first_new: int) -> np.ndarray:
-        """Give the table entries added since ``first_new`` their term ids (in order) and replace
-        their placeholders in ``values``."""
-        table = self._table
-        if table.n > first_new:
-            new_tokens = table.tokens(first_new, table.n)
-            vocab = self.vocab
-            new_terms = self.analyzer.terms(new_tokens)  # None: not indexed
-            fresh = [t for t in dict.fromkeys(new_terms) if t is not None and t not in vocab]
-            vocab.update(zip(fresh, range(len(self.terms), len(self.terms) + len(fresh))))
-            self.terms.extend(fresh)
-            ids = list(map(vocab.get, new_terms, repeat(-1, len(new_terms))))
-            new_ids = np.asarray(ids, dtype=np.int64)
-            table.set_values(first_new, new_ids)
-            pending = values < -1
-            values[pending] = new_ids[-2 - values[pending]]
-        return values
+    def _resolve(self) -> None:
+        """Give the token entries that have no value yet their term ids, in entry order: a new
+        term gets the next term id."""
+        table = self._tokens
+        lo = self._n_resolved
+        hi = table.n
+        if hi <= lo:
+            return
+        toks = table.tokens(lo, hi)
+        keep = table.char_lengths(lo, hi) <= self.analyzer.config.max_token_length
+        kept = toks if keep.all() else list(compress(toks, keep.tolist()))
+        stems = self.analyzer.stem_many(kept)
+        ids = np.full(hi - lo, -1, dtype=np.int64)
+        if stems:
+            data, offsets = _utf8(stems)
+            _, tids, _, _ = scan_tokens(data, offsets, self._terms, lowercase=False, ideo_class=_IDEO, verbatim=True)
+            ids[keep] = tids
+        table.set_values(lo, ids)
+        self._n_resolved = hi
+
+    # ------------------------------------------------------------------------------------ output
+
+    def flush_async(self) -> Future:
+        """:meth:`flush` computed on the worker thread (the counting sort runs without the GIL);
+        the returned future's ``result()`` is the shard's arrays. The builder is ready for the next
+        shard at once."""
+        shard = self._shard
+        self._shard = _Shard()
+        self._n = 0
+
+        def job() -> dict[str, np.ndarray]:
+            if self._error is not None:
+                raise RuntimeError("a batch of this shard failed") from self._error
+            n_terms = self._terms.n
+            doc = np.concatenate(shard.docs) if shard.docs else np.zeros(0, np.uint32)
+            tid = np.concatenate(shard.term_ids) if shard.term_ids else np.zeros(0, np.uint32)
+            tf = np.concatenate(shard.tfs) if shard.tfs else np.zeros(0, np.uint32)
+            dl = np.concatenate(shard.lens) if shard.lens else np.zeros(0, np.uint32)
+            offsets, doc_ids, tf_sorted = csr_by_term(doc, tid, tf, n_terms)
+            return {"offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": dl}
+
+        if self._pool is None:
+            fut: Future = Future()
+            fut.set_result(job())
+            return fut
+        # ``shard`` is still being filled by the batches in flight, which run before this job
+        fut = self._pool.submit(job)
+        self._pending.append(fut)
+        return fut
 
     def flush(self) -> dict[str, np.ndarray]:
         """Return the current shard's arrays and reset for the next shard.
@@ -115,13 +236,27 @@ class PostingsBuilder:
             ``offsets`` u64[T+1] (T = vocabulary size now), ``doc_ids`` u32[nnz] (ascending per
             term), ``tfs`` u32[nnz], ``doc_len`` u32[n_docs] (terms after analysis).
         """
-        n_terms = len(self.terms)
-        doc = np.concatenate(self._docs) if self._docs else np.zeros(0, np.uint32)
-        tid = np.concatenate(self._term_ids) if self._term_ids else np.zeros(0, np.uint32)
-        tfs = np.concatenate(self._tfs) if self._tfs else np.zeros(0, np.uint32)
-        lens = np.concatenate(self._lens) if self._lens else np.zeros(0, np.uint32)
-        offsets, doc_ids, tf_sorted = csr_by_term(doc, tid, tfs, n_terms)
-        out = {"offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": lens}
-        self._docs, self._term_ids, self._tfs, self._lens = [], [], [], []
-        self._n = 0
-        return out
+        fut = self.flush_async()
+        self._wait(0)  # a batch's own error first
+        return fut.result()
+
+
+class _Shard:
+    """Per-batch outputs of one shard: (doc, term, tf) triples and document lengths."""
+
+    def __init__(self) -> None:
+        self.docs: list[np.ndarray] = []
+        self.term_ids: list[np.ndarray] = []
+        self.tfs: list[np.ndarray] = []
+        self.lens: list[np.ndarray] = []
+
+
+def _utf8(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """UTF-8 bytes u8[total] and byte offsets i64[n+1] of ``texts`` (an Arrow string buffer), for
+    :func:`scan_tokens`."""
+    import pyarrow as pa
+
+    arr = pa.array(texts, type=pa.large_string())
+    bufs = arr.buffers()
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+    return data, np.frombuffer(bufs[1], dtype=np.int64, count=len(texts) + 1)

@@ -265,10 +265,16 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 extra["matryoshka"] = mat.finish(writer)
                 dense_dtype = mat.dtype
                 stats["dense_dtype"] = dense_dtype
+            if postings is not None:
+                postings.close()
             stats["build_seconds"] = round(time.perf_counter() - t0, 3)
             cfg = config.to_dict()
             cfg["dense"]["dtype"] = dense_dtype
             return writer.commit(build_config=cfg, stats=stats, extra=extra)
+        except BaseException:
+            if postings is not None:  # stop the analysis thread; the error being raised wins
+                postings.close(raise_errors=False)
+            raise
         finally:
             if progress is not None:
                 progress.close()
@@ -285,8 +291,9 @@ def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder
 
         faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
         crash_point("faiss")
-    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"],
-                               metadata=docs["metadata"], bm25=postings.flush() if postings is not None else None,
+    # the postings' counting sort runs on the analysis thread while the docs table is written
+    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"], metadata=docs["metadata"],
+                               bm25=postings.flush_async().result if postings is not None else None,
                                dense=vectors, dense_index=faiss_bytes)
     if sparse_builder is not None:  # writes into the shard's directory, adds manifest fields
         entry.update(sparse_builder.flush(writer, entry["dir"]) or {})

@@ -17,7 +17,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pyarrow as pa
@@ -139,13 +139,15 @@ class IndexWriter:
         self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
     def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str], metadata: list[str],
-                    bm25: dict[str, np.ndarray] | None = None, dense: np.ndarray | None = None,
+                    bm25: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None, dense: np.ndarray | None = None,
                     dense_index: bytes | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write one immutable shard.
 
         Args:
             ids, titles, texts, metadata: n documents' columns (metadata as JSON strings).
-            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n].
+            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n];
+                or a function returning them, called after the docs table is written (so the
+                caller can compute the postings meanwhile, e.g. on another thread).
             dense: (n, dim) float16 or float32 vectors.
             dense_index: serialised FAISS index bytes (``faiss.serialize_index``), if any.
             extra: more fields for the shard's manifest entry.
@@ -163,6 +165,8 @@ class IndexWriter:
         self._record(sdir / "docs.arrow")
         crash_point("shard_docs")
         entry: dict[str, Any] = {"dir": sdir.relative_to(self.tmp).as_posix(), "rows": n}
+        if callable(bm25):
+            bm25 = bm25()
         if bm25 is not None:
             write_arrays(sdir / "bm25.arrow", bm25)
             self._record(sdir / "bm25.arrow")

@@ -122,3 +122,39 @@ def test_csr_by_term_matches_lexsort_and_checks():
         csr_by_term(doc, tid, tf, 10)
     with pytest.raises(ValueError, match="lengths differ"):
         csr_by_term(doc, tid[:-1], tf, 32)
+
+
+def test_background_thread_equals_inline_over_shards():
+    """Batches analysed on the worker thread, shards flushed while later batches queue: the same
+    arrays and vocabulary as analysing inline."""
+    rng = np.random.default_rng(11)
+    words = [f"w{i}" for i in range(3000)] + ["The", "cat's", "running", "x" * 300, "ﬁne", "中"]
+    texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 40)))) for _ in range(900)]
+    texts[7] = "astral 😀 w1 then running"
+    outs = {}
+    for background in (False, True):
+        pb = PostingsBuilder(Analyzer(), background=background)
+        shards = []
+        for i in range(0, len(texts), 100):
+            pb.add(texts[i:i + 100])
+            if i % 300 == 200:
+                shards.append(pb.flush_async())
+        shards.append(pb.flush_async())
+        outs[background] = ([{k: v.tolist() for k, v in f.result().items()} for f in shards], list(pb.terms),
+                            pb.sum_dl)
+        pb.close()
+    assert outs[True] == outs[False]
+    terms, _, lens = _reference_postings(texts)
+    assert outs[True][1] == terms and outs[True][2] == sum(lens)
+
+
+def test_background_error_is_raised_later():
+    pb = PostingsBuilder(Analyzer(), background=True)
+    pb.add(["fine text"])
+    pb.add(["ok", 5])  # not a string: fails on the worker thread
+    with pytest.raises(AttributeError):
+        pb.flush()
+    with pytest.raises(RuntimeError, match="failed"):
+        pb.add(["more"])
+        pb.close()
+    pb.close()
