@@ -242,9 +242,10 @@ class BM25Leg:
             ids = vals[0] if len(vals) == 1 else np.concatenate(vals)
             return query_term_weights(ids, counts, self.idf, self._slot)
 
-    def _resolve(self, values: np.ndarray, first_new: int) -> np.ndarray:
-        """Give the token-table entries added since ``first_new`` their term ids and replace
-        their placeholders in ``values`` (caller holds the table lock)."""
+    def _resolve(self, entries: np.ndarray, first_new: int) -> np.ndarray:
+        """Term ids (i64, -1 = no term) of token-table ``entries`` (i32, from ``scan_tokens``),
+        after giving the entries added since ``first_new`` their term ids (caller holds the
+        table lock)."""
         table = self._table
         if table.n > first_new:
             new_tokens = table.tokens(first_new, table.n)
@@ -252,9 +253,7 @@ class BM25Leg:
             terms = self.analyzer.terms(new_tokens)
             new_ids = np.asarray([-1 if t is None else vocab.get(t, -1) for t in terms], dtype=np.int64)
             table.set_values(first_new, new_ids)
-            pending = values < -1
-            values[pending] = new_ids[-2 - values[pending]]
-        return values
+        return table.value[entries]
 
     #: the query token table is emptied when it holds this many distinct tokens.
     TOKEN_TABLE_MAX = 2_000_000
