@@ -67,6 +67,9 @@ struct dense_accumulator {
     std::vector<float> acc;
     std::vector<uint8_t> seen;
     std::vector<uint32_t> touched;
+    /// Prefix [0, dense_dirty) of acc / seen that a dense scan may have written
+    /// and not yet cleared (non-zero only while one runs, or after it threw).
+    size_t dense_dirty = 0;
 
     void ensure(size_t n) {
         if (acc.size() < n) {
@@ -75,6 +78,11 @@ struct dense_accumulator {
         }
     }
     void clear_touched() {
+        if (dense_dirty) {  // a dense scan was interrupted (e.g. a bad doc id threw)
+            std::memset(acc.data(), 0, dense_dirty * sizeof(float));
+            std::memset(seen.data(), 0, dense_dirty);
+            dense_dirty = 0;
+        }
         float* a = acc.data();  // locals: the uint8 stores would force reloads
         uint8_t* s = seen.data();
         for (uint32_t d : touched) {
@@ -408,6 +416,7 @@ class bm25_worker {
         dense_accumulator& A = m_acc.get();
         const size_t n_docs = m_data.n_docs;
         A.ensure(n_docs);
+        A.dense_dirty = n_docs;  // cleared below; if anything throws, the lease clears it
         float* acc = A.acc.data();
         const uint64_t* offsets = m_data.csr.offsets;
         const uint32_t* doc_ids = m_data.csr.doc_ids;
@@ -458,6 +467,7 @@ class bm25_worker {
         }
         std::memset(acc, 0, n_docs * sizeof(float));
         if (seen) std::memset(seen, 0, n_docs);
+        A.dense_dirty = 0;
     }
 
     /// The k-th largest of v[0..n) (1 <= k <= n, no NaN).

@@ -688,6 +688,24 @@ def test_worker_exception_reaches_caller():
         K.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm)
 
 
+def test_pooled_accumulators_clean_after_a_throw():
+    # A kernel call that throws half-way (bad doc id in the dense scan) must not hand a dirty
+    # pooled accumulator to later calls: they score from zero (regression: scores of a later,
+    # valid call on a larger collection came out shifted).
+    bad = (np.array([0, 4], np.uint64), np.array([0, 1, 2, 9], np.uint32), np.ones(4, np.uint32),
+           np.ones(4, np.float32))
+    q = (np.arange(17, dtype=np.uint64), np.zeros(16, np.uint32), np.ones(16, np.float32))
+    for _ in range(4):
+        with pytest.raises(ValueError, match="doc id 9"):
+            K.bm25_topk(*bad, *q, 2, n_threads=2, algorithm="exhaustive")
+    rng = np.random.default_rng(5)
+    c = make_corpus(rng, 40, 6)
+    qs = make_queries(rng, 6, 32, 4)
+    ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *qs, 10, None)
+    for _ in range(3):
+        assert_same(run_bm25(c, qs, 10, "exhaustive", n_threads=2), ref)
+
+
 # ---------------------------------------------------------------------------
 # Stubs
 # ---------------------------------------------------------------------------
