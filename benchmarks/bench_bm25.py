@@ -226,6 +226,7 @@ def main(argv=None) -> int:
             entry["load_avg_after"] = step["load_avg_after"] = list(os.getloadavg())
             entry["steps"] = [st for st in entry["steps"]
                               if set(st["engines"]) - set(engines) and _recent(st.get("started"))] + [step]
+            _describe_steps(entry)
             if "retriever" not in entry or "bm25s" not in entry:
                 report["collections"][col.name] = entry
                 print(" (ratios need both retriever and bm25s figures: run the other engines next)")
@@ -248,6 +249,17 @@ def main(argv=None) -> int:
             _write(out_path, report)
     print(markdown(report))
     return 0
+
+
+def _describe_steps(entry: dict) -> None:
+    """Make an entry's ``command``, ``started`` and ``load_avg_before`` describe all of its steps
+    (a split run's first step starts it; its command is the steps' commands in order)."""
+    steps = sorted(entry.get("steps") or [], key=lambda st: st.get("started", ""))
+    if not steps:
+        return
+    entry["started"] = steps[0]["started"]
+    entry["load_avg_before"] = steps[0]["load_avg_before"]
+    entry["command"] = "; ".join(st["command"] for st in steps)
 
 
 #: steps of a split run (``--engines``) count as one run when at most this many hours apart.
