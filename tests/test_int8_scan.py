@@ -258,3 +258,17 @@ def test_choose_prefix_dim_passes_scan_dtype(idx, queries):
     got = choose_prefix_dim(idx, queries, target_recall=1.0, dims=(8, 16, D), shortlist=400, scan_dtype="int8")
     # a shortlist covering every shard makes the first dim exact
     assert got["dim"] == 8 and got["recall"] == {8: 1.0}
+
+
+def test_overflowing_query_vectors_are_rejected(idx, queries):
+    """Finite vectors whose inner products overflow float32 are a QueryError on every dense path
+    (they used to give NaN scores, arbitrary ids, or -1 ids), not garbage results."""
+    from index.errors import QueryError
+
+    q = np.full((1, D), 3e38, np.float32)
+    q[0, ::2] = -1.5e38
+    for lp in ({}, {"dim": 16, "shortlist": 50}, {"dim": 16, "shortlist": 50, "scan_dtype": "int8"}):
+        with pytest.raises(QueryError, match="overflow float32"):
+            idx.search_arrays(["q"], k=5, mode="dense", query_vectors=q, leg_params={"dense": lp})
+    ok = idx.search_arrays(["q"], k=5, mode="dense", query_vectors=queries[:1] * 1e15)
+    assert ok.n_found[0] == 5 and np.isfinite(ok.scores[0]).all()

@@ -367,3 +367,28 @@ def test_pooled_scratch_single_query_calls_match_brute_force():
                 np.testing.assert_array_equal(got[0][0], want[0][q])
                 np.testing.assert_array_equal(got[1][0], want[1][q])
                 assert got[2][0] == want[2][q]
+
+
+@pytest.mark.timeout(120)
+def test_overflowing_weights_and_caller_matrix(tmp_path):
+    """Query weights whose best score overflows float32 are a QueryError in both algorithms (the
+    exact kernel used to loop forever on an infinite bound); a caller's CSR matrix is not changed."""
+    from retriever import Retriever, build_index
+    from tests.conftest import random_corpus
+
+    docs = random_corpus(30, seed=4, min_len=3)
+    ip = np.arange(0, 61, 2, dtype=np.int64)
+    terms = np.stack([np.arange(30) % 7, 7 + np.arange(30) % 5], axis=1).ravel()
+    build_index(docs, tmp_path / "ix", legs=("sparse",), show_progress=False,
+                sparse_vectors=(ip, terms, np.linspace(0.5, 2.0, 60).astype(np.float32)))
+    with Retriever.open(tmp_path / "ix") as r:
+        ok = r.search_arrays(["q"], k=5, mode="sparse", sparse_vectors=[([1], [1e30])])
+        assert ok.n_found[0] > 0 and np.isfinite(ok.scores[0, :ok.n_found[0]]).all()
+        for algo in ("exact", "seismic"):
+            with pytest.raises(QueryError, match="sparse query #1: weights too large"):
+                r.search_arrays(["a", "b"], k=5, mode="sparse", leg_params={"sparse": {"algorithm": algo}},
+                                sparse_vectors=[([2], [1.0]), ([1, 8], [1e34, 1e34])])
+        m = sp.csr_matrix((np.array([1.0, 2.0]), np.array([3, 3]), np.array([0, 2])), shape=(1, 30522))
+        before = m.data.copy()
+        r.search_arrays(["q"], k=5, mode="sparse", sparse_vectors=m)
+        np.testing.assert_array_equal(m.data, before)

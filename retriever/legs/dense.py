@@ -221,7 +221,8 @@ class DenseLeg:
             float32 C-contiguous (nq, dim).
 
         Raises:
-            QueryError: wrong shape or non-finite values.
+            QueryError: wrong shape, non-finite values, or a vector so large that its squared
+                norm (and so an inner product with it) overflows float32 (> 1e36; rescale it).
         """
         qv = np.asarray(qv, dtype=np.float32)
         if qv.ndim == 1:
@@ -230,7 +231,19 @@ class DenseLeg:
             raise QueryError(f"query vectors must have shape (nq, {self.dim}), got {qv.shape}")
         if not np.isfinite(qv).all():
             raise QueryError("query vectors contain NaN or inf")
+        if qv.size:
+            sq = np.einsum("ij,ij->i", qv.astype(np.float64), qv.astype(np.float64))
+            big = np.flatnonzero(sq > self.MAX_SQUARED_NORM)
+            if big.size:
+                i = int(big[0])
+                raise QueryError(f"query vector #{i} has norm {np.sqrt(sq[i]):.3g}: inner products with it "
+                                 f"overflow float32 (the limit is a squared norm of {self.MAX_SQUARED_NORM:g}); "
+                                 "rescale it")
         return np.ascontiguousarray(qv)
+
+    #: largest accepted squared L2 norm of a query vector: well inside float32 (max ~3.4e38), so
+    #: rotations, prefix norms and inner products with unit or bounded document vectors stay finite.
+    MAX_SQUARED_NORM = 1e36
 
     def rotate(self, qv: np.ndarray) -> np.ndarray:
         """Model-space float32 (nq, dim) queries → the stored basis (``qv @ R``; identity without rotation)."""

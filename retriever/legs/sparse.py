@@ -68,7 +68,7 @@ def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
     """
     rows: list[tuple[np.ndarray, np.ndarray]] = []
     if hasattr(vectors, "tocsr") and hasattr(vectors, "shape"):
-        m = vectors.tocsr()
+        m = vectors.tocsr(copy=True)  # sum_duplicates below must not change the caller's matrix
         if m.shape[1] > vocab_size:
             raise QueryError(f"sparse_vectors has {m.shape[1]} columns, the vocabulary has {vocab_size}")
         m.sum_duplicates()
@@ -178,19 +178,48 @@ class SparseLeg:
         """Validate user-supplied query vectors (see :func:`csr_batch`)."""
         return csr_batch(vectors, self.vocab_size)
 
+    def _check_score_range(self, a: dict, q_offsets: np.ndarray, q_terms: np.ndarray,
+                           q_weights: np.ndarray) -> None:
+        """Raise QueryError when a query's largest possible score in this shard (Σ weight × the
+        term's largest uint16 impact, and that times the scale, in float64) overflows float32
+        (with a factor 2 of slack): the kernels score in float32,
+        and an infinite bound would leave the exact kernel's pruning without a stopping point."""
+        if len(q_terms) == 0:
+            return
+        offsets, impacts = a["offsets"], a["impacts"]
+        t = q_terms.astype(np.int64)
+        if t.min() < 0 or t.max() >= len(offsets) - 1:
+            return  # out-of-vocabulary ids: the kernel raises the error that names them
+        lo, hi = offsets[t].astype(np.int64), offsets[t + 1].astype(np.int64)
+        top = np.where(hi > lo, impacts[np.minimum(lo, max(len(impacts) - 1, 0))].astype(np.float64)
+                       if len(impacts) else 0.0, 0.0)  # impact-ordered lists: the first is the largest
+        # the kernels sum weight × uint16 impact in float32 and apply the scale at the end, so both
+        # the unscaled and the scaled sums must stay finite
+        contrib = np.abs(q_weights.astype(np.float64)) * top * max(1.0, float(self.scale))
+        nq = len(q_offsets) - 1
+        qidx = np.repeat(np.arange(nq), np.diff(q_offsets.astype(np.int64)))
+        bound = np.bincount(qidx, weights=contrib, minlength=nq)
+        bad = np.flatnonzero(bound > float(np.finfo(np.float32).max) / 2)
+        if bad.size:
+            i = int(bad[0])
+            raise QueryError(f"sparse query #{i}: weights too large — its best possible score "
+                             f"{bound[i]:.3g} overflows float32; rescale the query weights")
+
     def search(self, batch: QueryBatch, depth: int, n_threads: int, *, algorithm: str = "exact",
                query_cut: int = DEFAULT_QUERY_CUT, heap_factor: float = DEFAULT_HEAP_FACTOR):
         """Top-``depth`` per query from every shard as ``(ids int64 (nq, depth) global ordinals,
         scores float32, n_found int32)``, one tuple per shard.
 
         Raises:
-            QueryError: unknown ``algorithm`` or out-of-range knob.
+            QueryError: unknown ``algorithm``, out-of-range knob, or query weights so large that a
+                score would overflow float32.
         """
         if algorithm not in ("exact", "seismic"):
             raise QueryError(f"sparse algorithm must be 'exact' or 'seismic', got {algorithm!r}")
         q_offsets, q_terms, q_weights = batch
         parts = []
         for s, a in self.shards:
+            self._check_score_range(a, q_offsets, q_terms, q_weights)
             try:
                 if algorithm == "exact":
                     ids, scores, n_found = _kernels.sparse_exact_topk(
