@@ -178,24 +178,34 @@ class SparseLeg:
         """Validate user-supplied query vectors (see :func:`csr_batch`)."""
         return csr_batch(vectors, self.vocab_size)
 
-    def _check_score_range(self, a: dict, q_offsets: np.ndarray, q_terms: np.ndarray,
-                           q_weights: np.ndarray) -> None:
-        """Raise QueryError when a query's largest possible score in this shard (Σ weight × the
-        term's largest uint16 impact, and that times the scale, in float64) overflows float32
-        (with a factor 2 of slack): the kernels score in float32,
-        and an infinite bound would leave the exact kernel's pruning without a stopping point."""
+    def _term_max_impact(self) -> np.ndarray:
+        """f64[vocab]: each term's largest uint16 impact over all shards (0 where absent), built
+        on first use (O(vocab × shards)) and kept."""
+        tm = getattr(self, "_term_max", None)
+        if tm is None:
+            tm = np.zeros(self.vocab_size, dtype=np.float64)
+            for _, a in self.shards:
+                offsets, impacts = a["offsets"].astype(np.int64), a["impacts"]
+                n = min(len(offsets) - 1, self.vocab_size)
+                lo, hi = offsets[:n], offsets[1:n + 1]
+                has = hi > lo  # impact-ordered lists: the first posting is the largest
+                tm[:n][has] = np.maximum(tm[:n][has], impacts[lo[has]].astype(np.float64))
+            self._term_max = tm
+        return tm
+
+    def _check_score_range(self, q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray) -> None:
+        """Raise QueryError when a query's largest possible score (Σ weight × the term's largest
+        uint16 impact, and that times the scale, in float64) overflows float32 (with a factor 2
+        of slack): the kernels score in float32, and an infinite bound would leave the exact
+        kernel's pruning without a stopping point. One O(query terms) pass per batch."""
         if len(q_terms) == 0:
             return
-        offsets, impacts = a["offsets"], a["impacts"]
         t = q_terms.astype(np.int64)
-        if t.min() < 0 or t.max() >= len(offsets) - 1:
+        if t.min() < 0 or t.max() >= self.vocab_size:
             return  # out-of-vocabulary ids: the kernel raises the error that names them
-        lo, hi = offsets[t].astype(np.int64), offsets[t + 1].astype(np.int64)
-        top = np.where(hi > lo, impacts[np.minimum(lo, max(len(impacts) - 1, 0))].astype(np.float64)
-                       if len(impacts) else 0.0, 0.0)  # impact-ordered lists: the first is the largest
-        # the kernels sum weight × uint16 impact in float32 and apply the scale at the end, so both
-        # the unscaled and the scaled sums must stay finite
-        contrib = np.abs(q_weights.astype(np.float64)) * top * max(1.0, float(self.scale))
+        # the kernels sum weight × impact in float32 and apply the scale at the end, so both the
+        # unscaled and the scaled sums must stay finite
+        contrib = np.abs(q_weights.astype(np.float64)) * self._term_max_impact()[t] * max(1.0, float(self.scale))
         nq = len(q_offsets) - 1
         qidx = np.repeat(np.arange(nq), np.diff(q_offsets.astype(np.int64)))
         bound = np.bincount(qidx, weights=contrib, minlength=nq)
@@ -217,9 +227,9 @@ class SparseLeg:
         if algorithm not in ("exact", "seismic"):
             raise QueryError(f"sparse algorithm must be 'exact' or 'seismic', got {algorithm!r}")
         q_offsets, q_terms, q_weights = batch
+        self._check_score_range(q_offsets, q_terms, q_weights)
         parts = []
         for s, a in self.shards:
-            self._check_score_range(a, q_offsets, q_terms, q_weights)
             try:
                 if algorithm == "exact":
                     ids, scores, n_found = _kernels.sparse_exact_topk(
