@@ -168,7 +168,8 @@ class BuildConfig:
     sparse: SparseConfig = field(default_factory=SparseConfig)
 
     def __post_init__(self) -> None:
-        legs = tuple(self.legs)
+        # a string is a comma list ("bm25,dense"), not a sequence of one-letter legs
+        legs = tuple(x.strip() for x in self.legs.split(",") if x.strip()) if isinstance(self.legs, str) else tuple(self.legs)
         if not legs:
             raise ConfigError("legs must name at least one of bm25, dense, sparse")
         for leg in legs:

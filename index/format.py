@@ -222,6 +222,8 @@ def read_manifest(root: Path) -> dict[str, Any]:
     for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict)):
         if not isinstance(m.get(key), typ):
             raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
+    if not isinstance(m.get("models", {}), dict):
+        raise IndexFormatError(f"{mpath}: field 'models' is not a dict")
     if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
                                                   for i, s in enumerate(m["shards"])}) != len(m["shards"]):
         raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "

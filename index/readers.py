@@ -46,6 +46,17 @@ def _json_default(v: Any) -> Any:
     return str(v)
 
 
+def _check_encodable(value: str, doc_id: str, name: str, path: str | None, line: int) -> None:
+    """Raise :class:`CorpusError` when ``value`` cannot be stored as UTF-8 (a lone surrogate,
+    e.g. from a JSON ``"\\ud800"`` escape or a ``surrogateescape``-decoded Python string)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise CorpusError(f"document {doc_id!r}: {name} holds an unpaired surrogate "
+                          f"{value[e.start]!r} at position {e.start} (not storable as UTF-8)",
+                          path=path, line=line, field=name) from None
+
+
 def to_document(rec: Any, path: str | None, line: int) -> Document:
     """Validate one raw record (a mapping) and turn it into a :class:`Document`.
 
@@ -59,7 +70,8 @@ def to_document(rec: Any, path: str | None, line: int) -> Document:
         title = rec.get("title", "")
         if (type(doc_id) is str and type(text) is str and type(title) is str
                 and len(rec) == (3 if "title" in rec else 2) and doc_id.strip()
-                and "\x00" not in doc_id and "\x00" not in text and "\x00" not in title):
+                and "\x00" not in doc_id and "\x00" not in text and "\x00" not in title
+                and doc_id.isascii() and text.isascii() and title.isascii()):
             return Document(doc_id, title, text, "{}", path, line)
     if not isinstance(rec, Mapping):
         raise CorpusError(f"expected a JSON object / dict, got {type(rec).__name__}", path=path, line=line)
@@ -91,12 +103,16 @@ def to_document(rec: Any, path: str | None, line: int) -> Document:
     for name, value in ((id_key, doc_id), (text_key, text), ("title", title)):
         if "\x00" in value:
             raise CorpusError(f"document {doc_id!r}: NUL character in {name}", path=path, line=line, field=name)
+        if not value.isascii():
+            _check_encodable(value, doc_id, name, path, line)
     extra = {k: v for k, v in rec.items() if k not in (id_key, text_key, "title")}
     try:
         metadata = json.dumps(extra, ensure_ascii=False, allow_nan=False, default=_json_default) if extra else "{}"
     except (ValueError, TypeError) as e:
         raise CorpusError(f"document {doc_id!r}: metadata is not JSON-serialisable ({e})", path=path,
                           line=line, field="metadata") from None
+    if not metadata.isascii():
+        _check_encodable(metadata, doc_id, "metadata", path, line)
     return Document(doc_id, title, text, metadata, path, line)
 
 
@@ -122,6 +138,8 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, Any]]:
                 except UnicodeDecodeError as e:
                     raise CorpusError(f"not valid UTF-8 (byte {raw[e.start:e.start + 1]!r} at column {e.start + 1})",
                                       path=spath, line=lineno) from None
+                if lineno == 1 and s.startswith("\ufeff"):
+                    s = s[1:]  # a UTF-8 byte order mark (Windows editors write one) is not data
                 if not s.strip():
                     continue
                 try:
@@ -151,7 +169,7 @@ def read_csv(path: str | Path) -> Iterator[Document]:
         raw = _open_binary(path)
     except FileNotFoundError:
         raise CorpusError("file not found", path=spath) from None
-    with raw, io.TextIOWrapper(raw, encoding="utf-8", errors="strict", newline="") as f:
+    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="strict", newline="") as f:
         reader = csv.DictReader(f, delimiter=delim)
         try:
             for row in reader:
@@ -209,6 +227,8 @@ def read_corpus(source: str | Path | Iterable[Mapping[str, Any]]) -> Iterator[Do
         CorpusError: unknown format, missing file, or a bad record (names file and line).
     """
     if not isinstance(source, (str, Path)):
+        if isinstance(source, (bytes, Mapping)) or not isinstance(source, Iterable):
+            raise CorpusError(f"corpus must be a path or an iterable of dicts, got {type(source).__name__}")
         return read_iterable(source)
     path = Path(source)
     if path.is_dir():
@@ -252,7 +272,7 @@ def read_queries(path: str | Path) -> dict[str, str]:
             raise CorpusError("queries file not found", path=path) from None
         for lineno, raw in enumerate(lines, start=1):
             try:
-                s = raw.decode("utf-8")
+                s = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError:
                 raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
             if not s.strip():
@@ -296,7 +316,7 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for lineno, raw in enumerate(data.splitlines(), start=1):
         try:
-            s = raw.decode("utf-8")
+            s = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
         except UnicodeDecodeError:
             raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
         parts = s.split()

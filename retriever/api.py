@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import inspect
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 
+from index.config import LEGS
 from index.errors import QueryError
 
 from .engine import Engine
@@ -75,6 +78,8 @@ class Retriever:
                ) -> tuple[list[str], int, int]:
         if isinstance(queries, str):
             raise QueryError("queries must be a list of strings, not one string (use search())")
+        if isinstance(queries, (bytes, Mapping)) or not isinstance(queries, Iterable):
+            raise QueryError(f"queries must be a list of strings, got {type(queries).__name__}")
         qs = list(queries)
         if not all(map(str.__instancecheck__, qs)):
             for i, q in enumerate(qs):
@@ -86,12 +91,48 @@ class Retriever:
             depth = DEFAULT_DEPTH
         if isinstance(depth, bool) or not isinstance(depth, (int, np.integer)) or depth < 1:
             raise QueryError(f"depth must be an integer >= 1, got {depth!r}")
-        if n_threads is not None and (not isinstance(n_threads, int) or n_threads < 1):
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
+                                      or n_threads < 1):
             raise QueryError(f"n_threads must be an integer >= 1, got {n_threads!r}")
         if self.engine is None:
             raise QueryError("this Retriever is closed")
         k = int(min(k, max(self.reader.n_docs, 1)))
-        return qs, k, int(depth)
+        # a depth beyond the corpus size means "every document"; clamping it keeps the per-leg
+        # (nq, depth) arrays bounded (depth=10**9 used to allocate until the process was killed)
+        depth = int(min(depth, max(self.reader.n_docs, 1)))
+        return qs, k, depth
+
+    def _check_options(self, fusion: "RRF | Linear", leg_params: Any) -> dict[str, dict[str, Any]] | None:
+        """Validate fusion weight names and ``leg_params`` (a mapping ``{leg: {option: value}}``
+        whose legs are known and whose options the leg's ``search`` accepts).
+
+        Raises:
+            QueryError: names the leg or option and the offending value.
+        """
+        for leg in fusion.weights:
+            if leg not in LEGS:
+                raise QueryError(f"fusion weights: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
+        if leg_params is None:
+            return None
+        if not isinstance(leg_params, Mapping):
+            raise QueryError(f"leg_params must be a dict {{leg: {{option: value}}}}, got {type(leg_params).__name__}")
+        out: dict[str, dict[str, Any]] = {}
+        for leg, opts in leg_params.items():
+            if leg not in LEGS:
+                raise QueryError(f"leg_params: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
+            if not isinstance(opts, Mapping):
+                raise QueryError(f"leg_params[{leg!r}] must be a dict of options, got {opts!r}")
+            impl = self.engine.legs.get(leg)
+            if impl is not None:
+                sig = inspect.signature(impl.search)
+                params = list(sig.parameters.values())
+                if not any(p.kind is p.VAR_KEYWORD for p in params):
+                    allowed = [p.name for p in params[3:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+                    unknown = sorted(str(o) for o in opts if o not in allowed)
+                    if unknown:
+                        raise QueryError(f"unknown {leg} leg_params {unknown}; expected some of {', '.join(allowed)}")
+            out[leg] = dict(opts)
+        return out
 
     def search_arrays(self, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
@@ -124,6 +165,7 @@ class Retriever:
         """
         qs, k, depth = self._check(queries, k, depth, n_threads)
         fz = parse_fusion(fusion)
+        leg_params = self._check_options(fz, leg_params)
         prepared = None
         if query_vectors is not None:
             if "dense" not in self.engine.legs:
@@ -140,7 +182,7 @@ class Retriever:
                 raise QueryError(f"sparse_vectors has {len(sb[0]) - 1} rows for {len(qs)} queries")
             prepared = {**(prepared or {}), "sparse": sb}
         return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth,
-                                  n_threads=n_threads or self.n_threads, prepared=prepared,
+                                  n_threads=int(n_threads or self.n_threads), prepared=prepared,
                                   leg_params=leg_params)
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
@@ -181,6 +223,4 @@ class Retriever:
         """
         if not isinstance(query, str):
             raise QueryError(f"query must be a string, got {type(query).__name__}")
-        if "query_vectors" in kwargs and kwargs["query_vectors"] is not None:
-            kwargs["query_vectors"] = np.asarray(kwargs["query_vectors"], dtype=np.float32).reshape(1, -1)
         return self.search_batch([query], k, **kwargs)[0]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from index.config import BuildConfig, DenseConfig, SparseConfig
-from index.errors import RetrieverError
+from index.errors import ConfigError, CorpusError, QueryError, RetrieverError
 
 
 def _legs(s: str) -> tuple[str, ...]:
@@ -213,6 +213,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     queries = read_queries(args.queries)
     qrels = read_qrels(args.qrels)
+    if not queries:
+        raise CorpusError("no queries to evaluate", path=args.queries)
+    if not any(q in qrels for q in queries):
+        raise CorpusError(f"none of the {len(queries)} queries has a judgement in {args.qrels} (query ids "
+                          f"{sorted(queries)[:3]}..., qrels ids {sorted(qrels)[:3]}...)", path=args.queries)
+    if args.run_out:
+        parent = Path(args.run_out).parent
+        if not parent.is_dir():
+            raise ConfigError(f"--run-out: folder {str(parent)!r} does not exist")
     r = Retriever.open(args.dir, n_threads=args.threads)
     modes = args.mode or ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
     qids = list(queries)
@@ -230,7 +239,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         m = evaluate(run, qrels, qids=qids)
         if args.run_out:
             path = Path(args.run_out if len(modes) == 1 else f"{args.run_out}.{mode}")
-            write_trec_run(path, run, tag=f"retriever-{mode}")
+            try:
+                write_trec_run(path, run, tag=f"retriever-{mode}")
+            except OSError as e:
+                raise ConfigError(f"--run-out: cannot write {str(path)!r} ({e.strerror or e})") from None
         row = {"mode": mode, "ndcg@10": round(m["ndcg@10"], 4), "recall@100": round(m["recall@100"], 4),
                "mrr@10": round(m["mrr@10"], 4), "queries": m["queries"], "seconds": round(secs, 3)}
         if res.fusion:
@@ -253,7 +265,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     qv = None
     if args.query_vectors:
         import numpy as np
-        qv = np.load(args.query_vectors)
+        try:
+            qv = np.load(args.query_vectors, allow_pickle=False)
+        except FileNotFoundError:
+            raise QueryError(f"--query-vectors: file not found: {args.query_vectors!r}") from None
+        except (OSError, ValueError, EOFError) as e:
+            raise QueryError(f"--query-vectors: {args.query_vectors!r} is not a .npy array file ({e})") from None
+        if not isinstance(qv, np.ndarray):
+            raise QueryError(f"--query-vectors: {args.query_vectors!r} holds an .npz archive, expected one .npy array")
     if args.max_queries:
         texts = texts[:args.max_queries]
         qv = None if qv is None else qv[:args.max_queries]

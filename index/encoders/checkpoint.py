@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Callable
 
 from ..errors import ModelError
+
+#: Held while a checkpoint is loaded: transformers' ``from_pretrained`` swaps process-wide
+#: functions (``torch.nn.init.*``, ``PreTrainedModel.init_weights``) for no-ops and restores them
+#: afterwards, so two loads in parallel threads (a hybrid query's legs run side by side) can leave
+#: them disabled for good and every later load fails ("Cannot copy out of meta tensor").
+LOAD_LOCK = threading.Lock()
 
 
 def resolve_checkpoint(model: str | None, default: Callable[[], str], kind: str) -> Path:

@@ -15,7 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelError
-from .checkpoint import resolve_checkpoint
+from .checkpoint import LOAD_LOCK, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,11 @@ class DenseEncoder:
             raise ModelError(f"device {device!r} requested but CUDA is not available")
         self.device = torch.device(device)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
-                                                           trust_remote_code=False)
-            self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True,
-                                                   trust_remote_code=False).to(self.device).eval()
+            with LOAD_LOCK:
+                self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
+                                                               trust_remote_code=False)
+                self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True,
+                                                       trust_remote_code=False).to(self.device).eval()
         except (OSError, ValueError, KeyError) as e:
             raise ModelError(f"{self.path}: cannot load model ({e})") from None
         self.dim = int(self.model.config.hidden_size)

@@ -28,7 +28,7 @@ from typing import Sequence
 import numpy as np
 
 from ..errors import ModelError
-from .checkpoint import resolve_checkpoint
+from .checkpoint import LOAD_LOCK, resolve_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -90,10 +90,11 @@ class SparseEncoder:
             raise ModelError(f"device {device!r} requested but CUDA is not available")
         self.device = torch.device(device)
         try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
-                                                           trust_remote_code=False)
-            self.model = AutoModelForMaskedLM.from_pretrained(str(self.path), local_files_only=True,
-                                                              trust_remote_code=False)
+            with LOAD_LOCK:
+                self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
+                                                               trust_remote_code=False)
+                self.model = AutoModelForMaskedLM.from_pretrained(str(self.path), local_files_only=True,
+                                                                  trust_remote_code=False)
         except Exception as e:  # noqa: BLE001 - any loader failure is a model problem
             raise ModelError(f"{self.path}: cannot load masked-LM checkpoint ({type(e).__name__}: {e})") from None
         self.model.eval().to(self.device)

@@ -224,7 +224,12 @@ class DenseLeg:
             QueryError: wrong shape, non-finite values, or a vector so large that its squared
                 norm (and so an inner product with it) overflows float32 (> 1e36; rescale it).
         """
-        qv = np.asarray(qv, dtype=np.float32)
+        if isinstance(qv, (str, bytes)):
+            raise QueryError(f"query vectors must be a float array of shape (nq, {self.dim}), got {type(qv).__name__}")
+        try:
+            qv = np.asarray(qv, dtype=np.float32)
+        except (TypeError, ValueError) as e:
+            raise QueryError(f"query vectors must be a float array of shape (nq, {self.dim}) ({e})") from None
         if qv.ndim == 1:
             qv = qv[None, :]
         if qv.ndim != 2 or qv.shape[1] != self.dim:

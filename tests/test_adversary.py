@@ -1,0 +1,242 @@
+"""Regressions found by adversarial input testing (each test failed before its fix): concurrent
+model loads, unbounded depth, unchecked leg_params / fusion weight names, lone surrogates, byte
+order marks, non-iterable inputs, and CLI errors that used to end in a traceback."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import random_corpus
+from index.config import BuildConfig
+from index.errors import CorpusError, IndexFormatError, QueryError
+from index.readers import read_corpus, read_qrels, read_queries
+from retriever import RRF, Retriever, build_index
+from retriever.cli import main
+
+
+def _cli_error(capsys, argv) -> str:
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert rc == 1, (rc, cap.err)
+    assert cap.err.startswith("error: ") and "Traceback" not in cap.err
+    assert len(cap.err.strip().splitlines()) == 1, cap.err
+    return cap.err
+
+
+# ----------------------------------------------------------------------------- model loading
+def test_concurrent_encoder_loads_are_serialised(monkeypatch):
+    """A hybrid query's legs run side by side and load their query encoders on first use.
+    transformers' ``from_pretrained`` temporarily replaces process-wide init functions with
+    no-ops; two loads at once left them disabled for good ("Cannot copy out of meta tensor" on
+    every later SPLADE load, and torch.nn.init.* silently broken for the whole process)."""
+    import torch
+    import transformers
+
+    from index.encoders.dense import DenseEncoder
+    from index.encoders.sparse import SparseEncoder
+
+    state = {"active": 0, "max": 0}
+    guard = threading.Lock()
+
+    def tracked(orig):
+        def load(*args, **kwargs):
+            with guard:
+                state["active"] += 1
+                state["max"] = max(state["max"], state["active"])
+            try:
+                time.sleep(0.3)  # widen the window a parallel load would fall into
+                return orig(*args, **kwargs)
+            finally:
+                with guard:
+                    state["active"] -= 1
+        return load
+
+    monkeypatch.setattr(transformers.AutoModel, "from_pretrained", tracked(transformers.AutoModel.from_pretrained))
+    monkeypatch.setattr(transformers.AutoModelForMaskedLM, "from_pretrained",
+                        tracked(transformers.AutoModelForMaskedLM.from_pretrained))
+    normal_before = torch.nn.init.normal_
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def run(make):
+        try:
+            barrier.wait()
+            make()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(f,)) for f in (DenseEncoder, SparseEncoder)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert state["max"] == 1, "two checkpoints were loaded at the same time"
+    assert torch.nn.init.normal_ is normal_before
+
+
+# ----------------------------------------------------------------------------- search arguments
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> Retriever:
+    out = tmp_path_factory.mktemp("adv") / "bm25"
+    build_index(random_corpus(200, seed=7), out, legs=("bm25",), show_progress=False)
+    return Retriever.open(out)
+
+
+def test_huge_depth_is_clamped_to_the_corpus(tmp_path):
+    # hybrid depth=10**9 used to allocate (nq, depth) per-leg arrays until the process was killed
+    rng = np.random.default_rng(3)
+    dv = rng.standard_normal((200, 8)).astype(np.float32)
+    dv /= np.linalg.norm(dv, axis=1, keepdims=True)
+    build_index(random_corpus(200, seed=7), tmp_path / "h", legs=("bm25", "dense"), dense_vectors=dv,
+                show_progress=False)
+    r = Retriever.open(tmp_path / "h")
+    qv = rng.standard_normal((2, 8)).astype(np.float32)
+    a = r.search_arrays(["vitamin bone", "heart"], k=5, depth=10**12, query_vectors=qv)
+    b = r.search_arrays(["vitamin bone", "heart"], k=5, depth=200, query_vectors=qv)
+    np.testing.assert_array_equal(a.ids, b.ids)
+    np.testing.assert_array_equal(a.scores, b.scores)
+
+
+@pytest.mark.parametrize("queries", [None, 5, b"vitamin", {"q1": "vitamin"}])
+def test_non_list_queries(small, queries):
+    with pytest.raises(QueryError, match="queries must be a list of strings"):
+        small.search_batch(queries)
+
+
+@pytest.mark.parametrize("n_threads", [True, 0, -1, 2.0])
+def test_bad_n_threads(small, n_threads):
+    with pytest.raises(QueryError, match="n_threads"):
+        small.search("vitamin", n_threads=n_threads)
+
+
+@pytest.mark.parametrize("leg_params, msg", [
+    ({"bm25": {"nope": 1}}, r"unknown bm25 leg_params \['nope'\]"),
+    ({"bmm25": {}}, r"unknown leg 'bmm25'"),
+    ({"bm25": 5}, r"leg_params\['bm25'\] must be a dict"),
+    ([1], r"leg_params must be a dict"),
+])
+def test_bad_leg_params(small, leg_params, msg):
+    with pytest.raises(QueryError, match=msg):
+        small.search("vitamin", mode="bm25", leg_params=leg_params)
+
+
+def test_good_leg_params_still_accepted(small):
+    a = small.search("vitamin bone", mode="bm25", leg_params={"bm25": {"algorithm": "maxscore", "k1": 1.2}})
+    b = small.search("vitamin bone", mode="bm25", leg_params={"bm25": {"algorithm": "exhaustive", "k1": 1.2}})
+    assert [h.id for h in a] == [h.id for h in b] and a
+
+
+def test_fusion_weight_for_unknown_leg(small, capsys):
+    with pytest.raises(QueryError, match="unknown leg 'dnse'"):
+        small.search("vitamin", fusion=RRF(weights={"dnse": 2.0}))
+    err = _cli_error(capsys, ["search", str(small.reader.path), "vitamin", "--weights", "dnse=2"])
+    assert "dnse" in err
+
+
+def test_leg_params_errors_through_cli(small, capsys):
+    err = _cli_error(capsys, ["search", str(small.reader.path), "vitamin", "--mode", "bm25",
+                              "--leg-params", '{"bm25": {"nope": 1}}'])
+    assert "nope" in err
+
+
+# ----------------------------------------------------------------------------- corpus readers
+def test_lone_surrogates_are_corpus_errors(tmp_path):
+    # JSON "\ud800" escapes decode to a lone surrogate; the build used to fail at shard write
+    # time with a raw UnicodeEncodeError after reading the whole corpus
+    p = tmp_path / "c.jsonl"
+    p.write_text('{"_id": "a", "text": "ok"}\n{"_id": "b", "text": "x \\ud800 y"}\n')
+    with pytest.raises(CorpusError, match=r"line 2.*'text'.*unpaired surrogate"):
+        build_index(p, tmp_path / "i", legs=("bm25",), show_progress=False)
+    assert not (tmp_path / "i").exists()
+    for rec, field in (({"_id": "\udc80", "text": "x"}, "_id"), ({"_id": "a", "text": "x", "title": "\ud800"}, "title"),
+                       ({"_id": "a", "text": "x", "m": "\udcff"}, "metadata")):
+        with pytest.raises(CorpusError, match=f"'{field}'.*unpaired surrogate"):
+            list(read_corpus([rec]))
+
+
+def test_byte_order_marks_are_not_data(tmp_path):
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "c.jsonl").write_bytes(bom + b'{"_id": "a", "text": "vitamin"}\n{"_id": "b", "text": "bone"}\n')
+    assert [d.id for d in read_corpus(tmp_path / "c.jsonl")] == ["a", "b"]
+    (tmp_path / "c.csv").write_bytes(bom + b"_id,text\na,vitamin\n")
+    assert [d.id for d in read_corpus(tmp_path / "c.csv")] == ["a"]
+    (tmp_path / "q.tsv").write_bytes(bom + b"q1\tvitamin\n")
+    assert read_queries(tmp_path / "q.tsv") == {"q1": "vitamin"}  # was '\ufeffq1': never judged
+    (tmp_path / "qrels.tsv").write_bytes(bom + b"query-id\tcorpus-id\tscore\nq1\ta\t1\n")
+    assert read_qrels(tmp_path / "qrels.tsv") == {"q1": {"a": 1}}
+
+
+@pytest.mark.parametrize("source", [None, 5, {"_id": "a", "text": "x"}])
+def test_non_iterable_corpus(tmp_path, source):
+    with pytest.raises(CorpusError, match="corpus must be a path or an iterable of dicts"):
+        build_index(source, tmp_path / "i", legs=("bm25",), show_progress=False)
+
+
+def test_legs_as_comma_string():
+    assert BuildConfig(legs="bm25").legs == ("bm25",)
+    assert BuildConfig(legs="bm25, dense").legs == ("bm25", "dense")
+
+
+# ----------------------------------------------------------------------------- index and CLI
+def test_manifest_models_must_be_a_dict(small, tmp_path):
+    import shutil
+
+    from index.format import manifest_digest
+
+    d = tmp_path / "i"
+    shutil.copytree(small.reader.path, d)
+    m = json.loads((d / "manifest.json").read_text())
+    m["models"] = 5
+    m["manifest_sha256"] = manifest_digest(m)
+    (d / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match="'models'"):
+        Retriever.open(d)
+
+
+def _eval_files(tmp_path: Path, qrels: str) -> tuple[Path, Path]:
+    q = tmp_path / "q.tsv"
+    q.write_text("q1\tvitamin bone\n")
+    r = tmp_path / "qrels.tsv"
+    r.write_text(qrels)
+    return q, r
+
+
+def test_eval_without_judged_queries_is_an_error(small, tmp_path, capsys):
+    q, r = _eval_files(tmp_path, "query-id\tcorpus-id\tscore\nq9\td1\t1\n")
+    err = _cli_error(capsys, ["eval", str(small.reader.path), "--queries", str(q), "--qrels", str(r)])
+    assert "none of the 1 queries has a judgement" in err
+    (tmp_path / "empty.tsv").write_text("")
+    err = _cli_error(capsys, ["eval", str(small.reader.path), "--queries", str(tmp_path / "empty.tsv"),
+                              "--qrels", str(r)])
+    assert "no queries" in err
+
+
+def test_eval_run_out_unwritable(small, tmp_path, capsys):
+    q, r = _eval_files(tmp_path, "query-id\tcorpus-id\tscore\nq1\td1\t1\n")
+    base = ["eval", str(small.reader.path), "--queries", str(q), "--qrels", str(r)]
+    assert "does not exist" in _cli_error(capsys, base + ["--run-out", str(tmp_path / "nope" / "run")])
+    assert "cannot write" in _cli_error(capsys, base + ["--run-out", str(tmp_path)])
+
+
+def test_bench_query_vectors_file_errors(small, tmp_path, capsys):
+    q, _ = _eval_files(tmp_path, "")
+    base = ["bench", str(small.reader.path), "--queries", str(q), "--mode", "bm25", "--no-recall"]
+    assert "file not found" in _cli_error(capsys, base + ["--query-vectors", str(tmp_path / "none.npy")])
+    assert "not a .npy array file" in _cli_error(capsys, base + ["--query-vectors", str(q)])
+
+
+def test_query_vectors_that_are_not_numbers(tmp_path):
+    from retriever.legs.dense import DenseLeg
+
+    leg = DenseLeg.__new__(DenseLeg)
+    leg.dim = 4
+    for bad in ("abc", [["a", "b", "c", "d"]], [[1, 2], [3]]):
+        with pytest.raises(QueryError, match="query vectors"):
+            leg.check_vectors(bad)
