@@ -160,6 +160,9 @@ def read_jsonl(path: str | Path) -> Iterator[Document]:
         yield to_document(obj, spath, lineno)
 
 
+_CSV_FIELD_LIMIT = 2**31 - 1
+
+
 def read_csv(path: str | Path) -> Iterator[Document]:
     """Stream documents from a CSV (``,``) or TSV (``.tsv``) file with a header row."""
     path = Path(path)
@@ -170,17 +173,28 @@ def read_csv(path: str | Path) -> Iterator[Document]:
     except FileNotFoundError:
         raise CorpusError("file not found", path=spath) from None
     with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="strict", newline="") as f:
-        reader = csv.DictReader(f, delimiter=delim)
+        # strict: a stray or unterminated quote is an error, not a field that silently swallows
+        # the following rows; fields may be as long as a document (the csv default is 128 KiB)
+        reader = csv.DictReader(f, delimiter=delim, strict=True)
+        csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
         try:
+            names = reader.fieldnames or []
+            dup = sorted({n for n in names if names.count(n) > 1})
+            if dup:
+                raise CorpusError(f"header names column(s) {dup} more than once", path=spath, line=1)
             for row in reader:
                 if None in row:
                     raise CorpusError(f"row has more fields than the header ({len(reader.fieldnames or [])})",
+                                      path=spath, line=reader.line_num)
+                if None in row.values():
+                    raise CorpusError(f"row has fewer fields than the header ({len(names)}: {names})",
                                       path=spath, line=reader.line_num)
                 yield to_document(row, spath, reader.line_num)
         except UnicodeDecodeError:
             raise CorpusError("not valid UTF-8", path=spath, line=reader.line_num + 1) from None
         except csv.Error as e:
-            raise CorpusError(f"malformed CSV: {e}", path=spath, line=reader.line_num) from None
+            hint = " (an unterminated quoted field?)" if "end of data" in str(e) else ""
+            raise CorpusError(f"malformed CSV: {e}{hint}", path=spath, line=reader.line_num + 1) from None
 
 
 def read_parquet(path: str | Path, batch_size: int = 4096) -> Iterator[Document]:

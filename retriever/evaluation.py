@@ -37,7 +37,23 @@ def make_run(qids: Sequence[str], doc_ids: Sequence[Sequence[str]], scores: Sequ
 
 
 def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], tag: str = "retriever") -> None:
-    """Write a TREC run file (``qid Q0 docid rank score tag``), ranks from 1."""
+    """Write a TREC run file (``qid Q0 docid rank score tag``), ranks from 1.
+
+    Raises:
+        QueryError: a query id, document id or tag that is empty or holds whitespace (the format
+            is whitespace-separated, so such a line could not be read back); nothing is written.
+    """
+    from index.errors import QueryError
+
+    def check(kind: str, value: str) -> None:
+        if value.split() != [value]:  # empty, or whitespace inside or around it
+            raise QueryError(f"cannot write a TREC run: {kind} {value!r} is empty or contains whitespace")
+
+    check("tag", tag)
+    for qid, docs in run.items():
+        check("query id", qid)
+        for did in docs:
+            check("document id", did)
     with open(path, "w", encoding="utf-8") as f:
         for qid, docs in run.items():
             for rank, (did, s) in enumerate(sorted(docs.items(), key=lambda x: -x[1]), start=1):

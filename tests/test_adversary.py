@@ -240,3 +240,36 @@ def test_query_vectors_that_are_not_numbers(tmp_path):
     for bad in ("abc", [["a", "b", "c", "d"]], [[1, 2], [3]]):
         with pytest.raises(QueryError, match="query vectors"):
             leg.check_vectors(bad)
+
+
+# ----------------------------------------------------------------------------- CSV and TREC runs
+def test_csv_field_longer_than_128k(tmp_path):
+    p = tmp_path / "c.csv"
+    p.write_text("_id,text\na," + "word " * 60_000 + "\n")  # 300 KB field; csv's default limit is 128 KiB
+    [d] = list(read_corpus(p))
+    assert d.id == "a" and len(d.text.split()) == 60_000
+
+
+@pytest.mark.parametrize("name, data, msg", [
+    # an unterminated quote used to swallow every following row into one document's text
+    ("c.csv", '_id,text\na,"open quote\nb,second doc\nc,third\n', r"line 2: malformed CSV.*unterminated"),
+    ("c.tsv", '_id\ttext\na\t"quoted" start\n', r"line 2: malformed CSV"),
+    ("c.csv", "_id,text,text\na,x,y\n", r"line 1: header names column\(s\) \['text'\] more than once"),
+    ("c.csv", "_id,title,text\na,only title\n", r"line 2: row has fewer fields than the header"),
+])
+def test_malformed_csv_is_an_error(tmp_path, name, data, msg):
+    p = tmp_path / name
+    p.write_text(data)
+    with pytest.raises(CorpusError, match=msg):
+        list(read_corpus(p))
+
+
+def test_trec_run_refuses_ids_with_whitespace(tmp_path):
+    from retriever.evaluation import write_trec_run
+
+    write_trec_run(tmp_path / "ok", {"q1": {"d1": 2.0, "d2": 1.0}})
+    assert (tmp_path / "ok").read_text().split("\n")[0] == "q1 Q0 d1 1 2.0 retriever"
+    for run in ({"q1": {"d 1": 1.0}}, {"q\t1": {"d1": 1.0}}, {"q1": {"d1\n": 1.0}}, {"": {"d1": 1.0}}):
+        with pytest.raises(QueryError, match="cannot write a TREC run"):
+            write_trec_run(tmp_path / "bad", run)
+        assert not (tmp_path / "bad").exists()
