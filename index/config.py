@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import ConfigError
 
 LEGS = ("bm25", "dense", "sparse")
+
+
+def _is_int(v: Any) -> bool:
+    """An integer (Python or numpy), not a bool or a float."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 @dataclass(frozen=True)
@@ -31,6 +37,8 @@ class BM25Params:
             raise ConfigError(f"BM25 k1 must be a finite number >= 0, got {self.k1!r}")
         if not (isinstance(self.b, (int, float)) and 0.0 <= self.b <= 1.0):
             raise ConfigError(f"BM25 b must be in [0, 1], got {self.b!r}")
+        if not isinstance(self.lucene_norms, bool):
+            raise ConfigError(f"BM25 lucene_norms must be True or False, got {self.lucene_norms!r}")
 
 
 @dataclass(frozen=True)
@@ -54,8 +62,8 @@ class AnalyzerConfig:
             raise ConfigError(f"analyzer stopwords must be 'lucene' or 'none', got {self.stopwords!r}")
         if self.stemmer not in ("porter", "none"):
             raise ConfigError(f"analyzer stemmer must be 'porter' or 'none', got {self.stemmer!r}")
-        if self.max_token_length < 1:
-            raise ConfigError(f"max_token_length must be >= 1, got {self.max_token_length!r}")
+        if not _is_int(self.max_token_length) or self.max_token_length < 1:
+            raise ConfigError(f"analyzer max_token_length must be an integer >= 1, got {self.max_token_length!r}")
 
 
 @dataclass(frozen=True)
@@ -101,10 +109,10 @@ class DenseConfig:
             raise ConfigError(f"dense rotation_sample must be an integer >= 1, got {self.rotation_sample!r}")
         if self.dtype not in ("float16", "float32"):
             raise ConfigError(f"dense dtype must be 'float16' or 'float32', got {self.dtype!r}")
-        if self.max_length < 1:
-            raise ConfigError(f"dense max_length must be >= 1, got {self.max_length!r}")
-        if self.batch_size < 1:
-            raise ConfigError(f"dense batch_size must be >= 1, got {self.batch_size!r}")
+        if not _is_int(self.max_length) or self.max_length < 1:
+            raise ConfigError(f"dense max_length must be an integer >= 1, got {self.max_length!r}")
+        if not _is_int(self.batch_size) or self.batch_size < 1:
+            raise ConfigError(f"dense batch_size must be an integer >= 1, got {self.batch_size!r}")
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,17 @@ class BuildConfig:
         if len(set(legs)) != len(legs):
             raise ConfigError(f"legs has duplicates: {legs!r}")
         object.__setattr__(self, "legs", legs)
+        for name, typ in (("bm25", BM25Params), ("analyzer", AnalyzerConfig), ("dense", DenseConfig),
+                          ("sparse", SparseConfig)):
+            value = getattr(self, name)
+            if isinstance(value, dict):  # {"k1": 1.2} means BM25Params(k1=1.2), as in from_dict
+                try:
+                    value = typ(**value)
+                except TypeError as e:
+                    raise ConfigError(f"{name}: {e}") from None
+                object.__setattr__(self, name, value)
+            if not isinstance(value, typ):
+                raise ConfigError(f"{name} must be a {typ.__name__} or a dict of its fields, got {value!r}")
         if not isinstance(self.shard_size, int) or self.shard_size < 1:
             raise ConfigError(f"shard_size must be an integer >= 1, got {self.shard_size!r}")
         if not isinstance(self.batch_size, int) or self.batch_size < 1:

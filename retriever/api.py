@@ -186,8 +186,32 @@ class Retriever:
                                   leg_params=leg_params)
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
-        """Map global ordinals (from :class:`BatchResult`) to document id strings."""
-        return self.reader.doc_ids()[np.asarray(ordinals, dtype=np.int64)]
+        """Map global ordinals (from :class:`BatchResult`) to document id strings.
+
+        Args:
+            ordinals: int array of any shape, e.g. ``BatchResult.ids`` (whole or sliced).
+
+        Returns:
+            object array of the same shape; the -1 padding past ``n_found`` maps to ``None`` (it
+            used to wrap around to the last document's id).
+
+        Raises:
+            QueryError: non-integer ordinals, or an ordinal outside [-1, n_docs).
+        """
+        ords = np.asarray(ordinals)
+        if ords.size and not np.issubdtype(ords.dtype, np.integer):
+            raise QueryError(f"ordinals must be integers, got dtype {ords.dtype}")
+        ords = ords.astype(np.int64, copy=False)
+        n = self.reader.n_docs
+        if ords.size and (ords.min() < -1 or ords.max() >= n):
+            bad = int(ords.min()) if ords.min() < -1 else int(ords.max())
+            raise QueryError(f"ordinal {bad} is outside [0, {n}) (-1 is the padding past n_found)")
+        ids = self.reader.doc_ids()
+        if not ords.size or ords.min() >= 0:
+            return ids[ords]
+        out = ids[np.maximum(ords, 0)]
+        out[ords < 0] = None
+        return out
 
     def to_hits(self, result: BatchResult) -> list[list[Hit]]:
         """Turn a :class:`BatchResult` into per-query lists of :class:`Hit` (the only place

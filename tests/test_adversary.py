@@ -273,3 +273,39 @@ def test_trec_run_refuses_ids_with_whitespace(tmp_path):
         with pytest.raises(QueryError, match="cannot write a TREC run"):
             write_trec_run(tmp_path / "bad", run)
         assert not (tmp_path / "bad").exists()
+
+
+def test_doc_ids_padding_and_range(small):
+    res = small.search_arrays(["vitamin", "zzzz-no-match"], k=5, mode="bm25")
+    assert res.n_found[1] == 0
+    ids = small.doc_ids(res.ids)  # the whole padded (nq, k) matrix
+    assert ids.shape == (2, 5)
+    assert ids[1].tolist() == [None] * 5  # -1 padding used to map to the last document's id
+    n = int(res.n_found[0])
+    assert ids[0, :n].tolist() == small.doc_ids(res.ids[0, :n]).tolist()
+    assert all(isinstance(x, str) for x in ids[0, :n])
+    for bad in (np.array([small.reader.n_docs]), np.array([-2]), np.array([0.5])):
+        with pytest.raises(QueryError, match="ordinal"):
+            small.doc_ids(bad)
+
+
+@pytest.mark.parametrize("make, msg", [
+    (lambda: BuildConfig(bm25=[("k1", 2)]), "bm25 must be a BM25Params"),
+    (lambda: BuildConfig(dense={"dtype": "float64"}), "dense dtype must be 'float16' or 'float32'"),
+    (lambda: BuildConfig(dense={"dtyp": "float32"}), "dense: .*unexpected keyword argument 'dtyp'"),
+    (lambda: __import__("index.config").config.DenseConfig(max_length="x"), "max_length must be an integer"),
+    (lambda: __import__("index.config").config.DenseConfig(batch_size=2.5), "batch_size must be an integer"),
+    (lambda: __import__("index.config").config.AnalyzerConfig(max_token_length="x"), "max_token_length must be an integer"),
+    (lambda: __import__("index.config").config.BM25Params(lucene_norms="no"), "lucene_norms must be True or False"),
+])
+def test_config_types(make, msg):
+    from index.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=msg):
+        make()
+
+
+def test_config_sections_as_dicts():
+    c = BuildConfig(bm25={"k1": 1.2}, dense={"dtype": "float32"})
+    assert c.bm25.k1 == 1.2 and c.bm25.b == 0.4 and c.dense.dtype == "float32"
+    assert BuildConfig.from_dict(c.to_dict()) == c
