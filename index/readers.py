@@ -294,6 +294,9 @@ def read_queries(path: str | Path) -> dict[str, str]:
             qid, sep, text = s.partition("\t")
             if not sep:
                 raise CorpusError("expected 'query_id<TAB>text'", path=path, line=lineno)
+            qid = qid.strip()  # qrels ids are whitespace-split, so 'q1 ' could never be judged
+            if not qid:
+                raise CorpusError("empty query id", path=path, line=lineno, field="_id")
             if qid in out:
                 raise CorpusError(f"duplicate query id {qid!r}", path=path, line=lineno, field="_id")
             out[qid] = text

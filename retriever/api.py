@@ -34,6 +34,9 @@ class Retriever:
     """
 
     def __init__(self, reader: IndexReader, engine: Engine, n_threads: int | None) -> None:
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
+                                      or n_threads < 1):
+            raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
         self.reader = reader
         self.engine = engine
         self.n_threads = n_threads or os.cpu_count() or 1
@@ -53,6 +56,9 @@ class Retriever:
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
         """
+        if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
+                                      or n_threads < 1):
+            raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
         reader = IndexReader(path, verify=verify)
         return cls(reader, Engine(reader, use_gpu=use_gpu, device=device), n_threads)
 

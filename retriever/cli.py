@@ -301,6 +301,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RetrieverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the environment, not a bug: a path that is a file, permissions, disk full
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

@@ -309,3 +309,29 @@ def test_config_sections_as_dicts():
     c = BuildConfig(bm25={"k1": 1.2}, dense={"dtype": "float32"})
     assert c.bm25.k1 == 1.2 and c.bm25.b == 0.4 and c.dense.dtype == "float32"
     assert BuildConfig.from_dict(c.to_dict()) == c
+
+
+def test_cli_os_errors_are_one_line(tmp_path, capsys):
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"_id": "a", "text": "vitamin"}\n')
+    (tmp_path / "f").write_text("a file")
+    # the output's parent is a file: was a raw FileExistsError traceback from the writer
+    err = _cli_error(capsys, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "f" / "idx"),
+                              "--legs", "bm25", "--no-progress"])
+    assert str(tmp_path / "f") in err
+
+
+def test_tsv_query_ids_are_stripped(tmp_path):
+    p = tmp_path / "q.tsv"
+    p.write_text("q1 \tvitamin\n")
+    assert read_queries(p) == {"q1": "vitamin"}
+    p.write_text(" \tvitamin\n")
+    with pytest.raises(CorpusError, match="line 1.*empty query id"):
+        read_queries(p)
+
+
+@pytest.mark.parametrize("n_threads", ["2", 0, -3, True, 1.5])
+def test_open_bad_n_threads(small, n_threads):
+    # "2" used to be stored and fail on the first search with a raw ValueError
+    with pytest.raises(QueryError, match="n_threads"):
+        Retriever.open(small.reader.path, n_threads=n_threads)
