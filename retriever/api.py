@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,16 @@ from .results import BatchResult, Hit, LegHit
 from .shards import IndexReader
 
 DEFAULT_DEPTH = 100
+
+
+@functools.lru_cache(maxsize=None)
+def _search_options(leg_type: type) -> tuple[str, ...] | None:
+    """Keyword options a leg's ``search(batch, depth, n_threads, ...)`` accepts (``None`` when it
+    takes ``**params`` and validates them itself)."""
+    params = list(inspect.signature(leg_type.search).parameters.values())[4:]  # self, batch, depth, n_threads
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return tuple(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 class Retriever:
@@ -84,7 +95,7 @@ class Retriever:
                ) -> tuple[list[str], int, int]:
         if isinstance(queries, str):
             raise QueryError("queries must be a list of strings, not one string (use search())")
-        if isinstance(queries, (bytes, Mapping)) or not isinstance(queries, Iterable):
+        if type(queries) is not list and (isinstance(queries, (bytes, Mapping)) or not isinstance(queries, Iterable)):
             raise QueryError(f"queries must be a list of strings, got {type(queries).__name__}")
         qs = list(queries)
         if not all(map(str.__instancecheck__, qs)):
@@ -129,14 +140,11 @@ class Retriever:
             if not isinstance(opts, Mapping):
                 raise QueryError(f"leg_params[{leg!r}] must be a dict of options, got {opts!r}")
             impl = self.engine.legs.get(leg)
-            if impl is not None:
-                sig = inspect.signature(impl.search)
-                params = list(sig.parameters.values())
-                if not any(p.kind is p.VAR_KEYWORD for p in params):
-                    allowed = [p.name for p in params[3:] if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-                    unknown = sorted(str(o) for o in opts if o not in allowed)
-                    if unknown:
-                        raise QueryError(f"unknown {leg} leg_params {unknown}; expected some of {', '.join(allowed)}")
+            allowed = None if impl is None else _search_options(type(impl))
+            if allowed is not None:
+                unknown = sorted(str(o) for o in opts if o not in allowed)
+                if unknown:
+                    raise QueryError(f"unknown {leg} leg_params {unknown}; expected some of {', '.join(allowed)}")
             out[leg] = dict(opts)
         return out
 
