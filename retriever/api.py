@@ -102,6 +102,16 @@ class Retriever:
             for i, q in enumerate(qs):
                 if not isinstance(q, str):
                     raise QueryError(f"query #{i} is {type(q).__name__}, expected str")
+        if not all(map(str.isascii, qs)):
+            for i, q in enumerate(qs):
+                try:
+                    q.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    # e.g. a non-UTF-8 command-line argument (Python decodes it with surrogateescape);
+                    # the dense / sparse tokenizers used to fail with a raw TypeError on it
+                    raise QueryError(f"query #{i} holds an unpaired surrogate {q[e.start]!r} at position "
+                                     f"{e.start}: not valid Unicode text (was it decoded from non-UTF-8 "
+                                     f"bytes?)") from None
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
             raise QueryError(f"k must be an integer >= 1, got {k!r}")
         if depth is None:

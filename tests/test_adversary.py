@@ -335,3 +335,13 @@ def test_open_bad_n_threads(small, n_threads):
     # "2" used to be stored and fail on the first search with a raw ValueError
     with pytest.raises(QueryError, match="n_threads"):
         Retriever.open(small.reader.path, n_threads=n_threads)
+
+
+def test_query_with_lone_surrogate(small, capsys):
+    # dense / sparse tokenizers raised a raw TypeError on such text (e.g. a Latin-1 command-line
+    # argument, which Python decodes with surrogateescape)
+    with pytest.raises(QueryError, match=r"query #1 holds an unpaired surrogate '\\udce9'"):
+        small.search_batch(["vitamin", "caf\udce9"], mode="bm25")
+    assert small.search("café bone", mode="bm25") is not None  # non-ASCII text is fine
+    err = _cli_error(capsys, ["search", str(small.reader.path), "caf\udce9", "--mode", "bm25"])
+    assert "unpaired surrogate" in err
