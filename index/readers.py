@@ -193,7 +193,9 @@ def read_csv(path: str | Path) -> Iterator[Document]:
         except UnicodeDecodeError:
             raise CorpusError("not valid UTF-8", path=spath, line=reader.line_num + 1) from None
         except csv.Error as e:
-            hint = " (an unterminated quoted field?)" if "end of data" in str(e) else ""
+            hint = (" (an unterminated quoted field?)" if "end of data" in str(e) else
+                    " (a field that starts with a double quote must be quoted whole, inner quotes doubled)"
+                    if "expected after" in str(e) else "")
             raise CorpusError(f"malformed CSV: {e}{hint}", path=spath, line=reader.line_num + 1) from None
 
 
