@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from index.config import LEGS
-from index.errors import QueryError
+from index.errors import ConfigError, QueryError
 
 from .engine import Engine
 from .fusion import RRF, Linear, parse_fusion
@@ -66,10 +66,15 @@ class Retriever:
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
+            ConfigError: bad ``device`` or ``use_gpu``; QueryError: bad ``n_threads``.
         """
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
                                       or n_threads < 1):
             raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
+        if not isinstance(device, str) or not (device in ("cpu", "cuda") or device.startswith("cuda:")):
+            raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+        if use_gpu is not None and not isinstance(use_gpu, bool):
+            raise ConfigError(f"use_gpu must be True, False or None, got {use_gpu!r}")
         reader = IndexReader(path, verify=verify)
         return cls(reader, Engine(reader, use_gpu=use_gpu, device=device), n_threads)
 

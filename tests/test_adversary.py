@@ -345,3 +345,13 @@ def test_query_with_lone_surrogate(small, capsys):
     assert small.search("café bone", mode="bm25") is not None  # non-ASCII text is fine
     err = _cli_error(capsys, ["search", str(small.reader.path), "caf\udce9", "--mode", "bm25"])
     assert "unpaired surrogate" in err
+
+
+@pytest.mark.parametrize("kw, msg", [({"device": "tpu"}, "device must be"), ({"device": 5}, "device must be"),
+                                     ({"use_gpu": "yes"}, "use_gpu must be")])
+def test_open_bad_device(small, kw, msg):
+    # device="tpu" used to fail at the first text query with a raw torch RuntimeError
+    from index.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=msg):
+        Retriever.open(small.reader.path, **kw)
