@@ -20,6 +20,10 @@ from .results import BatchResult, Hit, LegHit
 from .shards import IndexReader
 
 DEFAULT_DEPTH = 100
+#: n_threads above this are capped (results do not depend on the thread count): the C++ kernels
+#: start one thread per query up to n_threads and FAISS's OpenMP team takes the value as is, so
+#: n_threads=10**6 on a large batch used to try to start that many threads.
+MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +54,7 @@ class Retriever:
             raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
         self.reader = reader
         self.engine = engine
-        self.n_threads = n_threads or os.cpu_count() or 1
+        self.n_threads = min(int(n_threads or os.cpu_count() or 1), MAX_THREADS)
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
@@ -211,7 +215,7 @@ class Retriever:
                 raise QueryError(f"sparse_vectors has {len(sb[0]) - 1} rows for {len(qs)} queries")
             prepared = {**(prepared or {}), "sparse": sb}
         return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth,
-                                  n_threads=int(n_threads or self.n_threads), prepared=prepared,
+                                  n_threads=min(int(n_threads or self.n_threads), MAX_THREADS), prepared=prepared,
                                   leg_params=leg_params)
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:

@@ -278,7 +278,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         qv = None if qv is None else qv[:args.max_queries]
     import os
 
-    threads = args.threads or os.cpu_count() or 1
+    from .api import MAX_THREADS
+
+    threads = min(args.threads or os.cpu_count() or 1, MAX_THREADS)
     r = Retriever.open(args.dir, n_threads=threads)
     rep = bench_index(r, texts, modes=args.mode, k=args.k, n_threads=threads, batch_size=args.batch_size,
                       query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall)

@@ -355,3 +355,21 @@ def test_open_bad_device(small, kw, msg):
 
     with pytest.raises(ConfigError, match=msg):
         Retriever.open(small.reader.path, **kw)
+
+
+def test_huge_n_threads_is_capped(small, monkeypatch):
+    import retriever.api as api
+
+    seen = []
+    real = small.engine.search
+
+    def spy(*a, **kw):
+        seen.append(kw["n_threads"])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(small.engine, "search", spy)
+    qs = ["vitamin bone", "heart gene"] * 50
+    a = small.search_arrays(qs, k=5, mode="bm25", n_threads=10**6)
+    b = small.search_arrays(qs, k=5, mode="bm25", n_threads=1)
+    assert seen[0] == api.MAX_THREADS and seen[1] == 1
+    np.testing.assert_array_equal(a.ids, b.ids)
