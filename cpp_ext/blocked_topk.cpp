@@ -13,6 +13,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "parallel.hpp"
 #include "topk.hpp"
 
@@ -55,17 +59,137 @@ constexpr double kDenseRatio = RETRIEVER_DENSE_RATIO;
 constexpr size_t kDenseMaxDocs = RETRIEVER_DENSE_MAX_DOCS;
 // Dense path, per call: a term whose list holds at least 1/kColumnInvFraction of the shard's
 // documents and that at least kColumnMinQueries dense-path queries of the batch use is expanded
-// once into a uint16 column (n_docs entries, 0 where absent) and added with a vectorisable loop
+// once into a float32 column (n_docs entries, 0 where absent) and added with a vectorisable loop
 // instead of a scatter per posting. Adding w * 0 is an exact no-op on the non-negative
 // accumulator, so the accumulated values are bit-identical to the scatter's. SciFact (72 such
 // terms): accumulation about 1.5x faster (a prototype: 30 vs 41-62 us per query).
-constexpr size_t kColumnInvFraction = 3;
+#ifndef RETRIEVER_COLUMN_INV_FRACTION
+#define RETRIEVER_COLUMN_INV_FRACTION 3
+#endif
+constexpr size_t kColumnInvFraction = RETRIEVER_COLUMN_INV_FRACTION;
 constexpr size_t kColumnMinQueries = 2;
 constexpr size_t kColumnMaxBytes = size_t(64) << 20;
 
-// a[d] += w * col[d] for every d (restrict: the loop vectorises with SSE2).
-void add_column(float* __restrict a, const uint16_t* __restrict col, float w, size_t n) {
-    for (size_t d = 0; d < n; ++d) a[d] += w * static_cast<float>(col[d]);
+// a[d] += w * col[d] for every d (restrict: the loop vectorises with SSE2). Columns hold the
+// impacts as float32 (exact: impacts < 2^24), so the loop is load, mul, add, store per 4 docs with
+// no integer unpacking.
+void add_column(float* __restrict a, const float* __restrict col, float w, size_t n) {
+    for (size_t d = 0; d < n; ++d) a[d] += w * col[d];
+}
+
+// a[d] += sum_j w[j] * cols[j][d] for every d, the terms added in order j = 0, 1, ...: 16
+// documents at a time held in four SSE registers across all the columns, so the accumulator is
+// loaded and stored once per tile rather than once per column (the column adds were store-bound).
+// Per document the additions happen in the same order as nc calls of add_column.
+void add_columns(float* __restrict a, const float* const* cols, const float* w, size_t nc, size_t n) {
+    size_t d0 = 0;
+#if defined(__SSE2__)
+    for (; d0 + 16 <= n; d0 += 16) {
+        __m128 s0 = _mm_loadu_ps(a + d0), s1 = _mm_loadu_ps(a + d0 + 4);
+        __m128 s2 = _mm_loadu_ps(a + d0 + 8), s3 = _mm_loadu_ps(a + d0 + 12);
+        for (size_t j = 0; j < nc; ++j) {
+            const __m128 wv = _mm_set1_ps(w[j]);
+            const float* c = cols[j] + d0;
+            s0 = _mm_add_ps(s0, _mm_mul_ps(wv, _mm_loadu_ps(c)));
+            s1 = _mm_add_ps(s1, _mm_mul_ps(wv, _mm_loadu_ps(c + 4)));
+            s2 = _mm_add_ps(s2, _mm_mul_ps(wv, _mm_loadu_ps(c + 8)));
+            s3 = _mm_add_ps(s3, _mm_mul_ps(wv, _mm_loadu_ps(c + 12)));
+        }
+        _mm_storeu_ps(a + d0, s0);
+        _mm_storeu_ps(a + d0 + 4, s1);
+        _mm_storeu_ps(a + d0 + 8, s2);
+        _mm_storeu_ps(a + d0 + 12, s3);
+    }
+#endif
+    for (size_t j = 0; j < nc; ++j) add_column(a + d0, cols[j] + d0, w[j], n - d0);
+}
+
+// Dense path, term-at-a-time: a[ids[c]] += w * float(imp[c]) for c in [b, e). The products are
+// computed four at a time with SSE2 (uint16 -> float conversion and multiply: the same IEEE
+// operations as the scalar form, so the accumulated values are identical), then added one by one.
+void scatter_list(float* __restrict a, const uint32_t* __restrict ids, const uint16_t* __restrict imp,
+                  uint64_t b, uint64_t e, float w) {
+    uint64_t c = b;
+#if defined(__SSE2__)
+    const __m128 wv = _mm_set1_ps(w);
+    const __m128i zero = _mm_setzero_si128();
+    alignas(16) float v[8];
+    for (; c + 8 <= e; c += 8) {
+        const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(imp + c));
+        _mm_store_ps(v, _mm_mul_ps(_mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero)), wv));
+        _mm_store_ps(v + 4, _mm_mul_ps(_mm_cvtepi32_ps(_mm_unpackhi_epi16(x, zero)), wv));
+        const uint32_t* d = ids + c;
+        a[d[0]] += v[0];
+        a[d[1]] += v[1];
+        a[d[2]] += v[2];
+        a[d[3]] += v[3];
+        a[d[4]] += v[4];
+        a[d[5]] += v[5];
+        a[d[6]] += v[6];
+        a[d[7]] += v[7];
+    }
+#endif
+    for (; c < e; ++c) a[ids[c]] += w * static_cast<float>(imp[c]);
+}
+
+// Dense-path top-k selection over a[0, n): the maxima of 64-document blocks (SSE2 max), the k-th
+// largest block maximum (theta0: a lower bound of the k-th largest value, the k blocks hold k
+// distinct documents at or above it), then only blocks whose maximum reaches theta0 are read for
+// values >= theta0 (every value >= the true k-th largest is among them). Fills `cand` with the
+// documents whose value v > 0 satisfies v >= kth * (1 - eps), kth the exact k-th largest positive
+// value (0 when fewer than k are positive): the same set as a full scan with a k-heap, at about
+// one vector max per 4 documents instead of a compare (and a heap operation) per document.
+constexpr size_t kSelBlock = 64;
+void select_dense(const float* a, size_t n, size_t k, float eps, std::vector<float>& bmax,
+                  std::vector<float>& vals, std::vector<uint32_t>& cand) {
+    const size_t nb = (n + kSelBlock - 1) / kSelBlock;
+    bmax.resize(nb);
+    for (size_t b = 0; b < nb; ++b) {
+        const size_t lo = b * kSelBlock, hi = std::min(n, lo + kSelBlock);
+        size_t d = lo;
+        float m = 0.0f;
+#if defined(__SSE2__)
+        __m128 mv = _mm_setzero_ps();
+        for (; d + 4 <= hi; d += 4) mv = _mm_max_ps(mv, _mm_loadu_ps(a + d));
+        alignas(16) float t[4];
+        _mm_store_ps(t, mv);
+        m = std::max(std::max(t[0], t[1]), std::max(t[2], t[3]));
+#endif
+        for (; d < hi; ++d) m = std::max(m, a[d]);
+        bmax[b] = m;
+    }
+    float theta0 = 0.0f;
+    vals.clear();
+    for (size_t b = 0; b < nb; ++b) {
+        if (bmax[b] > 0.0f) vals.push_back(bmax[b]);
+    }
+    if (vals.size() >= k) {
+        std::nth_element(vals.begin(), vals.begin() + (k - 1), vals.end(), std::greater<float>());
+        theta0 = vals[k - 1];
+    }
+    cand.clear();
+    vals.clear();
+    for (size_t b = 0; b < nb; ++b) {
+        if (!(bmax[b] > 0.0f) || bmax[b] < theta0) continue;
+        const size_t lo = b * kSelBlock, hi = std::min(n, lo + kSelBlock);
+        for (size_t d = lo; d < hi; ++d) {
+            const float v = a[d];
+            if (v > 0.0f && v >= theta0) {
+                cand.push_back(static_cast<uint32_t>(d));
+                vals.push_back(v);
+            }
+        }
+    }
+    float lim = 0.0f;
+    if (vals.size() >= k) {
+        std::nth_element(vals.begin(), vals.begin() + (k - 1), vals.end(), std::greater<float>());
+        lim = vals[k - 1] * (1.0f - eps);
+    }
+    size_t m = 0;
+    for (const uint32_t d : cand) {
+        if (a[d] >= lim) cand[m++] = d;
+    }
+    cand.resize(m);
 }
 
 void write_row(topk_heap& heap, const topk_out& out, size_t q) {
@@ -170,6 +294,34 @@ inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
     const uint64_t e = f.offsets[d + 1];
     const uint32_t* t = f.terms;
     const uint16_t* v = f.values;
+#if defined(__SSE2__)
+    // The four partial sums as the lanes of one SSE register (lane j = s_j): the uint16 values are
+    // converted and multiplied four at a time, the same IEEE operations in the same order per lane
+    // as the scalar loop below, so the score is bit-identical to it.
+    {
+        __m128 acc = _mm_setzero_ps();
+        const __m128i zero = _mm_setzero_si128();
+        for (; p + 8 <= e; p += 8) {
+            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + p));
+            const __m128 q0 = _mm_setr_ps(qd[t[p]], qd[t[p + 1]], qd[t[p + 2]], qd[t[p + 3]]);
+            const __m128 q1 = _mm_setr_ps(qd[t[p + 4]], qd[t[p + 5]], qd[t[p + 6]], qd[t[p + 7]]);
+            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
+            acc = _mm_add_ps(acc, _mm_mul_ps(q1, _mm_cvtepi32_ps(_mm_unpackhi_epi16(x, zero))));
+        }
+        if (p + 4 <= e) {
+            const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + p));
+            const __m128 q0 = _mm_setr_ps(qd[t[p]], qd[t[p + 1]], qd[t[p + 2]], qd[t[p + 3]]);
+            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
+            p += 4;
+        }
+        alignas(16) float l[4];
+        _mm_store_ps(l, acc);
+        s0 = l[0];
+        s1 = l[1];
+        s2 = l[2];
+        s3 = l[3];
+    }
+#endif
     for (; p + 4 <= e; p += 4) {
         s0 += qd[t[p]] * static_cast<float>(v[p]);
         s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
@@ -180,6 +332,42 @@ inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
     if (p + 1 < e) s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
     if (p + 2 < e) s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
     return ((s0 + s1) + (s2 + s3)) * f.scale;
+}
+
+// Summary score sum_i qd[terms[i]] * values[i] over [i, ie): four partial sums (lanes of one SSE
+// register, uint8 values converted eight at a time), then (u0 + u1) + (u2 + u3). Only a pruning
+// bound: no exactness depends on its rounding.
+inline float summary_dot(const float* qd, const uint32_t* t, const uint8_t* v, uint64_t i, uint64_t ie) {
+    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
+#if defined(__SSE2__)
+    {
+        __m128 acc = _mm_setzero_ps();
+        const __m128i zero = _mm_setzero_si128();
+        for (; i + 8 <= ie; i += 8) {
+            const __m128i x = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + i)), zero);
+            const __m128 q0 = _mm_setr_ps(qd[t[i]], qd[t[i + 1]], qd[t[i + 2]], qd[t[i + 3]]);
+            const __m128 q1 = _mm_setr_ps(qd[t[i + 4]], qd[t[i + 5]], qd[t[i + 6]], qd[t[i + 7]]);
+            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
+            acc = _mm_add_ps(acc, _mm_mul_ps(q1, _mm_cvtepi32_ps(_mm_unpackhi_epi16(x, zero))));
+        }
+        alignas(16) float l[4];
+        _mm_store_ps(l, acc);
+        u0 = l[0];
+        u1 = l[1];
+        u2 = l[2];
+        u3 = l[3];
+    }
+#endif
+    for (; i + 4 <= ie; i += 4) {
+        u0 += qd[t[i]] * static_cast<float>(v[i]);
+        u1 += qd[t[i + 1]] * static_cast<float>(v[i + 1]);
+        u2 += qd[t[i + 2]] * static_cast<float>(v[i + 2]);
+        u3 += qd[t[i + 3]] * static_cast<float>(v[i + 3]);
+    }
+    if (i < ie) u0 += qd[t[i]] * static_cast<float>(v[i]);
+    if (i + 1 < ie) u1 += qd[t[i + 1]] * static_cast<float>(v[i + 1]);
+    if (i + 2 < ie) u2 += qd[t[i + 2]] * static_cast<float>(v[i + 2]);
+    return (u0 + u1) + (u2 + u3);
 }
 
 inline void prefetch_doc(const forward_view& f, uint32_t d) {
@@ -265,7 +453,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
     constexpr float kEps = 1e-4f;  // slack for float rounding between accumulation orders
     // Dense columns shared by the batch's dense-path queries (read-only once built).
     std::vector<int32_t> col_of;
-    std::vector<uint16_t> columns;
+    std::vector<float> columns;
     if (n_docs > 0 && n_docs <= kDenseMaxDocs && queries.nq >= kColumnMinQueries) {
         std::vector<uint32_t> uses(vocab, 0);
         const uint64_t min_len = (n_docs + kColumnInvFraction - 1) / kColumnInvFraction;
@@ -283,15 +471,17 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
         }
         size_t n_cols = 0;
         for (size_t t = 0; t < vocab; ++t) n_cols += uses[t] >= kColumnMinQueries;
-        n_cols = std::min(n_cols, kColumnMaxBytes / (n_docs * sizeof(uint16_t)));
+        n_cols = std::min(n_cols, kColumnMaxBytes / (n_docs * sizeof(float)));
         if (n_cols > 0) {
             col_of.assign(vocab, -1);
             columns.assign(n_cols * n_docs, 0);
             int32_t c = 0;
             for (size_t t = 0; t < vocab && static_cast<size_t>(c) < n_cols; ++t) {
                 if (uses[t] < kColumnMinQueries) continue;
-                uint16_t* col = columns.data() + static_cast<size_t>(c) * n_docs;
-                for (uint64_t i = p.csr.offsets[t]; i < p.csr.offsets[t + 1]; ++i) col[p.csr.doc_ids[i]] = p.impacts[i];
+                float* col = columns.data() + static_cast<size_t>(c) * n_docs;
+                for (uint64_t i = p.csr.offsets[t]; i < p.csr.offsets[t + 1]; ++i) {
+                    col[p.csr.doc_ids[i]] = static_cast<float>(p.impacts[i]);
+                }
                 col_of[t] = c++;
             }
         }
@@ -299,7 +489,8 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
     parallel_for_items(queries.nq, n_threads, kChunk, [&]() {
         struct state {
             scratch_lease lease;  // acc (n_docs) and qd (vocab), zero between queries
-            std::vector<float> buf;
+            std::vector<float> buf, bmax, col_w;
+            std::vector<const float*> col_ptr;
             std::vector<uint32_t> touched, cand;
             std::vector<term_cursor> terms;
             topk_heap heap;
@@ -338,43 +529,19 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                 // exactly from the forward index (same final scores as every other path).
                 // (The accumulator fits in L2 here, so no prefetching; four independent loads per
                 // step of the scatter.)
+                s.col_ptr.clear();
+                s.col_w.clear();
                 for (const term_cursor& tc : s.terms) {
-                    const float w = tc.w;
                     if (!col_of.empty() && col_of[tc.term] >= 0) {
-                        add_column(a, columns.data() + static_cast<size_t>(col_of[tc.term]) * n_docs, w, n_docs);
-                        continue;
-                    }
-                    uint64_t c = tc.cur;
-                    for (; c + 4 <= tc.end; c += 4) {
-                        const uint32_t d0 = ids[c], d1 = ids[c + 1], d2 = ids[c + 2], d3 = ids[c + 3];
-                        const float v0 = w * static_cast<float>(imp[c]), v1 = w * static_cast<float>(imp[c + 1]);
-                        const float v2 = w * static_cast<float>(imp[c + 2]), v3 = w * static_cast<float>(imp[c + 3]);
-                        a[d0] += v0;
-                        a[d1] += v1;
-                        a[d2] += v2;
-                        a[d3] += v3;
-                    }
-                    for (; c < tc.end; ++c) a[ids[c]] += w * static_cast<float>(imp[c]);
-                }
-                s.buf.clear();
-                for (size_t d = 0; d < n_docs; ++d) {
-                    const float v = a[d];
-                    if (!(v > 0.0f)) continue;
-                    if (s.buf.size() < k) {
-                        s.buf.push_back(v);
-                        std::push_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
-                    } else if (v > s.buf.front()) {
-                        std::pop_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
-                        s.buf.back() = v;
-                        std::push_heap(s.buf.begin(), s.buf.end(), std::greater<float>());
+                        s.col_ptr.push_back(columns.data() + static_cast<size_t>(col_of[tc.term]) * n_docs);
+                        s.col_w.push_back(tc.w);
+                    } else {
+                        scatter_list(a, ids, imp, tc.cur, tc.end, tc.w);
                     }
                 }
-                const float lim = s.buf.size() < k ? 0.0f : s.buf.front() * (1.0f - kEps);
+                if (!s.col_ptr.empty()) add_columns(a, s.col_ptr.data(), s.col_w.data(), s.col_ptr.size(), n_docs);
+                select_dense(a, n_docs, k, kEps, s.bmax, s.buf, s.cand);
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
-                s.cand.clear();
-                for (size_t d = 0; d < n_docs; ++d) {
-                    if (a[d] > 0.0f && a[d] >= lim) s.cand.push_back(static_cast<uint32_t>(d));
-                }
                 std::fill(a, a + n_docs, 0.0f);
                 for (uint32_t d : s.cand) {
                     const float score = forward_score(f, qd, d);
@@ -510,15 +677,9 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 // the list (every later one scores lower still).
                 s.blocks.clear();
                 for (uint64_t b = bl.term_blocks[t]; b < bl.term_blocks[t + 1]; ++b) {
-                    float u0 = 0.0f, u1 = 0.0f;  // two partial sums (see forward_score)
-                    uint64_t i = bl.summary_offsets[b];
-                    const uint64_t ie = bl.summary_offsets[b + 1];
-                    for (; i + 2 <= ie; i += 2) {
-                        u0 += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
-                        u1 += qd[bl.summary_terms[i + 1]] * static_cast<float>(bl.summary_values[i + 1]);
-                    }
-                    if (i < ie) u0 += qd[bl.summary_terms[i]] * static_cast<float>(bl.summary_values[i]);
-                    s.blocks.emplace_back((u0 + u1) * bl.summary_scale[b], b);
+                    const float u = summary_dot(qd, bl.summary_terms, bl.summary_values, bl.summary_offsets[b],
+                                                bl.summary_offsets[b + 1]);
+                    s.blocks.emplace_back(u * bl.summary_scale[b], b);
                 }
                 std::sort(s.blocks.begin(), s.blocks.end(), [](const auto& x, const auto& y) {
                     return x.first > y.first || (x.first == y.first && x.second < y.second);

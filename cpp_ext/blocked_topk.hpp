@@ -75,7 +75,8 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 /// kernel), so results do not depend on where the loop stopped. In shards of at
 /// most 32,768 documents, a query whose lists hold >= 2 postings per document is
 /// instead scored term-at-a-time into the dense accumulator (long lists used by
-/// several queries of the batch expanded once into uint16 columns), then the
+/// several queries of the batch expanded once into float32 columns, added 16
+/// documents at a time), top-k selected from 64-document block maxima, then the
 /// documents within float slack of the k-th accumulated score are re-scored.
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
                        size_t vocab, int n_threads, const topk_out& out);

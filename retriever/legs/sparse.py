@@ -8,7 +8,7 @@ Modes (leg parameter ``algorithm``):
   * ``"exact"`` (default): score-at-a-time over impact-ordered postings with safe early termination,
     candidates re-scored from the forward index (``_kernels.sparse_exact_topk``); in shards of at
     most 32,768 documents a query whose lists cover the shard twice over is scored term-at-a-time
-    into a dense accumulator instead (long lists shared by a batch as uint16 columns). Same results
+    into a dense accumulator instead (long lists shared by a batch as float32 columns). Same results
     either way: every returned score is the forward-index score.
   * ``"seismic"``: approximate top-k after Bruch et al., SIGIR 2024 (``_kernels.sparse_seismic_topk``)
     with knobs ``query_cut`` (query terms visited, largest weights first) and ``heap_factor``
