@@ -58,9 +58,14 @@ def check_doc_vectors(indptr: Any, terms: Any, weights: Any, vocab_size: int
     Raises:
         ValueError: naming the row and the offending value (callers wrap it in their error class).
     """
-    indptr = np.asarray(indptr).reshape(-1)
-    terms = np.asarray(terms).reshape(-1)
-    weights = np.asarray(weights, dtype=np.float64).reshape(-1)
+    indptr, terms, weights = np.asarray(indptr), np.asarray(terms), np.asarray(weights)
+    for name, arr in (("indptr", indptr), ("term ids", terms), ("weights", weights)):
+        if arr.ndim > 1:
+            raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+    indptr, terms, weights = indptr.reshape(-1), terms.reshape(-1), weights.reshape(-1)
+    if len(weights) and weights.dtype.kind not in "iuf":
+        raise ValueError(f"weights must be numbers, got dtype {weights.dtype} (first value {weights[0].item()!r})")
+    weights = weights.astype(np.float64)
     if len(indptr) < 1 or not np.issubdtype(indptr.dtype, np.integer):
         raise ValueError("indptr must be a non-empty integer array")
     if len(terms) != len(weights):
@@ -70,16 +75,16 @@ def check_doc_vectors(indptr: Any, terms: Any, weights: Any, vocab_size: int
     indptr = indptr.astype(np.int64)
     if indptr[0] != 0 or indptr[-1] != len(terms) or (np.diff(indptr) < 0).any():
         raise ValueError(f"indptr must rise from 0 to {len(terms)} (got {indptr[0]} .. {indptr[-1]})")
-    terms = terms.astype(np.int64)
     row = np.repeat(np.arange(len(indptr) - 1), np.diff(indptr))
-    bad = (terms < 0) | (terms >= vocab_size)
+    bad = (terms >= vocab_size) if terms.dtype.kind == "u" else (terms < 0) | (terms >= vocab_size)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"row {row[i]}: term id {terms[i]} outside the vocabulary [0, {vocab_size})")
-    bad = ~np.isfinite(weights)
+        raise ValueError(f"row {row[i]}: term id {int(terms[i])} outside the vocabulary [0, {vocab_size})")
+    terms = terms.astype(np.int64)
+    bad = ~np.isfinite(weights) | (np.abs(weights) > np.finfo(np.float32).max)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"row {row[i]}: weight {float(weights[i])!r} is not finite")
+        raise ValueError(f"row {row[i]}: weight {float(weights[i])!r} is not finite in float32")
     bad = weights < 0
     if bad.any():
         i = int(np.flatnonzero(bad)[0])

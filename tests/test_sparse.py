@@ -417,3 +417,28 @@ def test_exact_dense_path_odd_sizes_match_scipy(n_docs):
     for k in (1, 3, 10, 200):
         ids, scores, n_found = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, k, n_threads=1)
         check_topk_matches(ids, scores, n_found, S, k)
+
+
+def test_malformed_vectors_are_named_errors():
+    """String weights, 2-D arrays, non-integer dict keys and uint64 ids past int64 are errors naming
+    the query/row and the value (they used to be coerced, flattened, or reported wrapped)."""
+    from index.sparse_index import check_doc_vectors
+    v = 100
+    with pytest.raises(QueryError, match=r"sparse_vectors\[0\].*\('a', 1.0\)"):
+        csr_batch([{"a": 1.0}], v)
+    with pytest.raises(QueryError, match="weights must be numbers.*'1.0'"):
+        csr_batch([([1, 2], ["1.0", "2"])], v)
+    with pytest.raises(QueryError, match=r"must be 1-D.*\(1, 2\)"):
+        csr_batch([(np.array([[1, 2]]), np.array([[1.0, 2.0]]))], v)
+    with pytest.raises(QueryError, match="term id 18446744073709551615 outside"):
+        csr_batch([(np.array([2**64 - 1], dtype=np.uint64), [1.0])], v)
+    with pytest.raises(ValueError, match="weights must be numbers"):
+        check_doc_vectors([0, 2], [1, 2], ["1", "2"], v)
+    with pytest.raises(ValueError, match="term ids must be 1-D"):
+        check_doc_vectors([0, 2], np.array([[1, 2]]), [1.0, 2.0], v)
+    with pytest.raises(ValueError, match="row 0: term id 18446744073709551615 outside"):
+        check_doc_vectors([0, 1], np.array([2**64 - 1], dtype=np.uint64), [1.0], v)
+    with pytest.raises(ValueError, match="row 1: weight 1e\\+39 is not finite in float32"):
+        check_doc_vectors([0, 1, 2], [3, 4], [1.0, 1e39], v)
+    ptr, terms, w = check_doc_vectors([0, 2, 3], np.array([5, 1, 2], dtype=np.uint64), [1, 2, 0.5], v)
+    assert ptr.tolist() == [0, 2, 3] and terms.tolist() == [1, 5, 2] and w.tolist() == [2.0, 1.0, 0.5]

@@ -51,6 +51,15 @@ DEFAULT_HEAP_FACTOR = 0.9
 QueryBatch = tuple[np.ndarray, np.ndarray, np.ndarray]
 
 
+def _first_bad_item(v: dict) -> Any:
+    """The first ``(key, value)`` of a user sparse-vector dict that is not (integer, number)."""
+    for key, val in v.items():
+        if not isinstance(key, (int, np.integer)) or isinstance(key, bool) \
+                or not isinstance(val, (int, float, np.integer, np.floating)):
+            return (key, val)
+    return next(iter(v.items()), None)
+
+
 def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
     """Validate user query vectors and return a ragged batch.
 
@@ -77,8 +86,12 @@ def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
     else:
         for v in vectors:
             if isinstance(v, dict):
-                rows.append((np.fromiter(v.keys(), dtype=np.int64, count=len(v)),
-                             np.fromiter(v.values(), dtype=np.float64, count=len(v))))
+                try:
+                    rows.append((np.fromiter(v.keys(), dtype=np.int64, count=len(v)),
+                                 np.fromiter(v.values(), dtype=np.float64, count=len(v))))
+                except (TypeError, ValueError, OverflowError):
+                    raise QueryError(f"sparse_vectors[{len(rows)}]: a dict must map integer term ids to "
+                                     f"numeric weights; got {_first_bad_item(v)!r}") from None
             else:
                 try:
                     idx, w = v
@@ -89,11 +102,22 @@ def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
     offsets = np.zeros(len(rows) + 1, dtype=np.uint64)
     terms_out, weights_out = [], []
     for q, (idx, w) in enumerate(rows):
-        idx, w = np.asarray(idx).reshape(-1), np.asarray(w, dtype=np.float64).reshape(-1)
+        idx, w = np.asarray(idx), np.asarray(w)
+        if idx.ndim > 1 or w.ndim > 1:
+            raise QueryError(f"sparse_vectors[{q}]: indices and weights must be 1-D; got shapes "
+                             f"{idx.shape} and {w.shape}")
+        idx, w = idx.reshape(-1), w.reshape(-1)
+        if len(w) and w.dtype.kind not in "iuf":
+            raise QueryError(f"sparse_vectors[{q}]: weights must be numbers, got dtype {w.dtype} "
+                             f"(first value {w[0].item()!r})")
+        w = w.astype(np.float64)
         if len(idx) != len(w):
             raise QueryError(f"sparse_vectors[{q}]: {len(idx)} indices but {len(w)} weights")
         if len(idx) and not np.issubdtype(idx.dtype, np.integer):
             raise QueryError(f"sparse_vectors[{q}]: indices must be integers, got dtype {idx.dtype}")
+        if idx.dtype.kind == "u" and len(idx) and int(idx.max()) >= vocab_size:
+            raise QueryError(f"sparse_vectors[{q}]: term id {int(idx.max())} outside the vocabulary "
+                             f"[0, {vocab_size})")
         idx = idx.astype(np.int64)
         bad = (idx < 0) | (idx >= vocab_size)
         if bad.any():
