@@ -84,7 +84,8 @@ struct topk_out {
 };
 
 /// automatic: per query, exhaustive when the query's postings total at most
-/// kAutoExhaustivePostings, else maxscore (same results either way).
+/// kAutoExhaustivePostings or the collection is small (at most 65,536
+/// documents), else maxscore (same results either way).
 enum class bm25_algorithm { exhaustive, maxscore, block_max_wand, block_max_maxscore, automatic };
 
 /// Query posting total up to which "auto" scores exhaustively (measured

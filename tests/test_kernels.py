@@ -252,6 +252,21 @@ def test_bm25_dense_scan_selection(seed, weights):
         check_all_bm25(c, q, k, make_allow(rng, n_docs, allow_mode), 16, threads=(1, 3))
 
 
+def test_bm25_dense_scan_large_collection():
+    """The dense-scan exhaustive path on a collection above 2**18 documents (queries whose
+    postings total at least a quarter of the documents), with and without an allow filter,
+    against the oracle; every other algorithm must agree."""
+    rng = np.random.default_rng(520)
+    n_docs = 300_007
+    c = make_corpus(rng, n_docs, 8, density=0.9)
+    q = make_queries(rng, 8, 6, 6, repeats=False)
+    lens = np.diff(c["offsets"].astype(np.int64))
+    totals = [int(lens[q[1][int(b):int(e)]].sum()) for b, e in zip(q[0][:-1], q[0][1:])]
+    assert max(totals) * 4 >= n_docs  # at least one query takes the dense scan
+    for k, allow_mode in [(10, "none"), (100, "random")]:
+        check_all_bm25(c, q, k, make_allow(rng, n_docs, allow_mode), 128, threads=(1, 2))
+
+
 def test_bm25_long_queries_and_many_windows():
     """Queries with more essential lists than the windowed MaxScore handles (DAAT
     fallback), and a corpus spanning many doc-id windows."""

@@ -296,7 +296,8 @@ class BM25Leg:
 
         Args:
             batch: from :meth:`query_terms`.
-            algorithm: ``"auto"`` (default: exhaustive term-at-a-time for queries whose lists
+            algorithm: ``"auto"`` (default: exhaustive term-at-a-time on collections of at most 65,536
+                documents and for queries whose lists
                 are short, MaxScore otherwise; the fastest exact choice in
                 ``benchmarks/bench_bm25.py``), ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or
                 ``"bmm"``. All return identical ids and scores.
