@@ -214,17 +214,33 @@ void check_forward(const forward_view& f, size_t n_terms) {
 void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab) {
     check_offsets(b.term_blocks, b.n_terms, b.n_blocks, "term_blocks");
     check_offsets(b.block_docs_offsets, b.n_blocks, b.n_block_docs, "block_docs_offsets");
-    check_offsets(b.summary_offsets, b.n_blocks, b.n_summary, "summary_offsets");
+    check_offsets(b.summary_comp_offsets, b.n_terms, b.n_comps, "summary_comp_offsets");
+    check_offsets(b.summary_entry_offsets, b.n_comps, b.n_summary, "summary_entry_offsets");
     for (size_t i = 0; i < b.n_block_docs; ++i) {
         if (b.block_docs[i] >= n_docs) {
             bad("block_docs[" + std::to_string(i) + "] = " + std::to_string(b.block_docs[i]) +
                 " must be < n_docs = " + std::to_string(n_docs));
         }
     }
-    for (size_t i = 0; i < b.n_summary; ++i) {
-        if (b.summary_terms[i] >= vocab) {
-            bad("summary_terms[" + std::to_string(i) + "] = " + std::to_string(b.summary_terms[i]) +
-                " must be < n_terms = " + std::to_string(vocab));
+    for (size_t t = 0; t < b.n_terms; ++t) {
+        const uint64_t nb = b.term_blocks[t + 1] - b.term_blocks[t];
+        for (uint64_t c = b.summary_comp_offsets[t]; c < b.summary_comp_offsets[t + 1]; ++c) {
+            if (b.summary_comps[c] >= vocab) {
+                bad("summary_comps[" + std::to_string(c) + "] = " + std::to_string(b.summary_comps[c]) +
+                    " must be < n_terms = " + std::to_string(vocab));
+            }
+            if (c > b.summary_comp_offsets[t] && b.summary_comps[c] <= b.summary_comps[c - 1]) {
+                bad("summary_comps of term " + std::to_string(t) + " must be strictly ascending; summary_comps[" +
+                    std::to_string(c) + "] = " + std::to_string(b.summary_comps[c]) + " <= " +
+                    std::to_string(b.summary_comps[c - 1]));
+            }
+            for (uint64_t i = b.summary_entry_offsets[c]; i < b.summary_entry_offsets[c + 1]; ++i) {
+                if ((b.summary_entries[i] >> 8) >= nb) {
+                    bad("summary_entries[" + std::to_string(i) + "] names block " +
+                        std::to_string(b.summary_entries[i] >> 8) + " of term " + std::to_string(t) +
+                        ", which has " + std::to_string(nb) + " blocks");
+                }
+            }
         }
     }
     for (size_t i = 0; i < b.n_blocks; ++i) {
@@ -332,42 +348,6 @@ inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
     if (p + 1 < e) s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
     if (p + 2 < e) s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
     return ((s0 + s1) + (s2 + s3)) * f.scale;
-}
-
-// Summary score sum_i qd[terms[i]] * values[i] over [i, ie): four partial sums (lanes of one SSE
-// register, uint8 values converted eight at a time), then (u0 + u1) + (u2 + u3). Only a pruning
-// bound: no exactness depends on its rounding.
-inline float summary_dot(const float* qd, const uint32_t* t, const uint8_t* v, uint64_t i, uint64_t ie) {
-    float u0 = 0.0f, u1 = 0.0f, u2 = 0.0f, u3 = 0.0f;
-#if defined(__SSE2__)
-    {
-        __m128 acc = _mm_setzero_ps();
-        const __m128i zero = _mm_setzero_si128();
-        for (; i + 8 <= ie; i += 8) {
-            const __m128i x = _mm_unpacklo_epi8(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + i)), zero);
-            const __m128 q0 = _mm_setr_ps(qd[t[i]], qd[t[i + 1]], qd[t[i + 2]], qd[t[i + 3]]);
-            const __m128 q1 = _mm_setr_ps(qd[t[i + 4]], qd[t[i + 5]], qd[t[i + 6]], qd[t[i + 7]]);
-            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
-            acc = _mm_add_ps(acc, _mm_mul_ps(q1, _mm_cvtepi32_ps(_mm_unpackhi_epi16(x, zero))));
-        }
-        alignas(16) float l[4];
-        _mm_store_ps(l, acc);
-        u0 = l[0];
-        u1 = l[1];
-        u2 = l[2];
-        u3 = l[3];
-    }
-#endif
-    for (; i + 4 <= ie; i += 4) {
-        u0 += qd[t[i]] * static_cast<float>(v[i]);
-        u1 += qd[t[i + 1]] * static_cast<float>(v[i + 1]);
-        u2 += qd[t[i + 2]] * static_cast<float>(v[i + 2]);
-        u3 += qd[t[i + 3]] * static_cast<float>(v[i + 3]);
-    }
-    if (i < ie) u0 += qd[t[i]] * static_cast<float>(v[i]);
-    if (i + 1 < ie) u1 += qd[t[i + 1]] * static_cast<float>(v[i + 1]);
-    if (i + 2 < ie) u2 += qd[t[i + 2]] * static_cast<float>(v[i + 2]);
-    return (u0 + u1) + (u2 + u3);
 }
 
 inline void prefetch_doc(const forward_view& f, uint32_t d) {
@@ -643,6 +623,8 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
         struct state {
             scratch_lease lease;  // qd (vocab, zero between queries) and stamp (n_docs)
             std::vector<uint64_t> order;
+            std::vector<std::pair<uint32_t, float>> qs;       // (term, weight > 0), ascending term
+            std::vector<float> ub;                            // summary scores of one term's blocks
             std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
             topk_heap heap;
         };
@@ -658,10 +640,13 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
             const uint64_t lo = queries.q_offsets[q], hi = queries.q_offsets[q + 1];
             float* qd = sc.qd.data();
             s.order.resize(hi - lo);
+            s.qs.clear();
             for (uint64_t j = lo; j < hi; ++j) {
                 qd[queries.q_terms[j]] = queries.q_weights[j];
                 s.order[j - lo] = j;
+                if (queries.q_weights[j] > 0.0f) s.qs.emplace_back(queries.q_terms[j], queries.q_weights[j]);
             }
+            std::sort(s.qs.begin(), s.qs.end());
             // Largest weights first; ties by term id (deterministic).
             std::sort(s.order.begin(), s.order.end(), [&](uint64_t x, uint64_t y) {
                 const float wx = queries.q_weights[x], wy = queries.q_weights[y];
@@ -671,16 +656,33 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
             for (size_t oi = 0; oi < n_cut; ++oi) {
                 const uint32_t t = queries.q_terms[s.order[oi]];
                 if (queries.q_weights[s.order[oi]] <= 0.0f) break;
-                // Summary scores of all the term's blocks, then the blocks in
-                // decreasing summary score: the heap fills with good documents
-                // first, and the first block below heap_factor * threshold ends
-                // the list (every later one scores lower still).
-                s.blocks.clear();
-                for (uint64_t b = bl.term_blocks[t]; b < bl.term_blocks[t + 1]; ++b) {
-                    const float u = summary_dot(qd, bl.summary_terms, bl.summary_values, bl.summary_offsets[b],
-                                                bl.summary_offsets[b + 1]);
-                    s.blocks.emplace_back(u * bl.summary_scale[b], b);
+                // Summary scores of all the term's blocks, term-at-a-time over its inverted
+                // summaries: for each query term (ascending) found among the term's summary
+                // components (ascending; the search resumes where the last one ended), its
+                // entries add w * v to their block. Then the blocks in decreasing summary score:
+                // the heap fills with good documents first, and the first block below
+                // heap_factor * threshold ends the list (every later one scores lower still).
+                const uint64_t b0 = bl.term_blocks[t], nb = bl.term_blocks[t + 1] - b0;
+                if (nb == 0) continue;
+                s.ub.assign(nb, 0.0f);
+                float* ub = s.ub.data();
+                const uint32_t* comps = bl.summary_comps;
+                uint64_t c = bl.summary_comp_offsets[t];
+                const uint64_t ce = bl.summary_comp_offsets[t + 1];
+                for (const auto& [qt, w] : s.qs) {
+                    if (c == ce) break;
+                    if (comps[c] < qt) c = static_cast<uint64_t>(std::lower_bound(comps + c, comps + ce, qt) - comps);
+                    if (c == ce) break;
+                    if (comps[c] != qt) continue;
+                    const uint32_t* en = bl.summary_entries;
+                    for (uint64_t i = bl.summary_entry_offsets[c], ie = bl.summary_entry_offsets[c + 1]; i < ie; ++i) {
+                        const uint32_t x = en[i];
+                        ub[x >> 8] += w * static_cast<float>(x & 0xffu);
+                    }
+                    ++c;
                 }
+                s.blocks.clear();
+                for (uint64_t j = 0; j < nb; ++j) s.blocks.emplace_back(ub[j] * bl.summary_scale[b0 + j], b0 + j);
                 std::sort(s.blocks.begin(), s.blocks.end(), [](const auto& x, const auto& y) {
                     return x.first > y.first || (x.first == y.first && x.second < y.second);
                 });

@@ -37,18 +37,24 @@ struct forward_view {
 };
 
 /// Seismic blocks: term t owns blocks [term_blocks[t], term_blocks[t+1]); block
-/// b holds docs block_docs[block_docs_offsets[b] : ...+1] and the summary
-/// summary_terms/values[summary_offsets[b] : ...+1] whose entries are
-/// summary_values * summary_scale[b] in weight units.
+/// b holds docs block_docs[block_docs_offsets[b] : ...+1]. The block summaries
+/// are stored inverted per term (only the query's terms are read at query
+/// time): term t's summary components are summary_comps[summary_comp_offsets[t]
+/// : ...+1] (ascending); component c's entries are
+/// summary_entries[summary_entry_offsets[c] : ...+1], each (j << 8) | v with j
+/// the block's index within term t's blocks (ascending) and v a uint8 value;
+/// the entry weighs v * summary_scale[term_blocks[t] + j] in weight units.
 struct blocks_view {
     const uint64_t* term_blocks = nullptr;  // n_terms + 1
     size_t n_terms = 0;
     const uint64_t* block_docs_offsets = nullptr;  // n_blocks + 1
     const uint32_t* block_docs = nullptr;
     size_t n_block_docs = 0;
-    const uint64_t* summary_offsets = nullptr;  // n_blocks + 1
-    const uint32_t* summary_terms = nullptr;
-    const uint8_t* summary_values = nullptr;
+    const uint64_t* summary_comp_offsets = nullptr;  // n_terms + 1
+    const uint32_t* summary_comps = nullptr;         // n_comps
+    size_t n_comps = 0;
+    const uint64_t* summary_entry_offsets = nullptr;  // n_comps + 1
+    const uint32_t* summary_entries = nullptr;        // n_summary
     size_t n_summary = 0;
     const float* summary_scale = nullptr;  // n_blocks
     size_t n_blocks = 0;
@@ -87,10 +93,11 @@ void check_impact_postings(const u16_postings_view& p);
 
 /// Approximate top-k (Seismic). Per query: the `query_cut` largest query
 /// weights are visited in decreasing order; for each, the summary scores of
-/// all its blocks are computed and the blocks visited in decreasing summary
-/// score; the first block whose summary score < heap_factor * k-th score (heap
-/// full) ends that term. Documents of visited blocks not yet scored are scored
-/// exactly from the forward index.
+/// all its blocks are computed (term-at-a-time over the inverted summaries:
+/// only components that are query terms are read) and the blocks visited in
+/// decreasing summary score; the first block whose summary score <
+/// heap_factor * k-th score (heap full) ends that term. Documents of visited
+/// blocks not yet scored are scored exactly from the forward index.
 void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
                          size_t query_cut, float heap_factor, int n_threads, const topk_out& out);
 

@@ -534,9 +534,9 @@ forward_view make_forward(const carray<uint64_t>& fwd_offsets, const carray<uint
 }
 
 blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
-                        const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
-                        const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
-                        const carray<float>& summary_scale) {
+                        const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
+                        const carray<uint32_t>& summary_comps, const carray<uint64_t>& summary_entry_offsets,
+                        const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
     blocks_view b;
     const size_t n_tb = len1d(term_blocks, "term_blocks");
     if (n_tb == 0) fail("term_blocks must have length n_terms + 1 >= 1, got length 0");
@@ -545,34 +545,39 @@ blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64
     b.n_blocks = len1d(summary_scale, "summary_scale");
     require_eq(len1d(block_docs_offsets, "block_docs_offsets"), b.n_blocks + 1, "len(block_docs_offsets)",
                "len(summary_scale) + 1");
-    require_eq(len1d(summary_offsets, "summary_offsets"), b.n_blocks + 1, "len(summary_offsets)",
-               "len(summary_scale) + 1");
+    require_eq(len1d(summary_comp_offsets, "summary_comp_offsets"), b.n_terms + 1, "len(summary_comp_offsets)",
+               "len(term_blocks)");
     b.block_docs_offsets = block_docs_offsets.data();
     b.block_docs = block_docs.data();
     b.n_block_docs = len1d(block_docs, "block_docs");
-    b.summary_offsets = summary_offsets.data();
-    b.summary_terms = summary_terms.data();
-    b.n_summary = len1d(summary_terms, "summary_terms");
-    require_eq(len1d(summary_values, "summary_values"), b.n_summary, "len(summary_values)", "len(summary_terms)");
-    b.summary_values = summary_values.data();
+    b.summary_comp_offsets = summary_comp_offsets.data();
+    b.summary_comps = summary_comps.data();
+    b.n_comps = len1d(summary_comps, "summary_comps");
+    require_eq(len1d(summary_entry_offsets, "summary_entry_offsets"), b.n_comps + 1, "len(summary_entry_offsets)",
+               "len(summary_comps) + 1");
+    b.summary_entry_offsets = summary_entry_offsets.data();
+    b.summary_entries = summary_entries.data();
+    b.n_summary = len1d(summary_entries, "summary_entries");
     b.summary_scale = summary_scale.data();
     require_eq(static_cast<size_t>(b.term_blocks[b.n_terms]), b.n_blocks, "term_blocks[-1]", "n_blocks");
     require_eq(static_cast<size_t>(b.block_docs_offsets[b.n_blocks]), b.n_block_docs, "block_docs_offsets[-1]",
                "len(block_docs)");
-    require_eq(static_cast<size_t>(b.summary_offsets[b.n_blocks]), b.n_summary, "summary_offsets[-1]",
-               "len(summary_terms)");
+    require_eq(static_cast<size_t>(b.summary_comp_offsets[b.n_terms]), b.n_comps, "summary_comp_offsets[-1]",
+               "len(summary_comps)");
+    require_eq(static_cast<size_t>(b.summary_entry_offsets[b.n_comps]), b.n_summary, "summary_entry_offsets[-1]",
+               "len(summary_entries)");
     return b;
 }
 
 void py_check_sparse_index(const carray<uint64_t>& fwd_offsets, const carray<uint32_t>& fwd_terms,
                            const carray<uint16_t>& fwd_values, double scale, int64_t n_terms,
                            const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
-                           const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
-                           const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
-                           const carray<float>& summary_scale) {
+                           const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
+                           const carray<uint32_t>& summary_comps, const carray<uint64_t>& summary_entry_offsets,
+                           const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
-    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_offsets, summary_terms,
-                                      summary_values, summary_scale);
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_comps,
+                                      summary_entry_offsets, summary_entries, summary_scale);
     if (n_terms < 1) fail("n_terms must be >= 1, got " + std::to_string(n_terms));
     require_eq(b.n_terms, static_cast<size_t>(n_terms), "len(term_blocks) - 1", "n_terms");
     py::gil_scoped_release nogil;
@@ -608,14 +613,16 @@ topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<u
 topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const carray<uint32_t>& fwd_terms,
                                    const carray<uint16_t>& fwd_values, double scale,
                                    const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
-                                   const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_offsets,
-                                   const carray<uint32_t>& summary_terms, const carray<uint8_t>& summary_values,
-                                   const carray<float>& summary_scale, const carray<uint64_t>& q_offsets,
+                                   const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
+                                   const carray<uint32_t>& summary_comps,
+                                   const carray<uint64_t>& summary_entry_offsets,
+                                   const carray<uint32_t>& summary_entries, const carray<float>& summary_scale,
+                                   const carray<uint64_t>& q_offsets,
                                    const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
                                    int64_t query_cut, double heap_factor, int n_threads) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
-    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_offsets, summary_terms,
-                                      summary_values, summary_scale);
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_comps,
+                                      summary_entry_offsets, summary_entries, summary_scale);
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
     if (query_cut < 1) fail("query_cut must be >= 1, got " + std::to_string(query_cut));
@@ -638,8 +645,9 @@ void register_sparse_kernels(py::module_& m) {
     m.def("check_sparse_index", &py_check_sparse_index, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("n_terms"), py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
-          py::arg("block_docs").noconvert(), py::arg("summary_offsets").noconvert(),
-          py::arg("summary_terms").noconvert(), py::arg("summary_values").noconvert(),
+          py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
+          py::arg("summary_comps").noconvert(), py::arg("summary_entry_offsets").noconvert(),
+          py::arg("summary_entries").noconvert(),
           py::arg("summary_scale").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
@@ -661,8 +669,9 @@ void register_sparse_kernels(py::module_& m) {
     m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
-          py::arg("block_docs").noconvert(), py::arg("summary_offsets").noconvert(),
-          py::arg("summary_terms").noconvert(), py::arg("summary_values").noconvert(),
+          py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
+          py::arg("summary_comps").noconvert(), py::arg("summary_entry_offsets").noconvert(),
+          py::arg("summary_entries").noconvert(),
           py::arg("summary_scale").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
           py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,
           py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0,

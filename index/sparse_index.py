@@ -429,6 +429,74 @@ def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fw
             sum_vals[:ns_total], sum_sizes[:nb_total], sum_scale[:nb_total])
 
 
+@nb.njit(cache=True)
+def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
+    """Per term, its blocks' summaries regrouped by component: (comp_offsets, comps, entry_offsets,
+    entries) as in :func:`build_blocks`. Entries of a component keep block order (ascending j)."""
+    n_terms = term_blocks.shape[0] - 1
+    n = sum_terms.shape[0]
+    comp_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    comps = np.empty(n, dtype=np.uint32)
+    entry_counts = np.empty(n, dtype=np.int64)
+    entries = np.empty(n, dtype=np.uint32)
+    nc = 0
+    ne = 0
+    for t in range(n_terms):
+        b0 = term_blocks[t]
+        b1 = term_blocks[t + 1]
+        lo = sum_offsets[b0]
+        hi = sum_offsets[b1]
+        if hi > lo:
+            seg = sum_terms[lo:hi]
+            order = np.argsort(seg, kind="mergesort")  # stable: block order kept per component
+            blk = np.empty(hi - lo, dtype=np.int64)
+            for b in range(b0, b1):
+                for i in range(sum_offsets[b], sum_offsets[b + 1]):
+                    blk[i - lo] = b - b0
+            prev = -1
+            for r in range(hi - lo):
+                i = order[r]
+                c = np.int64(seg[i])
+                if c != prev:
+                    comps[nc] = c
+                    entry_counts[nc] = 0
+                    nc += 1
+                    prev = c
+                entries[ne] = np.uint32((blk[i] << 8) | np.int64(sum_values[lo + i]))
+                entry_counts[nc - 1] += 1
+                ne += 1
+        comp_offsets[t + 1] = nc
+    entry_offsets = np.zeros(nc + 1, dtype=np.uint64)
+    s = 0
+    for c in range(nc):
+        s += entry_counts[c]
+        entry_offsets[c + 1] = s
+    return comp_offsets, comps[:nc].copy(), entry_offsets, entries
+
+
+def invert_summaries(term_blocks: np.ndarray, summary_offsets: np.ndarray, summary_terms: np.ndarray,
+                     summary_values: np.ndarray) -> dict[str, np.ndarray]:
+    """Block summaries (per block: ascending ``summary_terms`` uint32 with ``summary_values`` uint8,
+    rows ``summary_offsets`` uint64 (n_blocks+1,)) regrouped per term by component, the layout the
+    query kernel reads (only the components that are query terms are touched).
+
+    Returns ``summary_comp_offsets`` uint64 (n_terms+1,), ``summary_comps`` uint32 (ascending per
+    term), ``summary_entry_offsets`` uint64 (n_comps+1,), ``summary_entries`` uint32: ``(j << 8) | v``,
+    ``j`` the block's index among its term's blocks (ascending per component), ``v`` the uint8 value.
+
+    Raises:
+        ValueError: a term with 2**24 blocks or more (``j`` has 24 bits).
+    """
+    tb = np.asarray(term_blocks, dtype=np.int64)
+    if len(tb) > 1 and int(np.diff(tb).max()) >= 1 << 24:
+        raise ValueError(f"a term has {int(np.diff(tb).max())} blocks; at most {(1 << 24) - 1} are supported")
+    co, comps, eo, en = _invert_summaries(tb, np.asarray(summary_offsets, dtype=np.int64),
+                                          np.asarray(summary_terms, dtype=np.uint32),
+                                          np.asarray(summary_values, dtype=np.uint8))
+    return {"summary_comp_offsets": co, "summary_comps": comps, "summary_entry_offsets": eo,
+            "summary_entries": en}
+
+
 def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_terms: np.ndarray,
                  fwd_values: np.ndarray, *, n_postings: int, block_size: int, summary_energy: float,
                  scale: float, n_terms: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -444,8 +512,10 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
     Returns:
         ``term_blocks`` uint64 (n_terms+1,) (term t owns blocks [term_blocks[t], term_blocks[t+1])),
         ``block_docs_offsets`` uint64 (n_blocks+1,), ``block_docs`` uint32 (ascending per block),
-        ``summary_offsets`` uint64 (n_blocks+1,), ``summary_terms`` uint32 (ascending per block),
-        ``summary_values`` uint8, ``summary_scale`` float32 (n_blocks,) in weight units.
+        the summaries inverted per term (:func:`invert_summaries`: ``summary_comp_offsets``,
+        ``summary_comps``, ``summary_entry_offsets``, ``summary_entries``) and ``summary_scale``
+        float32 (n_blocks,) in weight units (entry value ``v`` of block b weighs
+        ``v · summary_scale[b]``).
     """
     tb, bdocs, bsizes, sterms, svals, ssizes, sscale = _build_blocks(
         postings["offsets"].astype(np.int64), postings["doc_ids"], postings["impacts"],
@@ -455,8 +525,8 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
     np.cumsum(bsizes, out=bo[1:])
     so = np.zeros(len(ssizes) + 1, dtype=np.uint64)
     np.cumsum(ssizes, out=so[1:])
-    return {"term_blocks": tb, "block_docs_offsets": bo, "block_docs": bdocs, "summary_offsets": so,
-            "summary_terms": sterms, "summary_values": svals,
+    return {"term_blocks": tb, "block_docs_offsets": bo, "block_docs": bdocs,
+            **invert_summaries(tb, so, sterms, svals),
             "summary_scale": (sscale.astype(np.float64) * scale).astype(np.float32)}
 
 

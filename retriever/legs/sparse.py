@@ -37,11 +37,11 @@ SPARSE_INDEX_ARRAYS = {
     "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
     "offsets": np.uint64, "doc_ids": np.uint32, "impacts": np.uint16,
     "term_blocks": np.uint64, "block_docs_offsets": np.uint64, "block_docs": np.uint32,
-    "summary_offsets": np.uint64, "summary_terms": np.uint32, "summary_values": np.uint8,
-    "summary_scale": np.float32,
+    "summary_comp_offsets": np.uint64, "summary_comps": np.uint32, "summary_entry_offsets": np.uint64,
+    "summary_entries": np.uint32, "summary_scale": np.float32,
 }
-_BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_offsets", "summary_terms",
-               "summary_values", "summary_scale")
+_BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_comp_offsets", "summary_comps",
+               "summary_entry_offsets", "summary_entries", "summary_scale")
 #: Query-time defaults of the approximate mode, chosen from ``python -m benchmarks.bench_sparse
 #: --collections scifact`` (2026-11-29): query_cut 8-12 at heap_factor 0.9 gave recall@10 0.98-0.99
 #: against exact; 10 sits in between. Lower query_cut trades recall for speed (3: ~0.85).
