@@ -215,7 +215,7 @@ void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab) {
     check_offsets(b.term_blocks, b.n_terms, b.n_blocks, "term_blocks");
     check_offsets(b.block_docs_offsets, b.n_blocks, b.n_block_docs, "block_docs_offsets");
     check_offsets(b.summary_comp_offsets, b.n_terms, b.n_comps, "summary_comp_offsets");
-    check_offsets(b.summary_entry_offsets, b.n_comps, b.n_summary, "summary_entry_offsets");
+    check_offsets(b.summary_entry_offsets, b.n_terms, b.n_summary, "summary_entry_offsets");
     for (size_t i = 0; i < b.n_block_docs; ++i) {
         if (b.block_docs[i] >= n_docs) {
             bad("block_docs[" + std::to_string(i) + "] = " + std::to_string(b.block_docs[i]) +
@@ -224,22 +224,32 @@ void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab) {
     }
     for (size_t t = 0; t < b.n_terms; ++t) {
         const uint64_t nb = b.term_blocks[t + 1] - b.term_blocks[t];
-        for (uint64_t c = b.summary_comp_offsets[t]; c < b.summary_comp_offsets[t + 1]; ++c) {
-            if (b.summary_comps[c] >= vocab) {
-                bad("summary_comps[" + std::to_string(c) + "] = " + std::to_string(b.summary_comps[c]) +
-                    " must be < n_terms = " + std::to_string(vocab));
+        const uint64_t ne = b.summary_entry_offsets[t + 1] - b.summary_entry_offsets[t];
+        const uint64_t c0 = b.summary_comp_offsets[t], c1 = b.summary_comp_offsets[t + 1];
+        if (c0 == c1 && ne != 0) {
+            bad("term " + std::to_string(t) + " has " + std::to_string(ne) + " summary entries but no summary_dir entry");
+        }
+        for (uint64_t c = c0; c < c1; ++c) {
+            const uint64_t comp = b.summary_dir[c] >> 32, r = b.summary_dir[c] & 0xffffffffu;
+            const uint64_t r_end = c + 1 < c1 ? (b.summary_dir[c + 1] & 0xffffffffu) : ne;
+            if (comp >= vocab) {
+                bad("summary_dir[" + std::to_string(c) + "] names component " + std::to_string(comp) +
+                    ", must be < n_terms = " + std::to_string(vocab));
             }
-            if (c > b.summary_comp_offsets[t] && b.summary_comps[c] <= b.summary_comps[c - 1]) {
-                bad("summary_comps of term " + std::to_string(t) + " must be strictly ascending; summary_comps[" +
-                    std::to_string(c) + "] = " + std::to_string(b.summary_comps[c]) + " <= " +
-                    std::to_string(b.summary_comps[c - 1]));
+            if (c > c0 && comp <= (b.summary_dir[c - 1] >> 32)) {
+                bad("summary_dir components of term " + std::to_string(t) + " must be strictly ascending at summary_dir[" +
+                    std::to_string(c) + "]");
             }
-            for (uint64_t i = b.summary_entry_offsets[c]; i < b.summary_entry_offsets[c + 1]; ++i) {
-                if ((b.summary_entries[i] >> 8) >= nb) {
-                    bad("summary_entries[" + std::to_string(i) + "] names block " +
-                        std::to_string(b.summary_entries[i] >> 8) + " of term " + std::to_string(t) +
-                        ", which has " + std::to_string(nb) + " blocks");
-                }
+            if ((c == c0 && r != 0) || r > r_end || r_end > ne) {
+                bad("summary_dir[" + std::to_string(c) + "] entry range [" + std::to_string(r) + ", " +
+                    std::to_string(r_end) + ") of term " + std::to_string(t) + " is not a partition of its " +
+                    std::to_string(ne) + " summary entries");
+            }
+        }
+        for (uint64_t i = b.summary_entry_offsets[t]; i < b.summary_entry_offsets[t + 1]; ++i) {
+            if ((b.summary_entries[i] >> 8) >= nb) {
+                bad("summary_entries[" + std::to_string(i) + "] names block " + std::to_string(b.summary_entries[i] >> 8) +
+                    " of term " + std::to_string(t) + ", which has " + std::to_string(nb) + " blocks");
             }
         }
     }
@@ -625,6 +635,11 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
             std::vector<uint64_t> order;
             std::vector<std::pair<uint32_t, float>> qs;       // (term, weight > 0), ascending term
             std::vector<float> ub;                            // summary scores of one term's blocks
+            struct hit {
+                uint64_t b, e;
+                float w;
+            };
+            std::vector<hit> hits;  // entry ranges of the query terms among one term's components
             std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
             topk_heap heap;
         };
@@ -666,20 +681,43 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 if (nb == 0) continue;
                 s.ub.assign(nb, 0.0f);
                 float* ub = s.ub.data();
-                const uint32_t* comps = bl.summary_comps;
-                uint64_t c = bl.summary_comp_offsets[t];
+                const uint64_t* dir = bl.summary_dir;
                 const uint64_t ce = bl.summary_comp_offsets[t + 1];
+                const uint64_t e0 = bl.summary_entry_offsets[t], ne = bl.summary_entry_offsets[t + 1] - e0;
+                const uint32_t* en = bl.summary_entries + e0;
+                // Pass 1: the query terms among the components (galloping search from the last
+                // match: both lists ascend), their entry ranges collected and prefetched.
+                s.hits.clear();
+                uint64_t c = bl.summary_comp_offsets[t];
                 for (const auto& [qt, w] : s.qs) {
                     if (c == ce) break;
-                    if (comps[c] < qt) c = static_cast<uint64_t>(std::lower_bound(comps + c, comps + ce, qt) - comps);
-                    if (c == ce) break;
-                    if (comps[c] != qt) continue;
-                    const uint32_t* en = bl.summary_entries;
-                    for (uint64_t i = bl.summary_entry_offsets[c], ie = bl.summary_entry_offsets[c + 1]; i < ie; ++i) {
+                    const uint64_t key = static_cast<uint64_t>(qt) << 32;
+                    if (dir[c] < key) {
+                        uint64_t step = 1, lo_c = c;
+                        while (lo_c + step < ce && dir[lo_c + step] < key) {
+                            lo_c += step;
+                            step <<= 1;
+                        }
+                        const uint64_t hi_c = std::min<uint64_t>(ce, lo_c + step + 1);
+                        c = static_cast<uint64_t>(std::lower_bound(dir + lo_c + 1, dir + hi_c, key) - dir);
+                        if (c == ce) break;
+                    }
+                    if ((dir[c] >> 32) != qt) continue;
+                    const uint64_t r = dir[c] & 0xffffffffu;
+                    const uint64_t r_end = c + 1 < ce ? (dir[c + 1] & 0xffffffffu) : ne;
+#if defined(__GNUC__)
+                    __builtin_prefetch(en + r);
+#endif
+                    s.hits.push_back(typename std::decay_t<decltype(s.hits)>::value_type{r, r_end, w});
+                    ++c;
+                }
+                // Pass 2: each hit's entries add w * v to their block.
+                for (const auto& h : s.hits) {
+                    const float w = h.w;
+                    for (uint64_t i = h.b; i < h.e; ++i) {
                         const uint32_t x = en[i];
                         ub[x >> 8] += w * static_cast<float>(x & 0xffu);
                     }
-                    ++c;
                 }
                 s.blocks.clear();
                 for (uint64_t j = 0; j < nb; ++j) s.blocks.emplace_back(ub[j] * bl.summary_scale[b0 + j], b0 + j);

@@ -38,12 +38,14 @@ struct forward_view {
 
 /// Seismic blocks: term t owns blocks [term_blocks[t], term_blocks[t+1]); block
 /// b holds docs block_docs[block_docs_offsets[b] : ...+1]. The block summaries
-/// are stored inverted per term (only the query's terms are read at query
-/// time): term t's summary components are summary_comps[summary_comp_offsets[t]
-/// : ...+1] (ascending); component c's entries are
-/// summary_entries[summary_entry_offsets[c] : ...+1], each (j << 8) | v with j
-/// the block's index within term t's blocks (ascending) and v a uint8 value;
-/// the entry weighs v * summary_scale[term_blocks[t] + j] in weight units.
+/// are stored inverted per term, so that only the query's terms are read at
+/// query time. Term t's directory is summary_dir[summary_comp_offsets[t] :
+/// ...+1], one uint64 per component c (c ascending): (c << 32) | r, where r is
+/// the start of c's entries relative to e0 = summary_entry_offsets[t] (they end
+/// at the next directory entry's r, the last at summary_entry_offsets[t+1] -
+/// e0). An entry of summary_entries is (j << 8) | v: j the block's index within
+/// term t's blocks (ascending within a component), v a uint8 value weighing
+/// v * summary_scale[term_blocks[t] + j] in weight units.
 struct blocks_view {
     const uint64_t* term_blocks = nullptr;  // n_terms + 1
     size_t n_terms = 0;
@@ -51,9 +53,9 @@ struct blocks_view {
     const uint32_t* block_docs = nullptr;
     size_t n_block_docs = 0;
     const uint64_t* summary_comp_offsets = nullptr;  // n_terms + 1
-    const uint32_t* summary_comps = nullptr;         // n_comps
+    const uint64_t* summary_dir = nullptr;           // n_comps
     size_t n_comps = 0;
-    const uint64_t* summary_entry_offsets = nullptr;  // n_comps + 1
+    const uint64_t* summary_entry_offsets = nullptr;  // n_terms + 1
     const uint32_t* summary_entries = nullptr;        // n_summary
     size_t n_summary = 0;
     const float* summary_scale = nullptr;  // n_blocks

@@ -535,7 +535,7 @@ forward_view make_forward(const carray<uint64_t>& fwd_offsets, const carray<uint
 
 blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
                         const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
-                        const carray<uint32_t>& summary_comps, const carray<uint64_t>& summary_entry_offsets,
+                        const carray<uint64_t>& summary_dir, const carray<uint64_t>& summary_entry_offsets,
                         const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
     blocks_view b;
     const size_t n_tb = len1d(term_blocks, "term_blocks");
@@ -551,10 +551,10 @@ blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64
     b.block_docs = block_docs.data();
     b.n_block_docs = len1d(block_docs, "block_docs");
     b.summary_comp_offsets = summary_comp_offsets.data();
-    b.summary_comps = summary_comps.data();
-    b.n_comps = len1d(summary_comps, "summary_comps");
-    require_eq(len1d(summary_entry_offsets, "summary_entry_offsets"), b.n_comps + 1, "len(summary_entry_offsets)",
-               "len(summary_comps) + 1");
+    b.summary_dir = summary_dir.data();
+    b.n_comps = len1d(summary_dir, "summary_dir");
+    require_eq(len1d(summary_entry_offsets, "summary_entry_offsets"), b.n_terms + 1, "len(summary_entry_offsets)",
+               "len(term_blocks)");
     b.summary_entry_offsets = summary_entry_offsets.data();
     b.summary_entries = summary_entries.data();
     b.n_summary = len1d(summary_entries, "summary_entries");
@@ -563,8 +563,8 @@ blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64
     require_eq(static_cast<size_t>(b.block_docs_offsets[b.n_blocks]), b.n_block_docs, "block_docs_offsets[-1]",
                "len(block_docs)");
     require_eq(static_cast<size_t>(b.summary_comp_offsets[b.n_terms]), b.n_comps, "summary_comp_offsets[-1]",
-               "len(summary_comps)");
-    require_eq(static_cast<size_t>(b.summary_entry_offsets[b.n_comps]), b.n_summary, "summary_entry_offsets[-1]",
+               "len(summary_dir)");
+    require_eq(static_cast<size_t>(b.summary_entry_offsets[b.n_terms]), b.n_summary, "summary_entry_offsets[-1]",
                "len(summary_entries)");
     return b;
 }
@@ -573,10 +573,10 @@ void py_check_sparse_index(const carray<uint64_t>& fwd_offsets, const carray<uin
                            const carray<uint16_t>& fwd_values, double scale, int64_t n_terms,
                            const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
                            const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
-                           const carray<uint32_t>& summary_comps, const carray<uint64_t>& summary_entry_offsets,
+                           const carray<uint64_t>& summary_dir, const carray<uint64_t>& summary_entry_offsets,
                            const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
-    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_comps,
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
                                       summary_entry_offsets, summary_entries, summary_scale);
     if (n_terms < 1) fail("n_terms must be >= 1, got " + std::to_string(n_terms));
     require_eq(b.n_terms, static_cast<size_t>(n_terms), "len(term_blocks) - 1", "n_terms");
@@ -614,14 +614,14 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
                                    const carray<uint16_t>& fwd_values, double scale,
                                    const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
                                    const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
-                                   const carray<uint32_t>& summary_comps,
+                                   const carray<uint64_t>& summary_dir,
                                    const carray<uint64_t>& summary_entry_offsets,
                                    const carray<uint32_t>& summary_entries, const carray<float>& summary_scale,
                                    const carray<uint64_t>& q_offsets,
                                    const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
                                    int64_t query_cut, double heap_factor, int n_threads) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
-    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_comps,
+    const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
                                       summary_entry_offsets, summary_entries, summary_scale);
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
@@ -646,7 +646,7 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("n_terms"), py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
           py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
-          py::arg("summary_comps").noconvert(), py::arg("summary_entry_offsets").noconvert(),
+          py::arg("summary_dir").noconvert(), py::arg("summary_entry_offsets").noconvert(),
           py::arg("summary_entries").noconvert(),
           py::arg("summary_scale").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
@@ -670,7 +670,7 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
           py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
-          py::arg("summary_comps").noconvert(), py::arg("summary_entry_offsets").noconvert(),
+          py::arg("summary_dir").noconvert(), py::arg("summary_entry_offsets").noconvert(),
           py::arg("summary_entries").noconvert(),
           py::arg("summary_scale").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
           py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,

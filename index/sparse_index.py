@@ -431,16 +431,15 @@ def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fw
 
 @nb.njit(cache=True)
 def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
-    """Per term, its blocks' summaries regrouped by component: (comp_offsets, comps, entry_offsets,
-    entries) as in :func:`build_blocks`. Entries of a component keep block order (ascending j)."""
+    """Per term, its blocks' summaries regrouped by component: (comp_offsets, dir, entry_offsets,
+    entries) as in :func:`invert_summaries`. Entries of a component keep block order (ascending j)."""
     n_terms = term_blocks.shape[0] - 1
     n = sum_terms.shape[0]
     comp_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
-    comps = np.empty(n, dtype=np.uint32)
-    entry_counts = np.empty(n, dtype=np.int64)
+    entry_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
+    dir_ = np.empty(n, dtype=np.uint64)
     entries = np.empty(n, dtype=np.uint32)
     nc = 0
-    ne = 0
     for t in range(n_terms):
         b0 = term_blocks[t]
         b1 = term_blocks[t + 1]
@@ -458,42 +457,47 @@ def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
                 i = order[r]
                 c = np.int64(seg[i])
                 if c != prev:
-                    comps[nc] = c
-                    entry_counts[nc] = 0
+                    dir_[nc] = np.uint64((c << 32) | r)
                     nc += 1
                     prev = c
-                entries[ne] = np.uint32((blk[i] << 8) | np.int64(sum_values[lo + i]))
-                entry_counts[nc - 1] += 1
-                ne += 1
+                entries[lo + r] = np.uint32((blk[i] << 8) | np.int64(sum_values[lo + i]))
         comp_offsets[t + 1] = nc
-    entry_offsets = np.zeros(nc + 1, dtype=np.uint64)
-    s = 0
-    for c in range(nc):
-        s += entry_counts[c]
-        entry_offsets[c + 1] = s
-    return comp_offsets, comps[:nc].copy(), entry_offsets, entries
+        entry_offsets[t + 1] = hi
+    return comp_offsets, dir_[:nc].copy(), entry_offsets, entries
 
 
 def invert_summaries(term_blocks: np.ndarray, summary_offsets: np.ndarray, summary_terms: np.ndarray,
                      summary_values: np.ndarray) -> dict[str, np.ndarray]:
     """Block summaries (per block: ascending ``summary_terms`` uint32 with ``summary_values`` uint8,
-    rows ``summary_offsets`` uint64 (n_blocks+1,)) regrouped per term by component, the layout the
-    query kernel reads (only the components that are query terms are touched).
+    rows ``summary_offsets`` uint64 (n_blocks+1,); a term's blocks contiguous, as ``term_blocks``
+    says) regrouped per term by component: the layout the query kernel reads, where only the
+    components that are query terms are touched.
 
-    Returns ``summary_comp_offsets`` uint64 (n_terms+1,), ``summary_comps`` uint32 (ascending per
-    term), ``summary_entry_offsets`` uint64 (n_comps+1,), ``summary_entries`` uint32: ``(j << 8) | v``,
-    ``j`` the block's index among its term's blocks (ascending per component), ``v`` the uint8 value.
+    Returns:
+        ``summary_comp_offsets`` uint64 (n_terms+1,): term t's directory is
+        ``summary_dir[summary_comp_offsets[t]:summary_comp_offsets[t+1]]``;
+        ``summary_dir`` uint64: per component c of the term (ascending) ``(c << 32) | r``, r the
+        start of c's entries relative to ``summary_entry_offsets[t]`` (they end where the next
+        component's start, the last at the term's end);
+        ``summary_entry_offsets`` uint64 (n_terms+1,): term t's entries are
+        ``summary_entries[summary_entry_offsets[t]:summary_entry_offsets[t+1]]``;
+        ``summary_entries`` uint32: ``(j << 8) | v``, j the block's index among the term's blocks
+        (ascending within a component), v the uint8 value.
 
     Raises:
-        ValueError: a term with 2**24 blocks or more (``j`` has 24 bits).
+        ValueError: a term with 2**24 blocks or 2**32 summary entries or more.
     """
     tb = np.asarray(term_blocks, dtype=np.int64)
-    if len(tb) > 1 and int(np.diff(tb).max()) >= 1 << 24:
-        raise ValueError(f"a term has {int(np.diff(tb).max())} blocks; at most {(1 << 24) - 1} are supported")
-    co, comps, eo, en = _invert_summaries(tb, np.asarray(summary_offsets, dtype=np.int64),
-                                          np.asarray(summary_terms, dtype=np.uint32),
-                                          np.asarray(summary_values, dtype=np.uint8))
-    return {"summary_comp_offsets": co, "summary_comps": comps, "summary_entry_offsets": eo,
+    so = np.asarray(summary_offsets, dtype=np.int64)
+    if len(tb) > 1:
+        if int(np.diff(tb).max()) >= 1 << 24:
+            raise ValueError(f"a term has {int(np.diff(tb).max())} blocks; at most {(1 << 24) - 1} are supported")
+        per_term = so[tb[1:]] - so[tb[:-1]]
+        if int(per_term.max()) >= 1 << 32:
+            raise ValueError(f"a term has {int(per_term.max())} summary entries; at most 2**32 - 1 are supported")
+    co, dir_, eo, en = _invert_summaries(tb, so, np.asarray(summary_terms, dtype=np.uint32),
+                                         np.asarray(summary_values, dtype=np.uint8))
+    return {"summary_comp_offsets": co, "summary_dir": dir_, "summary_entry_offsets": eo,
             "summary_entries": en}
 
 
@@ -513,7 +517,7 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
         ``term_blocks`` uint64 (n_terms+1,) (term t owns blocks [term_blocks[t], term_blocks[t+1])),
         ``block_docs_offsets`` uint64 (n_blocks+1,), ``block_docs`` uint32 (ascending per block),
         the summaries inverted per term (:func:`invert_summaries`: ``summary_comp_offsets``,
-        ``summary_comps``, ``summary_entry_offsets``, ``summary_entries``) and ``summary_scale``
+        ``summary_dir``, ``summary_entry_offsets``, ``summary_entries``) and ``summary_scale``
         float32 (n_blocks,) in weight units (entry value ``v`` of block b weighs
         ``v · summary_scale[b]``).
     """
