@@ -16,6 +16,9 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#include <immintrin.h>
+#endif
 
 #include "parallel.hpp"
 #include "topk.hpp"
@@ -307,57 +310,119 @@ struct term_cursor {
     uint64_t cur, end;  // position in the impact-ordered list, its end
 };
 
-// Exact score of document d from the forward index: scale * sum over d's terms
-// (in stored order) of qd[t] * value. The same function serves every path of
-// both kernels, so a document's score never depends on how it was reached.
-// Four independent partial sums (entries p with p % 4 == j from the row start go to sum j, then
-// (s0 + s1) + (s2 + s3)): the float adds overlap instead of forming one serial dependency chain,
-// which made this loop latency-bound (about 4x faster; the order is fixed, so every path still
-// computes the same score for a document).
-inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
-    float s0 = 0.0f, s1 = 0.0f, s2 = 0.0f, s3 = 0.0f;
+// Exact score of document d from the forward index: scale * sum over d's terms of qd[t] * value,
+// in one fixed order. The same function serves every path of both kernels, so a document's score
+// never depends on how it was reached. The order (what makes the float32 sum reproducible): 16
+// partial sums in two groups A and B of 8 lanes; the row's entries go in chunks of 8, chunk c to
+// group A when c is even and to B when odd, entry j of a chunk to lane j; the last < 8 entries to
+// A's lanes 0, 1, ... in turn; then lane-wise A + B, and the 8 lanes summed as
+// ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)). Independent partial sums keep the adds from
+// forming one serial dependency chain (the loop was latency-bound with 4 lanes and 2 adds per 8
+// entries). Three implementations of that one order: AVX2 (8-entry gathers, chosen at run time:
+// the extension is built for plain x86-64), SSE2 and scalar; each per-lane operation (convert the
+// uint16 value, multiply, add) is the same IEEE operation in the same order, so all three give
+// bit-identical scores (tests/test_sparse.py checks them against each other).
+inline float finish_lanes(const float* a, const float* b, float scale) {
+    float l[8];
+    for (int j = 0; j < 8; ++j) l[j] = a[j] + b[j];
+    return (((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]))) * scale;
+}
+
+inline float forward_score_scalar(const forward_view& f, const float* qd, uint32_t d) {
     uint64_t p = f.offsets[d];
     const uint64_t e = f.offsets[d + 1];
     const uint32_t* t = f.terms;
     const uint16_t* v = f.values;
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; p + 16 <= e; p += 16) {
+        for (int j = 0; j < 8; ++j) a[j] += qd[t[p + j]] * static_cast<float>(v[p + j]);
+        for (int j = 0; j < 8; ++j) b[j] += qd[t[p + 8 + j]] * static_cast<float>(v[p + 8 + j]);
+    }
+    if (p + 8 <= e) {
+        for (int j = 0; j < 8; ++j) a[j] += qd[t[p + j]] * static_cast<float>(v[p + j]);
+        p += 8;
+    }
+    for (int j = 0; p < e; ++p, ++j) a[j] += qd[t[p]] * static_cast<float>(v[p]);
+    return finish_lanes(a, b, f.scale);
+}
+
 #if defined(__SSE2__)
-    // The four partial sums as the lanes of one SSE register (lane j = s_j): the uint16 values are
-    // converted and multiplied four at a time, the same IEEE operations in the same order per lane
-    // as the scalar loop below, so the score is bit-identical to it.
-    {
-        __m128 acc = _mm_setzero_ps();
-        const __m128i zero = _mm_setzero_si128();
-        for (; p + 8 <= e; p += 8) {
-            const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(v + p));
-            const __m128 q0 = _mm_setr_ps(qd[t[p]], qd[t[p + 1]], qd[t[p + 2]], qd[t[p + 3]]);
-            const __m128 q1 = _mm_setr_ps(qd[t[p + 4]], qd[t[p + 5]], qd[t[p + 6]], qd[t[p + 7]]);
-            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
-            acc = _mm_add_ps(acc, _mm_mul_ps(q1, _mm_cvtepi32_ps(_mm_unpackhi_epi16(x, zero))));
-        }
-        if (p + 4 <= e) {
-            const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + p));
-            const __m128 q0 = _mm_setr_ps(qd[t[p]], qd[t[p + 1]], qd[t[p + 2]], qd[t[p + 3]]);
-            acc = _mm_add_ps(acc, _mm_mul_ps(q0, _mm_cvtepi32_ps(_mm_unpacklo_epi16(x, zero))));
-            p += 4;
-        }
-        alignas(16) float l[4];
-        _mm_store_ps(l, acc);
-        s0 = l[0];
-        s1 = l[1];
-        s2 = l[2];
-        s3 = l[3];
+inline __m128 sse_prod4(const float* qd, const uint32_t* t, const uint16_t* v, uint64_t p) {
+    const __m128i x = _mm_unpacklo_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(v + p)), _mm_setzero_si128());
+    const __m128 q = _mm_setr_ps(qd[t[p]], qd[t[p + 1]], qd[t[p + 2]], qd[t[p + 3]]);
+    return _mm_mul_ps(q, _mm_cvtepi32_ps(x));
+}
+
+inline float forward_score_sse2(const forward_view& f, const float* qd, uint32_t d) {
+    uint64_t p = f.offsets[d];
+    const uint64_t e = f.offsets[d + 1];
+    const uint32_t* t = f.terms;
+    const uint16_t* v = f.values;
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), b0 = _mm_setzero_ps(), b1 = _mm_setzero_ps();
+    for (; p + 16 <= e; p += 16) {
+        a0 = _mm_add_ps(a0, sse_prod4(qd, t, v, p));
+        a1 = _mm_add_ps(a1, sse_prod4(qd, t, v, p + 4));
+        b0 = _mm_add_ps(b0, sse_prod4(qd, t, v, p + 8));
+        b1 = _mm_add_ps(b1, sse_prod4(qd, t, v, p + 12));
     }
+    if (p + 8 <= e) {
+        a0 = _mm_add_ps(a0, sse_prod4(qd, t, v, p));
+        a1 = _mm_add_ps(a1, sse_prod4(qd, t, v, p + 4));
+        p += 8;
+    }
+    alignas(16) float a[8], b[8];
+    _mm_store_ps(a, a0);
+    _mm_store_ps(a + 4, a1);
+    _mm_store_ps(b, b0);
+    _mm_store_ps(b + 4, b1);
+    for (int j = 0; p < e; ++p, ++j) a[j] += qd[t[p]] * static_cast<float>(v[p]);
+    return finish_lanes(a, b, f.scale);
+}
 #endif
-    for (; p + 4 <= e; p += 4) {
-        s0 += qd[t[p]] * static_cast<float>(v[p]);
-        s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
-        s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
-        s3 += qd[t[p + 3]] * static_cast<float>(v[p + 3]);
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define RETRIEVER_AVX2_SCORE 1
+__attribute__((target("avx2"))) float forward_score_avx2(const forward_view& f, const float* qd, uint32_t d) {
+    uint64_t p = f.offsets[d];
+    const uint64_t e = f.offsets[d + 1];
+    const uint32_t* t = f.terms;
+    const uint16_t* v = f.values;
+    __m256 a8 = _mm256_setzero_ps(), b8 = _mm256_setzero_ps();
+    auto prod8 = [&](uint64_t i) __attribute__((target("avx2"))) {
+        const __m256i idx = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t + i));
+        const __m256 q = _mm256_i32gather_ps(qd, idx, 4);
+        const __m256 x = _mm256_cvtepi32_ps(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + i))));
+        return _mm256_mul_ps(q, x);
+    };
+    for (; p + 16 <= e; p += 16) {
+        a8 = _mm256_add_ps(a8, prod8(p));
+        b8 = _mm256_add_ps(b8, prod8(p + 8));
     }
-    if (p < e) s0 += qd[t[p]] * static_cast<float>(v[p]);
-    if (p + 1 < e) s1 += qd[t[p + 1]] * static_cast<float>(v[p + 1]);
-    if (p + 2 < e) s2 += qd[t[p + 2]] * static_cast<float>(v[p + 2]);
-    return ((s0 + s1) + (s2 + s3)) * f.scale;
+    if (p + 8 <= e) {
+        a8 = _mm256_add_ps(a8, prod8(p));
+        p += 8;
+    }
+    alignas(32) float a[8], b[8];
+    _mm256_store_ps(a, a8);
+    _mm256_store_ps(b, b8);
+    for (int j = 0; p < e; ++p, ++j) a[j] += qd[t[p]] * static_cast<float>(v[p]);
+    return finish_lanes(a, b, f.scale);
+}
+
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+#endif
+
+/// Which implementation forward_score uses: 0 = best available, 1 = scalar, 2 = SSE2 (tests).
+int g_score_impl = 0;
+
+inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
+#if defined(RETRIEVER_AVX2_SCORE)
+    if (kHaveAvx2 && g_score_impl == 0) return forward_score_avx2(f, qd, d);
+#endif
+#if defined(__SSE2__)
+    if (g_score_impl != 1) return forward_score_sse2(f, qd, d);
+#endif
+    return forward_score_scalar(f, qd, d);
 }
 
 inline void prefetch_doc(const forward_view& f, uint32_t d) {
@@ -365,6 +430,22 @@ inline void prefetch_doc(const forward_view& f, uint32_t d) {
     const uint64_t p = f.offsets[d];
     __builtin_prefetch(f.terms + p);
     __builtin_prefetch(f.values + p);
+#else
+    (void)f;
+    (void)d;
+#endif
+}
+
+// Prefetch document d's whole forward row (terms and values), one request per cache line.
+inline void prefetch_row(const forward_view& f, uint32_t d) {
+#if defined(__GNUC__)
+    const uint64_t p = f.offsets[d], e = f.offsets[d + 1];
+    const char* t = reinterpret_cast<const char*>(f.terms + p);
+    const char* te = reinterpret_cast<const char*>(f.terms + e);
+    for (; t < te; t += 64) __builtin_prefetch(t);
+    const char* v = reinterpret_cast<const char*>(f.values + p);
+    const char* ve = reinterpret_cast<const char*>(f.values + e);
+    for (; v < ve; v += 64) __builtin_prefetch(v);
 #else
     (void)f;
     (void)d;
@@ -639,7 +720,8 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 uint64_t b, e;
                 float w;
             };
-            std::vector<hit> hits;  // entry ranges of the query terms among one term's components
+            std::vector<hit> hits;
+            std::vector<uint32_t> todo;  // documents of one block to score  // entry ranges of the query terms among one term's components
             std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
             topk_heap heap;
         };
@@ -719,19 +801,34 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                         ub[x >> 8] += w * static_cast<float>(x & 0xffu);
                     }
                 }
+                // Blocks already below the cut (heap full) can never be visited (the threshold
+                // only rises): left out before sorting.
                 s.blocks.clear();
-                for (uint64_t j = 0; j < nb; ++j) s.blocks.emplace_back(ub[j] * bl.summary_scale[b0 + j], b0 + j);
+                const float cut0 = s.heap.full() ? heap_factor * s.heap.threshold() : -1.0f;
+                for (uint64_t j = 0; j < nb; ++j) {
+                    const float u = ub[j] * bl.summary_scale[b0 + j];
+                    if (!(u < cut0)) s.blocks.emplace_back(u, b0 + j);
+                }
                 std::sort(s.blocks.begin(), s.blocks.end(), [](const auto& x, const auto& y) {
                     return x.first > y.first || (x.first == y.first && x.second < y.second);
                 });
                 for (const auto& [bound, b] : s.blocks) {
                     if (s.heap.full() && bound < heap_factor * s.heap.threshold()) break;
+                    // The block's documents not yet scored (each scored once per query), then
+                    // their exact scores, the next document's whole row prefetched meanwhile.
+                    s.todo.clear();
                     const uint64_t e = bl.block_docs_offsets[b + 1];
                     for (uint64_t i = bl.block_docs_offsets[b]; i < e; ++i) {
-                        if (i + 2 < e) prefetch_doc(f, bl.block_docs[i + 2]);
                         const uint32_t d = bl.block_docs[i];
                         if (stamp[d] == gen) continue;
                         stamp[d] = gen;
+                        if (s.todo.empty()) prefetch_row(f, d);
+                        s.todo.push_back(d);
+                    }
+                    const size_t nt = s.todo.size();
+                    for (size_t i = 0; i < nt; ++i) {
+                        if (i + 1 < nt) prefetch_row(f, s.todo[i + 1]);
+                        const uint32_t d = s.todo[i];
                         const float sc = forward_score(f, qd, d);
                         if (sc > 0.0f) s.heap.push(sc, d);
                     }
