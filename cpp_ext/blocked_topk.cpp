@@ -2,6 +2,7 @@
 #include "blocked_topk.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <utility>
 #include <cmath>
@@ -413,14 +414,14 @@ const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
 /// Which implementation forward_score uses: 0 = best available, 1 = scalar, 2 = SSE2 (tests).
-int g_score_impl = 0;
+std::atomic<int> g_score_impl{0};
 
 inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
 #if defined(RETRIEVER_AVX2_SCORE)
-    if (kHaveAvx2 && g_score_impl == 0) return forward_score_avx2(f, qd, d);
+    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return forward_score_avx2(f, qd, d);
 #endif
 #if defined(__SSE2__)
-    if (g_score_impl != 1) return forward_score_sse2(f, qd, d);
+    if (g_score_impl.load(std::memory_order_relaxed) != 1) return forward_score_sse2(f, qd, d);
 #endif
     return forward_score_scalar(f, qd, d);
 }
@@ -516,6 +517,11 @@ struct scratch_lease {
 };
 
 }  // namespace
+
+int set_forward_score_impl(int impl) {
+    if (impl < 0 || impl > 2) bad("impl must be 0 (best available), 1 (scalar) or 2 (SSE2), got " + std::to_string(impl));
+    return g_score_impl.exchange(impl);
+}
 
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
                        size_t vocab, int n_threads, const topk_out& out) {

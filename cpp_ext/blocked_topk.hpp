@@ -62,6 +62,12 @@ struct blocks_view {
     size_t n_blocks = 0;
 };
 
+/// Test hook: which implementation of the forward-index score every kernel uses (0 = best
+/// available: AVX2 where the CPU has it, else SSE2; 1 = scalar; 2 = SSE2). All three compute the
+/// same float32 operations in the same order (bit-identical scores). Returns the previous value;
+/// throws std::invalid_argument for another value.
+int set_forward_score_impl(int impl);
+
 /// O(size) structural checks, run once at open: offsets monotone and in range,
 /// ids below their bounds. Throw std::invalid_argument naming the array.
 void check_forward(const forward_view& f, size_t n_terms);

@@ -651,6 +651,9 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("summary_scale").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
+    m.def("_set_forward_score_impl", &set_forward_score_impl, py::arg("impl"),
+          "Test hook: forward-index score implementation of the sparse kernels (0 = best available,\n"
+          "1 = scalar, 2 = SSE2; all bit-identical). Returns the previous value.");
     m.def("check_impact_postings", &py_check_impact_postings, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("n_docs"),
           "O(nnz) check of impact-ordered postings (offsets, doc ids < n_docs, impacts >= 1 and\n"

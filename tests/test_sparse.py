@@ -442,3 +442,291 @@ def test_malformed_vectors_are_named_errors():
         check_doc_vectors([0, 1, 2], [3, 4], [1.0, 1e39], v)
     ptr, terms, w = check_doc_vectors([0, 2, 3], np.array([5, 1, 2], dtype=np.uint64), [1, 2, 0.5], v)
     assert ptr.tolist() == [0, 2, 3] and terms.tolist() == [1, 5, 2] and w.tolist() == [2.0, 1.0, 0.5]
+
+
+# -- inverted summaries, forward-score order, Seismic reference -------------------------------------
+def _canonical_scores(ix, scale, qo, qt, qw, vocab):
+    """float32 reference of the kernels' forward-index score (blocked_topk.cpp, forward_score): per
+    document, products q[t] * value in float32; 8-entry chunks alternately to lane groups A and B,
+    the last < 8 products to A's lanes 0, 1, ...; lanes A + B, then ((l0 + l4) + (l1 + l5)) +
+    ((l2 + l6) + (l3 + l7)), times the float32 scale. Returns (nq, n_docs) float32."""
+    fo, ft, fv = ix["fwd_offsets"].astype(np.int64), ix["fwd_terms"], ix["fwd_values"].astype(np.float32)
+    n = len(fo) - 1
+    out = np.zeros((len(qo) - 1, n), np.float32)
+    s32 = np.float32(scale)
+    for q in range(len(qo) - 1):
+        qd = np.zeros(vocab, np.float32)
+        qd[qt[qo[q]:qo[q + 1]]] = qw[qo[q]:qo[q + 1]]
+        for d in range(n):
+            p = qd[ft[fo[d]:fo[d + 1]]] * fv[fo[d]:fo[d + 1]]
+            a, b = np.zeros(8, np.float32), np.zeros(8, np.float32)
+            full = len(p) // 8
+            for c in range(full):
+                if c % 2 == 0:
+                    a += p[8 * c:8 * c + 8]
+                else:
+                    b += p[8 * c:8 * c + 8]
+            for j, x in enumerate(p[8 * full:]):
+                a[j] += x
+            lane = a + b
+            s = ((lane[0] + lane[4]) + (lane[1] + lane[5])) + ((lane[2] + lane[6]) + (lane[3] + lane[7]))
+            out[q, d] = np.float32(s) * s32
+    return out
+
+
+def _ranked(row, k):
+    """(ids, scores) of the k best positive entries, ties by smaller id (the kernels' order)."""
+    pos = np.flatnonzero(row > 0)
+    order = pos[np.lexsort((pos, -row[pos].astype(np.float64)))][:k]
+    return order, row[order]
+
+
+def _raw_blocks(ix_post, ix, n_postings, block_size, energy, vocab):
+    """Per-block summaries as the builder produces them before inversion."""
+    from index.sparse_index import DOC_CUT, _build_blocks
+
+    tb, _, _, sterms, svals, ssizes, _ = _build_blocks(
+        ix_post["offsets"].astype(np.int64), ix_post["doc_ids"], ix_post["impacts"],
+        ix["fwd_offsets"].astype(np.int64), ix["fwd_terms"], ix["fwd_values"], n_postings, block_size, energy, 0,
+        vocab, DOC_CUT)
+    so = np.zeros(len(ssizes) + 1, np.int64)
+    np.cumsum(ssizes, out=so[1:])
+    return tb, so, sterms, svals
+
+
+@pytest.mark.parametrize("impl", [0, 1, 2])
+def test_forward_score_order_all_implementations(impl):
+    """Exact and Seismic kernels return bit-exactly the documented float32 forward score, with the
+    AVX2 (where available), SSE2 and scalar implementations alike; rows of every length mod 16."""
+    vocab = 300
+    docs, queries = synthetic(260, vocab, seed=21, nnz_doc=60, nnz_q=25)
+    docs[:40] = [(np.arange(i % 35) * 7 % vocab, np.linspace(0.1, 2.0, i % 35).astype(np.float32)) for i in range(40)]
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    qb = csr_batch(queries, vocab)
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=0, block_size=4,
+                            summary_energy=1.0)
+    ref = _canonical_scores(ix, scale, *qb, vocab)
+    n = len(indptr) - 1
+    prev = _kernels._set_forward_score_impl(impl)
+    try:
+        e_ids, e_sc, e_n = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, n, n_threads=1)
+        s_ids, s_sc, s_n = _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
+                                                        *[ix[k] for k in _BLOCK_ARGS], *qb, n, query_cut=1000,
+                                                        heap_factor=1e-9, n_threads=1)
+    finally:
+        _kernels._set_forward_score_impl(prev)
+    for q in range(len(queries)):
+        ids, sc = _ranked(ref[q], n)
+        for got_ids, got_sc, nf in ((e_ids, e_sc, e_n), (s_ids, s_sc, s_n)):
+            assert nf[q] == len(ids)
+            np.testing.assert_array_equal(got_ids[q, :nf[q]], ids)
+            np.testing.assert_array_equal(got_sc[q, :nf[q]], sc)  # bit-exact, not approximate
+    with pytest.raises(ValueError, match="impl must be 0"):
+        _kernels._set_forward_score_impl(3)
+
+
+def test_inverted_summaries_round_trip_and_checks():
+    """The per-term inverted summaries hold exactly the builder's per-block (block, term, value)
+    entries; the open-time check rejects a directory out of order, a bad entry range or block."""
+    from index.sparse_index import invert_summaries
+
+    vocab = 200
+    docs, _ = synthetic(700, vocab, seed=8)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=60, block_size=5,
+                            summary_energy=0.5)
+    tb, so, sterms, svals = _raw_blocks(ix, ix, 60, 5, 0.5, vocab)
+    np.testing.assert_array_equal(tb, ix["term_blocks"])
+    want = {(b, int(sterms[i]), int(svals[i])) for b in range(len(so) - 1) for i in range(so[b], so[b + 1])}
+    got = set()
+    co, dr, eo, en = (ix[k] for k in ("summary_comp_offsets", "summary_dir", "summary_entry_offsets",
+                                      "summary_entries"))
+    for t in range(vocab):
+        ne = int(eo[t + 1] - eo[t])
+        for c in range(int(co[t]), int(co[t + 1])):
+            comp, r = int(dr[c]) >> 32, int(dr[c]) & 0xFFFFFFFF
+            r_end = int(dr[c + 1]) & 0xFFFFFFFF if c + 1 < co[t + 1] else ne
+            js = [int(x) >> 8 for x in en[eo[t] + r:eo[t] + r_end]]
+            assert js == sorted(js) and len(set(js)) == len(js)
+            for x in en[eo[t] + r:eo[t] + r_end]:
+                got.add((int(tb[t]) + (int(x) >> 8), comp, int(x) & 0xFF))
+    assert got == want and len(en) == len(sterms)
+    again = invert_summaries(tb, so, sterms, svals)
+    for k, v in again.items():
+        np.testing.assert_array_equal(v, ix[k])
+
+    def check(**bad):
+        a = {**ix, **bad}
+        _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale, vocab,
+                                    *[a[n] for n in _BLOCK_ARGS])
+
+    check()
+    t = int(np.flatnonzero(np.diff(co.astype(np.int64)) >= 2)[0])
+    c0 = int(co[t])
+    d = dr.copy()
+    d[c0], d[c0 + 1] = (d[c0 + 1] & ~np.uint64(0xFFFFFFFF)) | (d[c0] & np.uint64(0xFFFFFFFF)), \
+        (d[c0] & ~np.uint64(0xFFFFFFFF)) | (d[c0 + 1] & np.uint64(0xFFFFFFFF))
+    with pytest.raises(ValueError, match="strictly ascending"):
+        check(summary_dir=d)
+    d = dr.copy()
+    d[c0 + 1] = (d[c0 + 1] & ~np.uint64(0xFFFFFFFF)) | np.uint64(10**6)
+    with pytest.raises(ValueError, match="not a partition"):
+        check(summary_dir=d)
+    e = en.copy()
+    e[eo[t]] = np.uint32((int(tb[t + 1] - tb[t]) << 8) | 1)
+    with pytest.raises(ValueError, match=r"summary_entries\[\d+\] names block"):
+        check(summary_entries=e)
+    with pytest.raises(ValueError, match="len\\(summary_entry_offsets\\)"):
+        check(summary_entry_offsets=eo[:-1])
+
+
+def _seismic_reference(ix, raw, scale, qo, qt, qw, k, query_cut, heap_factor, ref_scores):
+    """The Seismic algorithm as documented (blocked_topk.hpp), on the per-block summaries in
+    float32 with the kernel's accumulation order; doc scores from ``ref_scores``."""
+    tb, so, sterms, svals = raw
+    sscale = ix["summary_scale"]
+    bo, bd = ix["block_docs_offsets"], ix["block_docs"]
+    hf = np.float32(heap_factor)
+    out, skipped = [], 0
+    for q in range(len(qo) - 1):
+        terms_q, w_q = qt[qo[q]:qo[q + 1]], qw[qo[q]:qo[q + 1]]
+        asc = sorted((int(t), np.float32(w)) for t, w in zip(terms_q, w_q) if w > 0)
+        order = sorted(range(len(terms_q)), key=lambda j: (-float(w_q[j]), int(terms_q[j])))
+        heap: list[tuple[float, int]] = []  # kept (score, doc)
+        seen: set[int] = set()
+
+        def thr():
+            return min(heap, key=lambda x: (x[0], -x[1]))[0] if len(heap) >= k else -np.inf
+
+        for j in order[:query_cut]:
+            if not w_q[j] > 0:
+                break
+            t = int(terms_q[j])
+            blocks = []
+            for b in range(int(tb[t]), int(tb[t + 1])):
+                summ = {int(sterms[i]): int(svals[i]) for i in range(so[b], so[b + 1])}
+                u = np.float32(0)
+                for qterm, w in asc:
+                    if qterm in summ:
+                        u = np.float32(u + np.float32(w * np.float32(summ[qterm])))
+                blocks.append((np.float32(u * sscale[b]), b))
+            cut0 = np.float32(hf * np.float32(thr())) if len(heap) >= k else None
+            kept = [x for x in blocks if cut0 is None or not x[0] < cut0]
+            skipped += len(blocks) - len(kept)
+            kept.sort(key=lambda x: (-float(x[0]), x[1]))
+            for i, (bound, b) in enumerate(kept):
+                if len(heap) >= k and bound < np.float32(hf * np.float32(thr())):
+                    skipped += len(kept) - i
+                    break
+                for d in bd[bo[b]:bo[b + 1]]:
+                    d = int(d)
+                    if d in seen:
+                        continue
+                    seen.add(d)
+                    s = ref_scores[q, d]
+                    if not s > 0:
+                        continue
+                    if len(heap) < k:
+                        heap.append((s, d))
+                    else:
+                        worst = min(heap, key=lambda x: (x[0], -x[1]))
+                        if s > worst[0] or (s == worst[0] and d < worst[1]):
+                            heap.remove(worst)
+                            heap.append((s, d))
+        heap.sort(key=lambda x: (-float(x[0]), x[1]))
+        out.append(heap)
+    return out, skipped
+
+
+@pytest.mark.parametrize("query_cut,heap_factor", [(3, 0.7), (5, 0.9), (8, 1.0)])
+def test_seismic_matches_reference_with_pruning(query_cut, heap_factor):
+    """With pruned postings and summaries (blocks really skipped), the kernel returns exactly what
+    the documented algorithm returns on the builder's per-block summaries."""
+    vocab = 250
+    docs, queries = synthetic(900, vocab, seed=31)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    qb = csr_batch(queries, vocab)
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=40, block_size=4,
+                            summary_energy=0.4)
+    raw = _raw_blocks(ix, ix, 40, 4, 0.4, vocab)
+    ref = _canonical_scores(ix, scale, *qb, vocab)
+    ids, sc, nf = _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
+                                               *[ix[k] for k in _BLOCK_ARGS], *qb, 10, query_cut=query_cut,
+                                               heap_factor=heap_factor, n_threads=2)
+    want = _seismic_reference(ix, raw, scale, *qb, 10, query_cut, heap_factor, ref)
+    want, skipped = want
+    assert skipped > 0  # the bounds did prune
+    for q, h in enumerate(want):
+        assert nf[q] == len(h)
+        np.testing.assert_array_equal(ids[q, :nf[q]], [d for _, d in h])
+        np.testing.assert_array_equal(sc[q, :nf[q]], np.array([s for s, _ in h], np.float32))
+
+
+def test_sparse_index_file_round_trip(tmp_path):
+    """build_index writes each shard's inverted summaries (sparse_index.arrow) exactly as
+    build_sparse_index computes them; the opened index passes the open-time checks and its Seismic
+    search equals the kernel on the in-memory arrays; a file from an older layout is a named error."""
+    import json
+
+    from index.errors import IndexFormatError
+    from index.format import manifest_digest, read_arrays, sha256_file, write_arrays
+    from retriever import Retriever, build_index
+    from retriever.legs.sparse import SPARSE_INDEX_ARRAYS
+    from tests.conftest import random_corpus
+
+    n, vocab = 60, 30522
+    docs = random_corpus(n, seed=12, min_len=3)
+    rows, _ = synthetic(n, 300, seed=13)
+    indptr, terms, weights = to_csr(rows, 300)
+    terms = (terms * 101 % vocab).astype(np.uint32)  # spread over the vocabulary, still unique per row
+    m = build_index(docs, tmp_path / "ix", legs=("sparse",), shard_size=25, show_progress=False,
+                    sparse_vectors=(indptr, terms, weights))
+    scale = m["stats"]["sparse_scale"]
+    cfg = m["build_config"]["sparse"]
+    qs = [([101 * 3 % vocab, 101 * 7 % vocab, 101 * 50 % vocab], [1.0, 0.5, 2.0]),
+          ([101 * 1 % vocab, 101 * 2 % vocab], [0.3, 0.9])]
+    qb = csr_batch(qs, vocab)
+    per_shard = []
+    for i, lo in enumerate(range(0, n, 25)):
+        hi = min(n, lo + 25)
+        ip = indptr[lo:hi + 1] - indptr[lo]
+        t, w = terms[indptr[lo]:indptr[hi]], weights[indptr[lo]:indptr[hi]]
+        order = np.concatenate([np.argsort(t[a:b], kind="stable") + a for a, b in zip(ip[:-1], ip[1:])])
+        want = build_sparse_index(ip, t[order], w[order], n_terms=vocab, scale=scale, n_postings=cfg["n_postings"],
+                                  block_size=cfg["block_size"], summary_energy=cfg["summary_energy"])
+        got = read_arrays(tmp_path / "ix" / "shards" / f"{i:05d}" / "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
+        for k in SPARSE_INDEX_ARRAYS:
+            np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+        ids, sc, nf = _kernels.sparse_seismic_topk(want["fwd_offsets"], want["fwd_terms"], want["fwd_values"], scale,
+                                                   *[want[k] for k in _BLOCK_ARGS], *qb, 5, query_cut=10,
+                                                   heap_factor=0.9, n_threads=1)
+        per_shard.append((np.where(ids >= 0, ids + lo, -1), sc, nf))
+    with Retriever.open(tmp_path / "ix") as r:
+        res = r.search_arrays(["a", "b"], k=5, mode="sparse", sparse_vectors=qs,
+                              leg_params={"sparse": {"algorithm": "seismic", "query_cut": 10, "heap_factor": 0.9}})
+    best = {}
+    for ids, sc, nf in per_shard:
+        for q in range(2):
+            for d, s in zip(ids[q, :nf[q]], sc[q, :nf[q]]):
+                best.setdefault(q, []).append((-float(s), int(d)))
+    for q in range(2):
+        want_sc = [-s for s, _ in sorted(best[q])[:5]]
+        np.testing.assert_allclose(res.scores[q, :res.n_found[q]], want_sc, rtol=1e-6)
+    # an older layout (per-block summary rows) is named on open
+    path = tmp_path / "ix" / "shards" / "00000" / "sparse_index.arrow"
+    old = {k: np.array(v) for k, v in read_arrays(path, SPARSE_INDEX_ARRAYS).items() if not k.startswith("summary_")}
+    old.update(summary_offsets=np.zeros(1, np.uint64), summary_terms=np.zeros(0, np.uint32))
+    write_arrays(path.with_name("old.arrow"), old)  # the open file is memory-mapped: replace, not overwrite
+    path.with_name("old.arrow").replace(path)
+    mpath = tmp_path / "ix" / "manifest.json"
+    man = json.loads(mpath.read_text())
+    entry = man["files"]["shards/00000/sparse_index.arrow"]
+    entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))
+    man["manifest_sha256"] = manifest_digest(man)
+    mpath.write_text(json.dumps(man))
+    with pytest.raises(IndexFormatError, match="missing array 'summary_comp_offsets'.*older layout"):
+        with Retriever.open(tmp_path / "ix") as r:
+            r.search_arrays(["a"], k=5, mode="sparse", sparse_vectors=qs[:1])

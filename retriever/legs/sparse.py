@@ -169,7 +169,13 @@ class SparseLeg:
         self.shards = []
         for s in reader.shards:
             path = s.dir / "sparse_index.arrow"
-            a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
+            try:
+                a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
+            except IndexFormatError as e:
+                if "missing array 'summary_" in str(e):
+                    raise IndexFormatError(f"{e} (an older layout with per-block summary rows? block summaries "
+                                           f"are now stored inverted per term: rebuild the index)") from None
+                raise
             try:
                 if len(a["fwd_offsets"]) != s.rows + 1 or len(a["offsets"]) != self.vocab_size + 1:
                     raise ValueError(f"has {len(a['fwd_offsets']) - 1} documents / {len(a['offsets']) - 1} "
