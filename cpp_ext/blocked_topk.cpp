@@ -264,6 +264,33 @@ void check_blocks(const blocks_view& b, size_t n_docs, size_t vocab) {
     }
 }
 
+void check_packed(const blocks_view& b, const forward_view& f) {
+    if (b.n_packed == 0 && b.n_rank == 0) return;
+    if (b.n_packed != f.nnz) {
+        bad("len(fwd_packed) = " + std::to_string(b.n_packed) + " must equal len(fwd_terms) = " + std::to_string(f.nnz));
+    }
+    if (b.n_rank != b.n_terms || b.n_terms > 65536) {
+        bad("len(fwd_term_rank) = " + std::to_string(b.n_rank) + " must equal n_terms = " + std::to_string(b.n_terms) +
+            " (at most 65536 with a packed forward index)");
+    }
+    std::vector<uint8_t> seen(b.n_terms, 0);
+    for (size_t t = 0; t < b.n_rank; ++t) {
+        const uint32_t r = b.term_rank[t];
+        if (r >= b.n_terms || seen[r]) {
+            bad("fwd_term_rank must be a permutation of [0, n_terms); fwd_term_rank[" + std::to_string(t) + "] = " +
+                std::to_string(r));
+        }
+        seen[r] = 1;
+    }
+    for (size_t i = 0; i < f.nnz; ++i) {
+        const uint32_t want = (b.term_rank[f.terms[i]] << 16) | f.values[i];
+        if (b.packed[i] != want) {
+            bad("fwd_packed[" + std::to_string(i) + "] = " + std::to_string(b.packed[i]) +
+                " must be (fwd_term_rank[fwd_terms[i]] << 16) | fwd_values[i] = " + std::to_string(want));
+        }
+    }
+}
+
 void check_impact_postings(const u16_postings_view& p) {
     const csr_view& c = p.csr;
     check_offsets(c.offsets, c.n_terms, c.nnz, "offsets");
@@ -426,6 +453,108 @@ inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
     return forward_score_scalar(f, qd, d);
 }
 
+// forward_score over the packed copy (blocks_view::packed): entry i is (rank << 16) | value and
+// the query weights are indexed by rank (qr[rank[t]] = qd[t]), so every product and every addition
+// is the one forward_score performs, in the same order: bit-identical scores.
+inline float packed_score_scalar(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d) {
+    uint64_t p = off[d];
+    const uint64_t e = off[d + 1];
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0}, b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (; p + 16 <= e; p += 16) {
+        for (int j = 0; j < 8; ++j) a[j] += qr[pk[p + j] >> 16] * static_cast<float>(pk[p + j] & 0xffffu);
+        for (int j = 0; j < 8; ++j) b[j] += qr[pk[p + 8 + j] >> 16] * static_cast<float>(pk[p + 8 + j] & 0xffffu);
+    }
+    if (p + 8 <= e) {
+        for (int j = 0; j < 8; ++j) a[j] += qr[pk[p + j] >> 16] * static_cast<float>(pk[p + j] & 0xffffu);
+        p += 8;
+    }
+    for (int j = 0; p < e; ++p, ++j) a[j] += qr[pk[p] >> 16] * static_cast<float>(pk[p] & 0xffffu);
+    return finish_lanes(a, b, scale);
+}
+
+#if defined(__SSE2__)
+inline __m128 sse_packed_prod4(const float* qr, const uint32_t* pk, uint64_t p) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(pk + p));
+    const __m128 v = _mm_cvtepi32_ps(_mm_and_si128(x, _mm_set1_epi32(0xffff)));
+    const __m128 q = _mm_setr_ps(qr[pk[p] >> 16], qr[pk[p + 1] >> 16], qr[pk[p + 2] >> 16], qr[pk[p + 3] >> 16]);
+    return _mm_mul_ps(q, v);
+}
+
+inline float packed_score_sse2(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d) {
+    uint64_t p = off[d];
+    const uint64_t e = off[d + 1];
+    __m128 a0 = _mm_setzero_ps(), a1 = _mm_setzero_ps(), b0 = _mm_setzero_ps(), b1 = _mm_setzero_ps();
+    for (; p + 16 <= e; p += 16) {
+        a0 = _mm_add_ps(a0, sse_packed_prod4(qr, pk, p));
+        a1 = _mm_add_ps(a1, sse_packed_prod4(qr, pk, p + 4));
+        b0 = _mm_add_ps(b0, sse_packed_prod4(qr, pk, p + 8));
+        b1 = _mm_add_ps(b1, sse_packed_prod4(qr, pk, p + 12));
+    }
+    if (p + 8 <= e) {
+        a0 = _mm_add_ps(a0, sse_packed_prod4(qr, pk, p));
+        a1 = _mm_add_ps(a1, sse_packed_prod4(qr, pk, p + 4));
+        p += 8;
+    }
+    alignas(16) float a[8], b[8];
+    _mm_store_ps(a, a0);
+    _mm_store_ps(a + 4, a1);
+    _mm_store_ps(b, b0);
+    _mm_store_ps(b + 4, b1);
+    for (int j = 0; p < e; ++p, ++j) a[j] += qr[pk[p] >> 16] * static_cast<float>(pk[p] & 0xffffu);
+    return finish_lanes(a, b, scale);
+}
+#endif
+
+#if defined(RETRIEVER_AVX2_SCORE)
+__attribute__((target("avx2"))) float packed_score_avx2(const uint64_t* off, const uint32_t* pk, float scale,
+                                                        const float* qr, uint32_t d) {
+    uint64_t p = off[d];
+    const uint64_t e = off[d + 1];
+    __m256 a8 = _mm256_setzero_ps(), b8 = _mm256_setzero_ps();
+    const __m256i lo16 = _mm256_set1_epi32(0xffff);
+    auto prod8 = [&](uint64_t i) __attribute__((target("avx2"))) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pk + i));
+        const __m256 q = _mm256_i32gather_ps(qr, _mm256_srli_epi32(x, 16), 4);
+        return _mm256_mul_ps(q, _mm256_cvtepi32_ps(_mm256_and_si256(x, lo16)));
+    };
+    for (; p + 16 <= e; p += 16) {
+        a8 = _mm256_add_ps(a8, prod8(p));
+        b8 = _mm256_add_ps(b8, prod8(p + 8));
+    }
+    if (p + 8 <= e) {
+        a8 = _mm256_add_ps(a8, prod8(p));
+        p += 8;
+    }
+    alignas(32) float a[8], b[8];
+    _mm256_store_ps(a, a8);
+    _mm256_store_ps(b, b8);
+    for (int j = 0; p < e; ++p, ++j) a[j] += qr[pk[p] >> 16] * static_cast<float>(pk[p] & 0xffffu);
+    return finish_lanes(a, b, scale);
+}
+#endif
+
+inline float packed_score(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d) {
+#if defined(RETRIEVER_AVX2_SCORE)
+    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return packed_score_avx2(off, pk, scale, qr, d);
+#endif
+#if defined(__SSE2__)
+    if (g_score_impl.load(std::memory_order_relaxed) != 1) return packed_score_sse2(off, pk, scale, qr, d);
+#endif
+    return packed_score_scalar(off, pk, scale, qr, d);
+}
+
+inline void prefetch_packed_row(const uint64_t* off, const uint32_t* pk, uint32_t d) {
+#if defined(__GNUC__)
+    const char* t = reinterpret_cast<const char*>(pk + off[d]);
+    const char* te = reinterpret_cast<const char*>(pk + off[d + 1]);
+    for (; t < te; t += 64) __builtin_prefetch(t);
+#else
+    (void)off;
+    (void)pk;
+    (void)d;
+#endif
+}
+
 inline void prefetch_doc(const forward_view& f, uint32_t d) {
 #if defined(__GNUC__)
     const uint64_t p = f.offsets[d];
@@ -455,17 +584,19 @@ inline void prefetch_row(const forward_view& f, uint32_t d) {
 
 // Per-worker scratch (query weights by term, a stamp or accumulator per document), pooled across
 // calls: a single-query call would otherwise allocate and zero O(n_docs + vocab) memory (4 MB and
-// about 1,000 fresh pages at 1M documents) on every call. Invariants while in the pool: qd and acc
-// all +0.0f; stamp[d] < gen for every d. A worker whose query throws drops its scratch instead of
+// about 1,000 fresh pages at 1M documents) on every call. Invariants while in the pool: qd, qr and
+// acc all +0.0f; stamp[d] < gen for every d. A worker whose query throws drops its scratch instead of
 // returning it (the invariants may not hold).
 struct sparse_scratch {
     std::vector<float> qd;
+    std::vector<float> qr;  // query weights by term rank (packed forward index), 65,536 entries
     std::vector<float> acc;
     std::vector<uint32_t> stamp;
     uint32_t gen = 0;
 
     void ensure(size_t vocab, size_t n_docs, bool need_acc, bool need_stamp) {
         if (qd.size() < vocab) qd.resize(vocab, 0.0f);
+        if (need_stamp && qr.size() < 65536) qr.resize(65536, 0.0f);
         if (need_acc && acc.size() < n_docs) acc.resize(n_docs, 0.0f);
         if (need_stamp && stamp.size() < n_docs) stamp.resize(n_docs, 0);  // 0 < gen: unseen
     }
@@ -755,6 +886,11 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 const float wx = queries.q_weights[x], wy = queries.q_weights[y];
                 return wx > wy || (wx == wy && queries.q_terms[x] < queries.q_terms[y]);
             });
+            const bool packed = bl.n_packed != 0;
+            float* qr = sc.qr.data();
+            if (packed) {
+                for (uint64_t j = lo; j < hi; ++j) qr[bl.term_rank[queries.q_terms[j]]] = queries.q_weights[j];
+            }
             const size_t n_cut = std::min<size_t>(query_cut, s.order.size());
             for (size_t oi = 0; oi < n_cut; ++oi) {
                 const uint32_t t = queries.q_terms[s.order[oi]];
@@ -828,19 +964,33 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                         const uint32_t d = bl.block_docs[i];
                         if (stamp[d] == gen) continue;
                         stamp[d] = gen;
-                        if (s.todo.empty()) prefetch_row(f, d);
+                        if (s.todo.empty()) {
+                            if (packed) prefetch_packed_row(f.offsets, bl.packed, d); else prefetch_row(f, d);
+                        }
                         s.todo.push_back(d);
                     }
                     const size_t nt = s.todo.size();
-                    for (size_t i = 0; i < nt; ++i) {
-                        if (i + 1 < nt) prefetch_row(f, s.todo[i + 1]);
-                        const uint32_t d = s.todo[i];
-                        const float sc = forward_score(f, qd, d);
-                        if (sc > 0.0f) s.heap.push(sc, d);
+                    if (packed) {
+                        for (size_t i = 0; i < nt; ++i) {
+                            if (i + 1 < nt) prefetch_packed_row(f.offsets, bl.packed, s.todo[i + 1]);
+                            const uint32_t d = s.todo[i];
+                            const float sc = packed_score(f.offsets, bl.packed, f.scale, qr, d);
+                            if (sc > 0.0f) s.heap.push(sc, d);
+                        }
+                    } else {
+                        for (size_t i = 0; i < nt; ++i) {
+                            if (i + 1 < nt) prefetch_row(f, s.todo[i + 1]);
+                            const uint32_t d = s.todo[i];
+                            const float sc = forward_score(f, qd, d);
+                            if (sc > 0.0f) s.heap.push(sc, d);
+                        }
                     }
                 }
             }
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
+            if (packed) {
+                for (uint64_t j = lo; j < hi; ++j) qr[bl.term_rank[queries.q_terms[j]]] = 0.0f;
+            }
             write_row(s.heap, out, q);
             s.lease.ok = true;
         };

@@ -536,7 +536,8 @@ forward_view make_forward(const carray<uint64_t>& fwd_offsets, const carray<uint
 blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
                         const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
                         const carray<uint64_t>& summary_dir, const carray<uint64_t>& summary_entry_offsets,
-                        const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
+                        const carray<uint32_t>& summary_entries, const carray<float>& summary_scale,
+                        const carray<uint32_t>& fwd_packed, const carray<uint32_t>& fwd_term_rank) {
     blocks_view b;
     const size_t n_tb = len1d(term_blocks, "term_blocks");
     if (n_tb == 0) fail("term_blocks must have length n_terms + 1 >= 1, got length 0");
@@ -559,6 +560,11 @@ blocks_view make_blocks(const carray<uint64_t>& term_blocks, const carray<uint64
     b.summary_entries = summary_entries.data();
     b.n_summary = len1d(summary_entries, "summary_entries");
     b.summary_scale = summary_scale.data();
+    b.packed = fwd_packed.data();
+    b.n_packed = len1d(fwd_packed, "fwd_packed");
+    b.term_rank = fwd_term_rank.data();
+    b.n_rank = len1d(fwd_term_rank, "fwd_term_rank");
+    if (b.n_rank != 0) require_eq(b.n_rank, b.n_terms, "len(fwd_term_rank)", "len(term_blocks) - 1");
     require_eq(static_cast<size_t>(b.term_blocks[b.n_terms]), b.n_blocks, "term_blocks[-1]", "n_blocks");
     require_eq(static_cast<size_t>(b.block_docs_offsets[b.n_blocks]), b.n_block_docs, "block_docs_offsets[-1]",
                "len(block_docs)");
@@ -574,15 +580,18 @@ void py_check_sparse_index(const carray<uint64_t>& fwd_offsets, const carray<uin
                            const carray<uint64_t>& term_blocks, const carray<uint64_t>& block_docs_offsets,
                            const carray<uint32_t>& block_docs, const carray<uint64_t>& summary_comp_offsets,
                            const carray<uint64_t>& summary_dir, const carray<uint64_t>& summary_entry_offsets,
-                           const carray<uint32_t>& summary_entries, const carray<float>& summary_scale) {
+                           const carray<uint32_t>& summary_entries, const carray<float>& summary_scale,
+                           const carray<uint32_t>& fwd_packed, const carray<uint32_t>& fwd_term_rank) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
-                                      summary_entry_offsets, summary_entries, summary_scale);
+                                      summary_entry_offsets, summary_entries, summary_scale, fwd_packed,
+                                      fwd_term_rank);
     if (n_terms < 1) fail("n_terms must be >= 1, got " + std::to_string(n_terms));
     require_eq(b.n_terms, static_cast<size_t>(n_terms), "len(term_blocks) - 1", "n_terms");
     py::gil_scoped_release nogil;
     check_forward(f, static_cast<size_t>(n_terms));
     check_blocks(b, f.n_docs, static_cast<size_t>(n_terms));
+    check_packed(b, f);
 }
 
 void py_check_impact_postings(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
@@ -617,13 +626,19 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
                                    const carray<uint64_t>& summary_dir,
                                    const carray<uint64_t>& summary_entry_offsets,
                                    const carray<uint32_t>& summary_entries, const carray<float>& summary_scale,
+                                   const carray<uint32_t>& fwd_packed, const carray<uint32_t>& fwd_term_rank,
                                    const carray<uint64_t>& q_offsets,
                                    const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
                                    int64_t query_cut, double heap_factor, int n_threads) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
-                                      summary_entry_offsets, summary_entries, summary_scale);
+                                      summary_entry_offsets, summary_entries, summary_scale, fwd_packed,
+                                      fwd_term_rank);
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    if (b.n_packed != 0 || b.n_rank != 0) {
+        require_eq(b.n_packed, f.nnz, "len(fwd_packed)", "len(fwd_terms)");
+        require_eq(b.n_rank, b.n_terms, "len(fwd_term_rank)", "n_terms");
+    }
     check_k(k);
     if (query_cut < 1) fail("query_cut must be >= 1, got " + std::to_string(query_cut));
     if (!(std::isfinite(heap_factor) && heap_factor > 0 && heap_factor <= 1)) {
@@ -648,7 +663,7 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
           py::arg("summary_dir").noconvert(), py::arg("summary_entry_offsets").noconvert(),
           py::arg("summary_entries").noconvert(),
-          py::arg("summary_scale").noconvert(),
+          py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
     m.def("_set_forward_score_impl", &set_forward_score_impl, py::arg("impl"),
@@ -675,7 +690,7 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("block_docs").noconvert(), py::arg("summary_comp_offsets").noconvert(),
           py::arg("summary_dir").noconvert(), py::arg("summary_entry_offsets").noconvert(),
           py::arg("summary_entries").noconvert(),
-          py::arg("summary_scale").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
+          py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
           py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,
           py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0,
           "Approximate learned-sparse top-k (Seismic, Bruch et al. SIGIR 2024): the query_cut largest\n"

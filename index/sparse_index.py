@@ -519,7 +519,8 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
         the summaries inverted per term (:func:`invert_summaries`: ``summary_comp_offsets``,
         ``summary_dir``, ``summary_entry_offsets``, ``summary_entries``) and ``summary_scale``
         float32 (n_blocks,) in weight units (entry value ``v`` of block b weighs
-        ``v · summary_scale[b]``).
+        ``v · summary_scale[b]``), and the packed forward copy of :func:`pack_forward`
+        (``fwd_packed``, ``fwd_term_rank``).
     """
     tb, bdocs, bsizes, sterms, svals, ssizes, sscale = _build_blocks(
         postings["offsets"].astype(np.int64), postings["doc_ids"], postings["impacts"],
@@ -531,7 +532,36 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
     np.cumsum(ssizes, out=so[1:])
     return {"term_blocks": tb, "block_docs_offsets": bo, "block_docs": bdocs,
             **invert_summaries(tb, so, sterms, svals),
-            "summary_scale": (sscale.astype(np.float64) * scale).astype(np.float32)}
+            "summary_scale": (sscale.astype(np.float64) * scale).astype(np.float32),
+            **pack_forward(fwd_terms, fwd_values, n_terms)}
+
+
+#: Largest vocabulary with a packed forward index (16-bit term ranks).
+PACKED_MAX_TERMS = 1 << 16
+
+
+def pack_forward(fwd_terms: np.ndarray, fwd_values: np.ndarray, n_terms: int) -> dict[str, np.ndarray]:
+    """Packed copy of the forward index read by the approximate kernel.
+
+    Args:
+        fwd_terms uint32 (nnz,) < n_terms, fwd_values uint16 (nnz,): the forward index.
+
+    Returns:
+        ``fwd_term_rank`` uint32 (n_terms,): each term's rank by descending document frequency in
+        this shard (ties by term id), and ``fwd_packed`` uint32 (nnz,): ``(fwd_term_rank[term] << 16)
+        | value`` in forward-index order. Both empty when ``n_terms`` > 65,536 (the kernel then reads
+        ``fwd_terms``/``fwd_values``). Same scores either way (the kernel's query weights are
+        indexed by rank); one 4-byte stream per row instead of two of 6 bytes, and the query weights
+        of frequent terms packed at the front.
+    """
+    if n_terms > PACKED_MAX_TERMS:
+        return {"fwd_packed": np.zeros(0, np.uint32), "fwd_term_rank": np.zeros(0, np.uint32)}
+    df = np.bincount(np.asarray(fwd_terms, dtype=np.int64), minlength=n_terms)
+    by_df = np.lexsort((np.arange(n_terms), -df))
+    rank = np.empty(n_terms, dtype=np.uint32)
+    rank[by_df] = np.arange(n_terms, dtype=np.uint32)
+    packed = (rank[fwd_terms] << np.uint32(16)) | np.asarray(fwd_values, dtype=np.uint32)
+    return {"fwd_packed": packed.astype(np.uint32), "fwd_term_rank": rank}
 
 
 def build_sparse_index(indptr: np.ndarray, terms: np.ndarray, weights: np.ndarray, *, n_terms: int,

@@ -23,7 +23,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 BLOCK = ("term_blocks", "block_docs_offsets", "block_docs", "summary_comp_offsets", "summary_dir",
-         "summary_entry_offsets", "summary_entries", "summary_scale")
+         "summary_entry_offsets", "summary_entries", "summary_scale", "fwd_packed", "fwd_term_rank")
 EDGE = [0, 1, 2, 7, 255, 65535, 2**31, 2**32 - 1, 2**63, 2**64 - 1]
 
 

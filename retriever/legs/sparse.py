@@ -38,10 +38,10 @@ SPARSE_INDEX_ARRAYS = {
     "offsets": np.uint64, "doc_ids": np.uint32, "impacts": np.uint16,
     "term_blocks": np.uint64, "block_docs_offsets": np.uint64, "block_docs": np.uint32,
     "summary_comp_offsets": np.uint64, "summary_dir": np.uint64, "summary_entry_offsets": np.uint64,
-    "summary_entries": np.uint32, "summary_scale": np.float32,
+    "summary_entries": np.uint32, "summary_scale": np.float32, "fwd_packed": np.uint32, "fwd_term_rank": np.uint32,
 }
 _BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_comp_offsets", "summary_dir",
-               "summary_entry_offsets", "summary_entries", "summary_scale")
+               "summary_entry_offsets", "summary_entries", "summary_scale", "fwd_packed", "fwd_term_rank")
 #: Query-time defaults of the approximate mode, chosen from ``python -m benchmarks.bench_sparse
 #: --collections scifact`` (2026-11-29): query_cut 8-12 at heap_factor 0.9 gave recall@10 0.98-0.99
 #: against exact; 10 sits in between. Lower query_cut trades recall for speed (3: ~0.85).
