@@ -43,8 +43,11 @@ SPARSE_INDEX_ARRAYS = {
 _BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_comp_offsets", "summary_dir",
                "summary_entry_offsets", "summary_entries", "summary_scale", "fwd_packed", "fwd_term_rank")
 #: Query-time defaults of the approximate mode, chosen from ``python -m benchmarks.bench_sparse
-#: --collections scifact`` (2026-11-29): query_cut 8-12 at heap_factor 0.9 gave recall@10 0.98-0.99
-#: against exact; 10 sits in between. Lower query_cut trades recall for speed (3: ~0.85).
+#: --collections scifact --engines seismic,pyseismic --query-cuts 3,4,5,6,8,10,12,20 --heap-factors
+#: 0.7,0.8,0.9,1.0`` (2026-12-01 03:09 UTC, packed forward copy and inverted summaries): query_cut 10
+#: at heap_factor 0.9 gave recall@10 0.988 against exact at 4,841 QPS (1 thread; pyseismic's fastest
+#: point with recall >= 0.987 ran at 2,971 QPS). Lower query_cut trades recall for speed (8: 0.981 at
+#: 5,837 QPS; 5: 0.939 at 7,069; 3: ~0.85).
 DEFAULT_QUERY_CUT = 10
 DEFAULT_HEAP_FACTOR = 0.9
 
