@@ -730,3 +730,56 @@ def test_sparse_index_file_round_trip(tmp_path):
     with pytest.raises(IndexFormatError, match="missing array 'summary_comp_offsets'.*older layout"):
         with Retriever.open(tmp_path / "ix") as r:
             r.search_arrays(["a"], k=5, mode="sparse", sparse_vectors=qs[:1])
+
+
+def test_packed_forward_copy_and_fallback():
+    """The Seismic kernel gives bit-identical results from the packed forward copy and, without it
+    (vocabularies over 65,536 terms), from fwd_terms/fwd_values; the open-time check rejects a
+    packed copy or rank table that disagrees with the forward index."""
+    from index.sparse_index import pack_forward
+
+    vocab = 400
+    docs, queries = synthetic(800, vocab, seed=41)
+    indptr, terms, weights = to_csr(docs, vocab)
+    scale = impact_scale(weights.max())
+    qb = csr_batch(queries, vocab)
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=50, block_size=4,
+                            summary_energy=0.4)
+    rank = ix["fwd_term_rank"]
+    assert sorted(rank.tolist()) == list(range(vocab))
+    df = np.bincount(ix["fwd_terms"].astype(np.int64), minlength=vocab)
+    assert np.all(np.diff(df[np.argsort(rank)]) <= 0)  # rank 0 = most frequent term
+    np.testing.assert_array_equal(ix["fwd_packed"] >> 16, rank[ix["fwd_terms"]])
+    np.testing.assert_array_equal(ix["fwd_packed"] & 0xFFFF, ix["fwd_values"])
+    none = {"fwd_packed": np.zeros(0, np.uint32), "fwd_term_rank": np.zeros(0, np.uint32)}
+    for k, v in pack_forward(np.array([70_000], np.uint32), np.array([3], np.uint16), 70_001).items():
+        np.testing.assert_array_equal(v, none[k])
+
+    def run(a, qc, hf):
+        return _kernels.sparse_seismic_topk(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale,
+                                           *[a[k] for k in _BLOCK_ARGS], *qb, 10, query_cut=qc, heap_factor=hf,
+                                           n_threads=1)
+
+    for qc, hf in ((3, 0.8), (8, 1.0), (1000, 1e-9)):
+        for x, y in zip(run(ix, qc, hf), run({**ix, **none}, qc, hf)):
+            np.testing.assert_array_equal(x, y)
+
+    def check(**bad):
+        a = {**ix, **bad}
+        _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale, vocab,
+                                    *[a[n] for n in _BLOCK_ARGS])
+
+    check()
+    check(**none)
+    r = rank.copy()
+    r[0] = r[1]
+    with pytest.raises(ValueError, match="permutation"):
+        check(fwd_term_rank=r)
+    p = ix["fwd_packed"].copy()
+    p[5] ^= 1
+    with pytest.raises(ValueError, match=r"fwd_packed\[5\]"):
+        check(fwd_packed=p)
+    with pytest.raises(ValueError, match="len\\(fwd_packed\\)"):
+        check(fwd_packed=p[:-1])
+    with pytest.raises(ValueError, match="len\\(fwd_packed\\)"):
+        run({**ix, "fwd_packed": p[:-1]}, 3, 0.9)
