@@ -137,8 +137,8 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
         for key in ("non_model_synthetic", "non_model_scifact"):
             e = r[key]
             if "tokens_per_s" in e:
-                out.append(f"Non-model, {key.split('_')[-1]}: {e['n_tokens'] / e['n_docs']:.0f} tokens/document, "
-                           f"{e['tokens_per_s'] / 1e6:.2f} M tokens/s.")
+                out.append(f"Non-model, {key.split('_')[-1]}: {e['n_tokens'] / e['n_docs']:.0f} terms/document (tokens left after stop words), "
+                           f"{e['tokens_per_s'] / 1e6:.2f} M terms/s.")
         out.append("")
         bd = r["non_model_synthetic"]["breakdown_seconds"]
         out += ["Non-model time breakdown (synthetic): " + "; ".join(f"{k} {v:.2f} s" for k, v in bd.items()) + ".", ""]
