@@ -54,7 +54,8 @@ class PostingsBuilder:
         self._shard = _Shard()
         self._n = 0  # documents of the current shard handed to add()
         self._sum_dl = 0
-        self._error: BaseException | None = None  # the first error of a batch
+        self._error: BaseException | None = None  # the first error of a batch (second stage, in order)
+        self._scan_error: BaseException | None = None  # the first error of a scan (first stage)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="postings") if background else None
         self._scan_pool = ThreadPoolExecutor(1, thread_name_prefix="postings-scan") if background else None
         self._pending: deque[Future] = deque()
@@ -127,7 +128,13 @@ class PostingsBuilder:
         first_doc = self._n
         self._n += len(texts)
         if self._pool is None:
-            self._add(self._scan(texts), first_doc, self._shard)
+            try:
+                scanned = self._scan(texts)
+            except BaseException as e:
+                if self._error is None:
+                    self._error = e
+                raise
+            self._add(scanned, first_doc, self._shard)
             return
         self._wait(1)  # at most two batches in flight
         scanned = self._scan_pool.submit(self._scan, texts)  # type: ignore[union-attr]
@@ -135,17 +142,26 @@ class PostingsBuilder:
 
     def _scan(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
         """First stage (scan thread, in batch order): see :meth:`_scan_batch`."""
-        if self._error is not None:
-            raise RuntimeError("an earlier batch failed") from self._error
+        # a failed scan may have left entries without values: later scans refuse to run; the
+        # batches scanned before it are complete and are still counted (``_error`` is set by the
+        # second stage, in batch order, when it meets this batch)
+        earlier = self._scan_error or self._error
+        if earlier is not None:
+            raise RuntimeError("an earlier batch failed") from earlier
         try:
             return self._scan_batch(texts)
         except BaseException as e:
-            self._error = e
+            self._scan_error = e
             raise
 
     def _add(self, scanned: "Future | tuple[np.ndarray, np.ndarray, int]", first_doc: int, shard: "_Shard") -> None:
         """Second stage (in batch order): resolve the batch's new tokens, count, append to ``shard``."""
-        ent, counts, hi = scanned.result() if isinstance(scanned, Future) else scanned  # its own error first
+        try:
+            ent, counts, hi = scanned.result() if isinstance(scanned, Future) else scanned  # its own error first
+        except BaseException as e:
+            if self._error is None:
+                self._error = e
+            raise
         if self._error is not None:  # an earlier batch failed: the state is incomplete
             raise RuntimeError("an earlier batch failed") from self._error
         try:

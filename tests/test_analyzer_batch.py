@@ -182,3 +182,24 @@ def test_two_stage_worker_equals_inline_while_tables_grow():
     assert outs[True] == outs[False]
     terms, _, lens = _reference_postings(texts)
     assert outs[True][1] == terms and outs[True][2] == sum(lens)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_failed_batch_fails_the_shard_and_later_batches(background):
+    """A batch whose scan fails: the error is raised (its own, not a generic one), the shard cannot
+    be flushed as if the batch were there, and later batches refuse to run."""
+    for _ in range(20 if background else 1):  # the two worker stages race: repeat
+        pb = PostingsBuilder(Analyzer(), background=background)
+        pb.add(["fine text"] * 50)
+        try:
+            pb.add(["ok", 5])
+        except AttributeError:
+            assert not background
+        with pytest.raises((AttributeError, RuntimeError)) as exc:
+            pb.flush()
+        if background:
+            assert isinstance(exc.value, AttributeError)
+        with pytest.raises(RuntimeError, match="failed"):
+            pb.add(["more"])
+            pb.close()
+        pb.close(raise_errors=False)
