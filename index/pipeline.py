@@ -163,6 +163,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
     analyzer = Analyzer(config.analyzer) if "bm25" in config.legs else None
     postings = PostingsBuilder(analyzer) if analyzer is not None else None
+    t_load = time.perf_counter()
     dense_enc = None
     model_info: dict[str, Any] = {}
     feed = None
@@ -191,6 +192,8 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
         sparse_builder = SparseBuilder(config, device=config.device, vectors=sparse_vectors)
         model_info["sparse"] = sparse_builder.model_info()
+    model_load_s = time.perf_counter() - t_load
+    encode_s = {"dense": 0.0, "sparse": 0.0}
 
     seen: set[str] = set()
     n_docs = 0
@@ -222,7 +225,9 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                     if feed is not None:
                         vecs = feed.take(len(batch), batch[0].id)
                     else:
+                        t_enc = time.perf_counter()
                         vecs = dense_enc.encode([config.dense.document_prefix + t for t in full])
+                        encode_s["dense"] += time.perf_counter() - t_enc
                     if mat is not None:  # stored dtype chosen after the rotation, in _flush
                         shard_dense.append(_dense_store(vecs, "float32", batch[0].id))
                     elif dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
@@ -233,7 +238,9 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                         shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
                     crash_point("encode_dense")
                 if sparse_builder is not None:
+                    t_enc = time.perf_counter()
                     sparse_builder.add(full, batch[0].id)
+                    encode_s["sparse"] += time.perf_counter() - t_enc
                 n_docs += len(batch)
                 if progress is not None:
                     progress.update(len(batch))
@@ -268,6 +275,13 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             if postings is not None:
                 postings.close()
             stats["build_seconds"] = round(time.perf_counter() - t0, 3)
+            if dense_enc is not None or (sparse_builder is not None and sparse_vectors is None):
+                # model loading (checkpoint + tokenizer + weight hashes) and time inside the
+                # encoders' encode calls, so a reader can split build_seconds
+                stats["model_load_seconds"] = round(model_load_s, 3)
+                stats["encode_seconds"] = {k: round(v, 3) for k, v in encode_s.items()
+                                           if (k == "dense" and dense_enc is not None)
+                                           or (k == "sparse" and sparse_builder is not None and sparse_vectors is None)}
             cfg = config.to_dict()
             cfg["dense"]["dtype"] = dense_dtype
             return writer.commit(build_config=cfg, stats=stats, extra=extra)

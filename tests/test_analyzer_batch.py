@@ -158,3 +158,48 @@ def test_background_error_is_raised_later():
         pb.add(["more"])
         pb.close()
     pb.close()
+
+
+def test_two_stage_worker_equals_inline_while_tables_grow():
+    """Scan of batch k+1 (growing and reallocating the token table) runs while batch k is resolved
+    and counted on the other worker: same postings, vocabulary and lengths as inline, over many
+    batches each full of new tokens (long ones too: hashed keys and byte comparisons)."""
+    rng = np.random.default_rng(5)
+    vocab = [f"tok{i}x{'y' * int(rng.integers(0, 9))}" for i in range(20_000)] + ["the", "dogs'", "running"]
+    texts = [" ".join(rng.choice(vocab, size=int(rng.integers(1, 40)))) for _ in range(2_000)]
+    outs = {}
+    for background in (False, True):
+        pb = PostingsBuilder(Analyzer(), background=background)
+        shards = []
+        for i in range(0, len(texts), 100):
+            pb.add(texts[i:i + 100])
+            if i % 700 == 600:
+                shards.append(pb.flush_async())
+        shards.append(pb.flush_async())
+        outs[background] = ([{k: v.tolist() for k, v in f.result().items()} for f in shards], list(pb.terms),
+                            pb.sum_dl)
+        pb.close()
+    assert outs[True] == outs[False]
+    terms, _, lens = _reference_postings(texts)
+    assert outs[True][1] == terms and outs[True][2] == sum(lens)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_failed_batch_fails_the_shard_and_later_batches(background):
+    """A batch whose scan fails: the error is raised (its own, not a generic one), the shard cannot
+    be flushed as if the batch were there, and later batches refuse to run."""
+    for _ in range(20 if background else 1):  # the two worker stages race: repeat
+        pb = PostingsBuilder(Analyzer(), background=background)
+        pb.add(["fine text"] * 50)
+        try:
+            pb.add(["ok", 5])
+        except AttributeError:
+            assert not background
+        with pytest.raises((AttributeError, RuntimeError)) as exc:
+            pb.flush()
+        if background:
+            assert isinstance(exc.value, AttributeError)
+        with pytest.raises(RuntimeError, match="failed"):
+            pb.add(["more"])
+            pb.close()
+        pb.close(raise_errors=False)
