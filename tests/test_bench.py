@@ -240,3 +240,74 @@ def test_run_hybrid_sizes_merge(tmp_path, monkeypatch):
         run.main(["--only", "hybrid", "--hybrid-sizes", "x", "--out", str(out)])
     assert run._peer_args("sparse", True, out)[-2:] == ["--out", str(out / "sparse_quick.json")]
     assert "--skip" in run._peer_args("sparse", False, out) and run._peer_args("dense", False, out) == []
+
+
+def test_bench_index_gc_paused_and_restored(tmp_path, small_corpus):
+    """Timed passes run with the cyclic collector off; its state (enabled, nothing frozen) is
+    restored afterwards, also when it was off before; ``gc_pause=False`` leaves it on."""
+    import gc
+
+    from retriever import Retriever, build_index
+    from retriever.bench import bench_index
+
+    build_index(small_corpus, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    seen = []
+    orig = r.search_arrays
+
+    def spy(*a, **kw):
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return orig(*a, **kw)
+
+    r.search_arrays = spy
+    qs = ["vitamin bone", "heart", "gene cell", "sleep"]
+    assert gc.isenabled()
+    rep = bench_index(r, qs, modes=["bm25"], k=5, passes=2, warmup_batches=0, recall=False)
+    assert rep["settings"]["gc_paused"] is True
+    assert seen == [(False, True)] * 8
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    seen.clear()
+    bench_index(r, qs, modes=["bm25"], k=5, warmup_batches=0, recall=False, gc_pause=False)
+    assert seen == [(True, False)] * 4
+    gc.disable()
+    try:
+        bench_index(r, qs, modes=["bm25"], k=5, recall=False)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_omp_threads_worker_cache_and_restore():
+    """The calling thread's FAISS OpenMP setting is restored after a leg group; a pool worker's is
+    left set and not touched again while it already has the wanted value."""
+    import threading
+
+    faiss = pytest.importorskip("faiss")
+    import retriever.engine as engine
+
+    before = faiss.omp_get_max_threads()
+    with engine._omp_threads(1):
+        assert faiss.omp_get_max_threads() == 1
+    assert faiss.omp_get_max_threads() == before
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            def f(*a):
+                calls.append(name)
+                return getattr(faiss, name)(*a)
+            return f
+
+    def worker():
+        for _ in range(3):
+            ctx = engine._omp_threads(1, restore=False)
+            ctx.faiss = Spy()
+            with ctx:
+                assert faiss.omp_get_max_threads() == 1
+        calls.append(("after", faiss.omp_get_max_threads()))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert calls == ["omp_set_num_threads", ("after", 1)]
+    assert faiss.omp_get_max_threads() == before
