@@ -178,7 +178,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         warmup_batches: untimed batches run first.
         recall: compute recall@k against exact search (costs one exact pass).
         exact_cache: a dict kept across calls with the same queries, k, fusion and depth, so
-            parameter sweeps compute the exact lists once per mode.
+            parameter sweeps compute the exact lists once per mode (and, in hybrid mode, each leg's
+            own recall once per setting of that leg's ``leg_params``).
         sparse_vectors: nq learned-sparse query vectors aligned with ``queries`` (a sequence of
             ``(term_ids, weights)`` pairs; SPLADE encoding excluded).
         passes: timed passes over all the queries (>= 1). Each statistic (QPS, every latency
@@ -295,6 +296,11 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                     if ex.get(name) is None:
                         rec[name] = None
                         continue
+                    # a leg's own recall depends only on its own params: computed once per sweep
+                    lkey = f"leg-recall:{name}:{sorted((leg_params or {}).get(name, {}).items())!r}"
+                    if exact_cache is not None and lkey in exact_cache:
+                        rec[name] = exact_cache[lkey]
+                        continue
                     got = np.full((len(qs), k), -1, np.int64)
                     for s, e in batches:
                         r1 = retriever.search_arrays(
@@ -303,6 +309,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                             sparse_vectors=sv[s:e] if (sv is not None and name == "sparse") else None)
                         got[s:e, :r1.ids.shape[1]] = r1.ids
                     rec[name] = recall_at_k(got, ex[name], k)
+                    if exact_cache is not None:
+                        exact_cache[lkey] = rec[name]
                 rec["fused"] = recall_at_k(ids, ex["fused"], k) if ex.get("fused") is not None else None
             entry[f"recall@{k}"] = rec
         entry["peak_rss_bytes"] = peak_rss_bytes()

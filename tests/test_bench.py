@@ -311,3 +311,32 @@ def test_omp_threads_worker_cache_and_restore():
     t.join()
     assert calls == ["omp_set_num_threads", ("after", 1)]
     assert faiss.omp_get_max_threads() == before
+
+
+def test_budget_record_and_summary(tmp_path):
+    """cache_state sees an empty vs a filled cache; the budget record becomes SUMMARY's "Time
+    budget" lines with the verdict against the limit and the partial/complete flag."""
+    from benchmarks import report, run
+
+    cache = tmp_path / "cache"
+    assert run.cache_state(cache) == {"dir": str(cache), "entries": 0, "bytes": 0, "cold": True}
+    (cache / "sub").mkdir(parents=True)
+    (cache / "sub" / "a.bin").write_bytes(b"x" * 10)
+    (cache / "b.npz").write_bytes(b"y" * 5)
+    st = run.cache_state(cache)
+    assert st["entries"] == 2 and st["bytes"] == 15 and not st["cold"]
+    out = tmp_path / "res"
+    out.mkdir()
+    assert "no invocation recorded" in "\n".join(report.budget_markdown(out))
+    base = {"command": "python -m benchmarks.run", "quick": False, "started": {"time": "t", "load_avg_1m": 1.0},
+            "section_seconds": {"hybrid": 600.0, "bm25": 300.0}, "limit_minutes": 60.0, "aim_minutes": 45.0,
+            "cache_at_start": run.cache_state(tmp_path / "none")}
+    run.write_budget(out, {**base, "complete": True, "sections_run": ["hybrid", "bm25"], "wall_seconds": 3000.0,
+                           "within_limit": True})
+    text = "\n".join(report.budget_markdown(out))
+    assert "50.0 min wall" in text and "under 60 min" in text and "aim ≤ 45 min missed" in text
+    assert "cold cache" in text and "all sections" in text
+    run.write_budget(out, {**base, "complete": False, "sections_run": ["hybrid"], "wall_seconds": 4000.0,
+                           "within_limit": False, "cache_at_start": st})
+    text = "\n".join(report.budget_markdown(out))
+    assert "NOT under 60 min" in text and "partial: only hybrid" in text and "warm cache (2 entries" in text
