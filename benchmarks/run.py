@@ -663,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
             if prev.get("status") == "ok" and prev.get("quick") == args.quick:
                 kept = {n: e for n, e in prev["results"]["sizes"].items() if n not in res["sizes"]}
                 res["sizes"] = dict(sorted({**kept, **res["sizes"]}.items(), key=lambda kv: int(kv[0])))
-                doc["command"] = "; ".join(dict.fromkeys([prev.get("command", ""), cmd]))
+                doc["command"] = "; ".join(dict.fromkeys(prev.get("command", "").split("; ") + [cmd]))
                 doc["seconds"] = round(doc["seconds"] + sum(e.get("seconds", 0) for e in kept.values()), 1)
         section_seconds[name] = round(time.perf_counter() - t0, 1)
         (out / f"run_{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
