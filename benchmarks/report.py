@@ -315,6 +315,36 @@ def dense_bench_markdown(out: Path = RESULTS) -> str:
     return "\n".join(lines).rstrip()
 
 
+def budget_markdown(out: Path = RESULTS) -> list[str]:
+    """The "Time budget" lines of SUMMARY.md from ``budget.json`` / ``budget_quick.json`` (written
+    by ``benchmarks/run.py`` at the end of every invocation): the invocation's own wall time, per
+    section, against the limit (60 min full, 5 min quick), and the cache state at its start."""
+    lines = []
+    for name, label in (("budget.json", "Full run"), ("budget_quick.json", "Quick run")):
+        p = Path(out) / name
+        if not p.is_file():
+            lines.append(f"- {label}: no invocation recorded yet.")
+            continue
+        try:
+            b = json.loads(p.read_text())
+        except ValueError:
+            continue
+        c = b.get("cache_at_start") or {}
+        cache = ("cold cache (empty)" if c.get("cold") else
+                 f"warm cache ({c.get('entries', '?')} entries, {(c.get('bytes') or 0) / 2**30:.1f} GiB)")
+        secs = ", ".join(f"{k} {v / 60:.1f}" for k, v in (b.get("section_seconds") or {}).items())
+        st = b.get("started") or {}
+        what = ("all sections" if b.get("complete") else
+                f"partial: only {', '.join(b.get('sections_run') or [])} (not a full-run figure)")
+        verdict = ("under" if b.get("within_limit") else "NOT under") + f" {b.get('limit_minutes'):.0f} min"
+        if b.get("complete") and b.get("aim_minutes"):
+            verdict += f"; aim ≤ {b['aim_minutes']:.0f} min " + ("met" if b["wall_seconds"] / 60 <= b["aim_minutes"] else "missed")
+        lines.append(f"- {label}: `{b.get('command')}` ({what}), {st.get('time', '?')}, load {st.get('load_avg_1m', '?')}, "
+                     f"{st.get('cpu', st.get('cpu_model', '?'))}, {st.get('cores', st.get('cpu_count', '?'))} cores, "
+                     f"{cache}: **{b['wall_seconds'] / 60:.1f} min wall**, {verdict}. Sections (min): {secs}.")
+    return ["## Time budget", ""] + lines + [""]
+
+
 def write_summary(out: Path = RESULTS) -> Path:
     docs = load(out)
     text = ["# Benchmark summary", "",
@@ -322,7 +352,9 @@ def write_summary(out: Path = RESULTS) -> Path:
             "`hybrid_recall_qps.png`, `bm25_qps.png`, `indexing.png`.", ""]
     total = sum(d.get("seconds") or 0 for d in docs.values())
     text += [f"Sections: " + ", ".join(f"{k} ({d['status']}, {d.get('seconds') or 0:.0f} s)" for k, d in docs.items())
-             + f"; total {total / 60:.1f} min.", "", ""]
+             + f"; total {total / 60:.1f} min (sum of each section's latest run; the runs may differ in "
+             "date, machine load and cache state).", ""]
+    text += budget_markdown(out) + [""]
     p = Path(out) / "SUMMARY.md"
     p.write_text("\n".join(text) + section_markdown(docs))
     return p

@@ -304,7 +304,8 @@ HYBRID_SIZES: list[int] | None = None
 
 def section_hybrid(quick: bool) -> dict[str, Any]:
     """Hybrid end to end: 100k and 1M documents (quick: 10k, 200 queries, 2 nprobe values, one
-    pass, no variants). Built indexes are cached under :data:`CACHE`."""
+    pass, no variants; full: the same-run variants only at the largest size, where the headline
+    is). Built indexes are cached under :data:`CACHE`."""
     sizes = HYBRID_SIZES or ([10_000] if quick else [100_000, 1_000_000])
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
@@ -313,6 +314,8 @@ def section_hybrid(quick: bool) -> dict[str, Any]:
             if quick:
                 e = bench_hybrid(n, Path(tmp), n_queries=200, nprobes=(1, 8), cache_dir=CACHE, passes=1,
                                  sparse_cuts=(), compare_sequential=False)
+            elif n < max(sizes):  # the smaller size: the sweep only; the variants are run at the largest
+                e = bench_hybrid(n, Path(tmp), cache_dir=CACHE, sparse_cuts=(), compare_sequential=False)
             else:
                 e = bench_hybrid(n, Path(tmp), cache_dir=CACHE)
             e["seconds"] = round(time.perf_counter() - t0, 1)
@@ -690,6 +693,36 @@ def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
     return res
 
 
+#: the issue's bound on the full run (2 cores, cold cache) and the margin this harness aims for
+FULL_RUN_LIMIT_MIN = 60.0
+FULL_RUN_AIM_MIN = 45.0
+
+
+def cache_state(cache: Path | None = None) -> dict[str, Any]:
+    """What ``$RETRIEVER_CACHE`` held when the run started: entries, bytes, and ``cold`` (no entry
+    at all: every generated collection, encoded vector set and built index of the run is made by
+    the run itself, as on a fresh machine)."""
+    cache = CACHE if cache is None else Path(cache)
+    entries = sorted(cache.iterdir()) if cache.is_dir() else []
+    size = 0
+    for e in entries:
+        try:
+            size += sum(f.stat().st_size for f in e.rglob("*") if f.is_file()) if e.is_dir() else e.stat().st_size
+        except OSError:
+            pass
+    return {"dir": str(cache), "entries": len(entries), "bytes": size, "cold": not entries}
+
+
+def write_budget(out: Path, doc: dict[str, Any]) -> Path:
+    """Write the run's time budget record (``budget.json``; ``budget_quick.json`` for ``--quick``):
+    wall time of the whole invocation and of each section, the cache state at the start, and
+    whether every section ran (``complete``). ``report.write_summary`` turns it into the
+    "Time budget" paragraph of SUMMARY.md."""
+    path = Path(out) / ("budget_quick.json" if doc["quick"] else "budget.json")
+    path.write_text(json.dumps(doc, indent=1, default=_json_default))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (< 5 minutes on 2 cores)")
@@ -712,6 +745,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
+    started = _machine()
+    cache_at_start = cache_state()
+    section_seconds: dict[str, float] = {}
     for name in args.only or SECTIONS:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
@@ -730,10 +766,22 @@ def main(argv: list[str] | None = None) -> int:
             if prev.get("status") == "ok" and prev.get("quick") == args.quick:
                 kept = {n: e for n, e in prev["results"]["sizes"].items() if n not in res["sizes"]}
                 res["sizes"] = dict(sorted({**kept, **res["sizes"]}.items(), key=lambda kv: int(kv[0])))
-                doc["command"] = "; ".join(dict.fromkeys([prev.get("command", ""), cmd]))
+                doc["command"] = "; ".join(dict.fromkeys(prev.get("command", "").split("; ") + [cmd]))
                 doc["seconds"] = round(doc["seconds"] + sum(e.get("seconds", 0) for e in kept.values()), 1)
+        section_seconds[name] = round(time.perf_counter() - t0, 1)
         (out / f"run_{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
-        print(f"   {name}: {status} in {doc['seconds']} s", flush=True)
+        print(f"   {name}: {status} in {section_seconds[name]} s", flush=True)
+    wall = time.perf_counter() - t_start
+    complete = not args.only or set(SECTIONS) <= set(args.only)
+    limit = 5.0 if args.quick else FULL_RUN_LIMIT_MIN
+    write_budget(out, {"command": cmd, "quick": args.quick, "started": started, "finished": _machine(),
+                       "complete": complete and not args.hybrid_sizes, "sections_run": list(section_seconds),
+                       "section_seconds": section_seconds, "wall_seconds": round(wall, 1),
+                       "limit_minutes": limit, "aim_minutes": None if args.quick else FULL_RUN_AIM_MIN,
+                       "within_limit": wall / 60 < limit, "cache_at_start": cache_at_start})
+    print("Sections: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in section_seconds.items())
+          + f"; total {wall / 60:.1f} min (limit {limit:.0f} min; cache at start "
+          + ("cold" if cache_at_start["cold"] else f"warm, {cache_at_start['entries']} entries") + ")", flush=True)
     from benchmarks.report import write_plots, write_summary
 
     write_plots(out)
