@@ -624,9 +624,9 @@ def section_bm25(quick: bool) -> dict[str, Any]:
                 e["bm25s"] = bench_bm25.bench_bm25s(col, repeats)
             except ImportError as err:
                 e["bm25s"] = {"status": f"not available ({err})"}
-            if col.n_docs <= 100_000:
-                try:
-                    e["rank_bm25"] = bench_bm25.bench_rank_bm25(col, 20 if quick else 50)
+            if col.n_docs <= 100_000 or not quick:
+                try:  # a sample of queries: rank-bm25 scores every document in Python (~2 s/query at 1M)
+                    e["rank_bm25"] = bench_bm25.bench_rank_bm25(col, 20 if quick or col.n_docs > 100_000 else 50)
                 except ImportError as err:
                     e["rank_bm25"] = {"status": f"not available ({err})"}
             out["collections"][col.name] = e
@@ -636,24 +636,27 @@ def section_bm25(quick: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- peers' benchmarks
 
-def _peer_args(leg: str, quick: bool, out: Path) -> list[str]:
-    """Arguments of a peer script. Quick: synthetic collections only (no SciFact encoding, which
-    needs minutes of model time on a cold cache), small sizes, results into the run's folder.
-    Full: the sparse script with the settings of its published 1M run (200 queries, query_cut
-    3/5/8/12 at heap_factor 0.9, scipy on 50 queries, bmp left out: its adapter's synthetic recall
-    is invalid), which took 19 minutes for the 1M collection on 2 cores; its default full sweep
-    (1,000 queries, 15 knob points, bmp) would not fit the whole run's 60 minutes."""
+def _peer_args(leg: str, quick: bool, out: Path) -> list[list[str]]:
+    """Argument lists of a peer script, run one after the other. Quick: synthetic collections only
+    (no SciFact encoding, which needs minutes of model time on a cold cache), small sizes, results
+    into the run's folder. Full, sparse: SciFact with the script's default sweep (every engine,
+    bmp included: cheap at 5k documents), then the 1M collection (its own entry of the same
+    results file) with the settings of its published run (200 queries, query_cut 3/5/8/12 at heap_factor 0.9,
+    scipy on 50 queries, bmp left out: its adapter's synthetic recall is invalid), which took
+    19 minutes on 2 cores; the default sweep at 1M (1,000 queries, 15 knob points) would not fit
+    the whole run's 60 minutes."""
     if not quick:
         if leg == "sparse":
-            return ["--max-queries", "200", "--query-cuts", "3,5,8,12", "--heap-factors", "0.9",
-                    "--scipy-queries", "50", "--skip", "bmp"]
-        return []
+            return [["--collections", "scifact"],
+                    ["--collections", "synthetic", "--max-queries", "200", "--query-cuts", "3,5,8,12",
+                     "--heap-factors", "0.9", "--scipy-queries", "50", "--skip", "bmp"]]
+        return [[]]
     if leg == "dense":
-        return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
-                "--out", str(out / "bench_dense_quick.json")]
+        return [["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
+                 "--out", str(out / "bench_dense_quick.json")]]
     if leg == "sparse":
-        return ["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]
-    return ["--quick"]
+        return [["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]]
+    return [["--quick"]]
 
 
 def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
@@ -670,16 +673,21 @@ def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
     folders = {RESULTS.resolve(), Path(out).resolve()}
     files = lambda: [p for d in folders for p in d.glob("*.json")]  # noqa: E731
     before = {p: p.stat().st_mtime for p in files()}
-    argv = _peer_args(leg, quick, Path(out))
+    argvs = _peer_args(leg, quick, Path(out))
     import faiss
     from threadpoolctl import threadpool_limits
 
     omp = faiss.omp_get_max_threads()
-    with threadpool_limits(limits=None):  # restores the BLAS/OpenMP pools' limits on exit
-        try:
-            rc = fn(argv)
-        finally:
-            faiss.omp_set_num_threads(omp)
+    rc: Any = 0
+    for argv in argvs:
+        with threadpool_limits(limits=None):  # restores the BLAS/OpenMP pools' limits on exit
+            try:
+                rc = fn(argv)
+            finally:
+                faiss.omp_set_num_threads(omp)
+        if rc not in (0, None):
+            break
+    argv = [a for argv in argvs for a in (argv + [";"])][:-1]
     written = sorted({p.name: p for p in files() if before.get(p) != p.stat().st_mtime
                       and not p.name.startswith("run_")}.items())
     res: dict[str, Any] = {"module": modname, "argv": argv, "rc": rc, "files": [n for n, _ in written]}

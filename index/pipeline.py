@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,10 +70,14 @@ class _VectorFeed:
     2-D blocks)."""
 
     def __init__(self, src: Any) -> None:
+        if isinstance(src, (str, bytes, dict)) or not (isinstance(src, np.ndarray) or hasattr(src, "__iter__")):
+            raise ConfigError(f"dense_vectors must be a 2-D array or an iterable of rows/blocks, "
+                              f"got {type(src).__name__}")
         self._arr = src if isinstance(src, np.ndarray) else None
         self._it = None if self._arr is not None else iter(src)
         self._buf: list[np.ndarray] = []
         self._pos = 0
+        self.taken = 0
         self.dim: int | None = None
         if self._arr is not None and self._arr.ndim != 2:
             raise ConfigError(f"dense_vectors must be 2-D (n_docs, dim), got shape {self._arr.shape}")
@@ -98,13 +102,24 @@ class _VectorFeed:
         self._buf = [cat[m:]] if len(cat) > m else []
         return cat[:m]
 
-    def take(self, m: int, first_id: str) -> np.ndarray:
+    def take(self, m: int, ids: Sequence[str]) -> np.ndarray:
+        """The next ``m`` rows as float32 (m, dim), for the documents ``ids`` (used in errors).
+
+        Raises:
+            ConfigError: too few rows (names the first document without a vector), rows that are
+                not 1-D of one width ≥ 1, or values that are not numbers.
+        """
         rows = self._pull(m)
         if len(rows) < m:
-            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document {first_id!r})")
-        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim):
-            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected ({self.dim},)")
+            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document "
+                              f"{ids[len(rows)]!r}, position {self.taken + len(rows)} counting from 0)")
+        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim) or rows.shape[1] == 0:
+            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected "
+                              f"({self.dim if self.dim is not None else 'dim >= 1'},)")
+        if rows.dtype.kind not in "iuf":
+            raise ConfigError(f"dense_vectors must hold numbers, got dtype {rows.dtype}")
         self.dim = int(rows.shape[1])
+        self.taken += m
         return np.asarray(rows, dtype=np.float32)
 
     def exhausted(self) -> bool:
@@ -223,7 +238,11 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                     crash_point("encode_bm25")
                 if dense_enc is not None or feed is not None:
                     if feed is not None:
-                        vecs = feed.take(len(batch), batch[0].id)
+                        vecs = feed.take(len(batch), [d.id for d in batch])
+                        dims = config.dense.matryoshka_dims
+                        if dims and max(dims) > vecs.shape[1]:
+                            raise ConfigError(f"matryoshka_dims {tuple(dims)} exceed the dimension "
+                                              f"{vecs.shape[1]} of dense_vectors")
                     else:
                         t_enc = time.perf_counter()
                         vecs = dense_enc.encode([config.dense.document_prefix + t for t in full])

@@ -238,8 +238,11 @@ def test_run_hybrid_sizes_merge(tmp_path, monkeypatch):
     assert all("load_avg_1m" in e["machine"] for e in doc["results"]["sizes"].values())
     with pytest.raises(SystemExit):
         run.main(["--only", "hybrid", "--hybrid-sizes", "x", "--out", str(out)])
-    assert run._peer_args("sparse", True, out)[-2:] == ["--out", str(out / "sparse_quick.json")]
-    assert "--skip" in run._peer_args("sparse", False, out) and run._peer_args("dense", False, out) == []
+    assert run._peer_args("sparse", True, out)[-1][-2:] == ["--out", str(out / "sparse_quick.json")]
+    full = run._peer_args("sparse", False, out)
+    assert full[0] == ["--collections", "scifact"] and "bmp" not in full[0]  # SciFact: default sweep, bmp in
+    assert full[1][:2] == ["--collections", "synthetic"] and "--skip" in full[1]
+    assert run._peer_args("dense", False, out) == [[]]
 
 
 def test_bench_index_gc_paused_and_restored(tmp_path, small_corpus):
