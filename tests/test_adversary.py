@@ -412,3 +412,15 @@ def test_output_under_a_file_and_symlinked_output(tmp_path):
     with pytest.raises(IndexFormatError, match="is a symbolic link; give the real directory"):
         build_index(_docs50(), tmp_path / "ln", show_progress=False, overwrite=True)
     assert Retriever.open(tmp_path / "real").search("word3", k=1)[0].id == "d3"
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1], "must be a mapping of leg name to weight, got list"),
+    ({"bm25": 1e308, "dense": 1e308}, r"\|weight\| must be <= 1e\+30"),
+    ({"bm25": True}, "must be a finite number, got True"),
+])
+def test_fusion_weight_types_and_range(weights, message):
+    from retriever.fusion import Linear
+    for cls in (RRF, Linear):
+        with pytest.raises(QueryError, match=message):
+            cls(weights=weights)
