@@ -131,13 +131,20 @@ def test_background_thread_equals_inline_over_shards():
     words = [f"w{i}" for i in range(3000)] + ["The", "cat's", "running", "x" * 300, "ﬁne", "中"]
     texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 40)))) for _ in range(900)]
     texts[7] = "astral 😀 w1 then running"
+    _assert_background_equals_inline(texts, flush_every=300)
+
+
+def _assert_background_equals_inline(texts: list[str], flush_every: int) -> None:
+    """Analyse ``texts`` in batches of 100, flushing a shard every ``flush_every`` texts, inline
+    and on the background workers: identical shards, vocabulary and total length, equal to the
+    reference analysis."""
     outs = {}
     for background in (False, True):
         pb = PostingsBuilder(Analyzer(), background=background)
         shards = []
         for i in range(0, len(texts), 100):
             pb.add(texts[i:i + 100])
-            if i % 300 == 200:
+            if i % flush_every == flush_every - 100:
                 shards.append(pb.flush_async())
         shards.append(pb.flush_async())
         outs[background] = ([{k: v.tolist() for k, v in f.result().items()} for f in shards], list(pb.terms),
@@ -167,21 +174,7 @@ def test_two_stage_worker_equals_inline_while_tables_grow():
     rng = np.random.default_rng(5)
     vocab = [f"tok{i}x{'y' * int(rng.integers(0, 9))}" for i in range(20_000)] + ["the", "dogs'", "running"]
     texts = [" ".join(rng.choice(vocab, size=int(rng.integers(1, 40)))) for _ in range(2_000)]
-    outs = {}
-    for background in (False, True):
-        pb = PostingsBuilder(Analyzer(), background=background)
-        shards = []
-        for i in range(0, len(texts), 100):
-            pb.add(texts[i:i + 100])
-            if i % 700 == 600:
-                shards.append(pb.flush_async())
-        shards.append(pb.flush_async())
-        outs[background] = ([{k: v.tolist() for k, v in f.result().items()} for f in shards], list(pb.terms),
-                            pb.sum_dl)
-        pb.close()
-    assert outs[True] == outs[False]
-    terms, _, lens = _reference_postings(texts)
-    assert outs[True][1] == terms and outs[True][2] == sum(lens)
+    _assert_background_equals_inline(texts, flush_every=700)
 
 
 @pytest.mark.parametrize("background", [False, True])
