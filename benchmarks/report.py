@@ -119,15 +119,27 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
             if "docs_per_s" in b:
                 out.append(f"| bm25s tokenize + index, same texts (in memory, no files) | {e['n_docs']:,} | "
                            f"{b['docs_per_s']:,.0f} | |")
-        d = r["dense"]
-        out += [f"| dense: raw encoder (all-MiniLM-L6-v2, max 256 tokens, batch 64) | {d['n_docs']:,} | "
-                f"{d['raw_encoder_docs_per_s']:,.1f} | |",
-                f"| dense: `build_index` BM25 + dense (model load excluded) | {d['n_docs']:,} | "
-                f"{d['pipeline_docs_per_s_excluding_model_load']:,.1f} | ≥ 90% of raw: "
-                f"{d['pipeline_vs_raw']:.0%} |",
-                f"| dense: sentence-transformers `encode()` (same model, texts, max length) | {d['n_docs']:,} | "
-                f"{_f(d.get('sentence_transformers_docs_per_s'), ',.1f')} | ours/ST = "
-                f"{_f(d.get('ours_vs_sentence_transformers'), '.2f')} (≥ 1.0) |", ""]
+        for leg, label in (("dense", "all-MiniLM-L6-v2"), ("sparse", "SPLADE bert-tiny")):
+            d = r.get(leg)
+            if not d:
+                continue
+            where = f"{label}, max {d['max_length']} tokens, batch {d['batch_size']}"
+            out += [f"| {leg}: raw encoder ({where}; tokenise + forward + pooling only) | {d['n_docs']:,} | "
+                    f"{d['raw_encoder_docs_per_s']:,.1f} | |",
+                    f"| {leg}: `build_index` BM25 + {leg}, same texts and batching (model load excluded) | "
+                    f"{d['n_docs']:,} | {d['pipeline_docs_per_s']:,.1f} | ≥ 90% of raw: "
+                    f"{d['pipeline_vs_raw']:.0%} |"]
+            if d.get("sentence_transformers_docs_per_s"):
+                out.append(f"| {leg}: sentence-transformers `encode()` (same model, texts, max length, batch) | "
+                           f"{d['n_docs']:,} | {d['sentence_transformers_docs_per_s']:,.1f} | pipeline/ST = "
+                           f"{d['pipeline_vs_sentence_transformers']:.2f} (≥ 1.0) |")
+        out.append("")
+        for key in ("non_model_synthetic", "non_model_scifact"):
+            e = r[key]
+            if "tokens_per_s" in e:
+                out.append(f"Non-model, {key.split('_')[-1]}: {e['n_tokens'] / e['n_docs']:.0f} terms/document (tokens left after stop words), "
+                           f"{e['tokens_per_s'] / 1e6:.2f} M terms/s.")
+        out.append("")
         bd = r["non_model_synthetic"]["breakdown_seconds"]
         out += ["Non-model time breakdown (synthetic): " + "; ".join(f"{k} {v:.2f} s" for k, v in bd.items()) + ".", ""]
     bm = docs.get("bm25")
@@ -303,6 +315,36 @@ def dense_bench_markdown(out: Path = RESULTS) -> str:
     return "\n".join(lines).rstrip()
 
 
+def budget_markdown(out: Path = RESULTS) -> list[str]:
+    """The "Time budget" lines of SUMMARY.md from ``budget.json`` / ``budget_quick.json`` (written
+    by ``benchmarks/run.py`` at the end of every invocation): the invocation's own wall time, per
+    section, against the limit (60 min full, 5 min quick), and the cache state at its start."""
+    lines = []
+    for name, label in (("budget.json", "Full run"), ("budget_quick.json", "Quick run")):
+        p = Path(out) / name
+        if not p.is_file():
+            lines.append(f"- {label}: no invocation recorded yet.")
+            continue
+        try:
+            b = json.loads(p.read_text())
+        except ValueError:
+            continue
+        c = b.get("cache_at_start") or {}
+        cache = ("cold cache (empty)" if c.get("cold") else
+                 f"warm cache ({c.get('entries', '?')} entries, {(c.get('bytes') or 0) / 2**30:.1f} GiB)")
+        secs = ", ".join(f"{k} {v / 60:.1f}" for k, v in (b.get("section_seconds") or {}).items())
+        st = b.get("started") or {}
+        what = ("all sections" if b.get("complete") else
+                f"partial: only {', '.join(b.get('sections_run') or [])} (not a full-run figure)")
+        verdict = ("under" if b.get("within_limit") else "NOT under") + f" {b.get('limit_minutes'):.0f} min"
+        if b.get("complete") and b.get("aim_minutes"):
+            verdict += f"; aim ≤ {b['aim_minutes']:.0f} min " + ("met" if b["wall_seconds"] / 60 <= b["aim_minutes"] else "missed")
+        lines.append(f"- {label}: `{b.get('command')}` ({what}), {st.get('time', '?')}, load {st.get('load_avg_1m', '?')}, "
+                     f"{st.get('cpu', st.get('cpu_model', '?'))}, {st.get('cores', st.get('cpu_count', '?'))} cores, "
+                     f"{cache}: **{b['wall_seconds'] / 60:.1f} min wall**, {verdict}. Sections (min): {secs}.")
+    return ["## Time budget", ""] + lines + [""]
+
+
 def write_summary(out: Path = RESULTS) -> Path:
     docs = load(out)
     text = ["# Benchmark summary", "",
@@ -310,7 +352,9 @@ def write_summary(out: Path = RESULTS) -> Path:
             "`hybrid_recall_qps.png`, `bm25_qps.png`, `indexing.png`.", ""]
     total = sum(d.get("seconds") or 0 for d in docs.values())
     text += [f"Sections: " + ", ".join(f"{k} ({d['status']}, {d.get('seconds') or 0:.0f} s)" for k, d in docs.items())
-             + f"; total {total / 60:.1f} min.", "", ""]
+             + f"; total {total / 60:.1f} min (sum of each section's latest run; the runs may differ in "
+             "date, machine load and cache state).", ""]
+    text += budget_markdown(out) + [""]
     p = Path(out) / "SUMMARY.md"
     p.write_text("\n".join(text) + section_markdown(docs))
     return p
@@ -404,13 +448,15 @@ def write_plots(out: Path = RESULTS) -> list[Path]:
     ix = docs.get("indexing")
     if ix and ix["status"] == "ok":
         r = ix["results"]
-        d = r["dense"]
         items = [("non-model\nsynthetic", r["non_model_synthetic"]["docs_per_s"]),
-                 ("non-model\nSciFact", r["non_model_scifact"]["docs_per_s"]),
-                 ("dense raw\nencoder", d["raw_encoder_docs_per_s"]),
-                 ("dense\npipeline", d["pipeline_docs_per_s_excluding_model_load"])]
-        if d.get("sentence_transformers_docs_per_s"):
-            items.append(("sentence-\ntransformers", d["sentence_transformers_docs_per_s"]))
+                 ("non-model\nSciFact", r["non_model_scifact"]["docs_per_s"])]
+        for leg in ("dense", "sparse"):
+            d = r.get(leg)
+            if d:
+                items += [(f"{leg} raw\nencoder", d["raw_encoder_docs_per_s"]),
+                          (f"{leg}\npipeline", d["pipeline_docs_per_s"])]
+                if d.get("sentence_transformers_docs_per_s"):
+                    items.append(("sentence-\ntransformers", d["sentence_transformers_docs_per_s"]))
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.bar(range(len(items)), [v for _, v in items])
         ax.set_xticks(range(len(items)), [k for k, _ in items], fontsize=7)

@@ -15,9 +15,12 @@ files exist, so a section can be rerun alone):
 - ``encode``: query encoding time of each bundled model, on its own (SciFact queries).
 - ``indexing``: documents/s of the non-model part (BM25-only ``build_index`` of in-memory records:
   validation, analysis, postings, Arrow shards, checksums; median of 3, next to bm25s's indexing of
-  the same texts), of the dense pipeline (``build_index`` with the model) next to the
-  encoder's raw throughput on the same texts, and sentence-transformers' ``encode()`` on the same
-  model, texts, max length (256) and machine.
+  the same texts; tokens/s too, since long documents give fewer documents/s), and per encoder
+  (dense all-MiniLM-L6-v2, SPLADE bert-tiny) the pipeline (``build_index`` BM25 + that leg, model
+  load excluded as measured inside the call) next to the raw encoder (tokenise + forward + pooling
+  only, the same texts, length-sorted batches, max length 256 and batch size; interleaved with the
+  pipeline, medians of 3), and for dense sentence-transformers' ``encode()`` on the same model,
+  texts, max length, batch size and machine.
 - ``bm25``: this engine vs bm25s vs rank-bm25 (``benchmarks/bench_bm25.py``'s functions).
 - ``dense``, ``sparse``: ``benchmarks/bench_dense.py`` / ``benchmarks/bench_sparse.py`` when they
   exist (written on other branches); otherwise a "not available" entry.
@@ -301,7 +304,8 @@ HYBRID_SIZES: list[int] | None = None
 
 def section_hybrid(quick: bool) -> dict[str, Any]:
     """Hybrid end to end: 100k and 1M documents (quick: 10k, 200 queries, 2 nprobe values, one
-    pass, no variants). Built indexes are cached under :data:`CACHE`."""
+    pass, no variants; full: the same-run variants only at the largest size, where the headline
+    is). Built indexes are cached under :data:`CACHE`."""
     sizes = HYBRID_SIZES or ([10_000] if quick else [100_000, 1_000_000])
     out: dict[str, Any] = {"sizes": {}}
     with tempfile.TemporaryDirectory(dir=os.environ.get("RETRIEVER_BENCH_TMP")) as tmp:
@@ -310,6 +314,8 @@ def section_hybrid(quick: bool) -> dict[str, Any]:
             if quick:
                 e = bench_hybrid(n, Path(tmp), n_queries=200, nprobes=(1, 8), cache_dir=CACHE, passes=1,
                                  sparse_cuts=(), compare_sequential=False)
+            elif n < max(sizes):  # the smaller size: the sweep only; the variants are run at the largest
+                e = bench_hybrid(n, Path(tmp), cache_dir=CACHE, sparse_cuts=(), compare_sequential=False)
             else:
                 e = bench_hybrid(n, Path(tmp), cache_dir=CACHE)
             e["seconds"] = round(time.perf_counter() - t0, 1)
@@ -379,8 +385,8 @@ def _nonmodel(col_docs, n_docs: int, tmp: Path, name: str, repeats: int = 3) -> 
     """BM25-only ``build_index`` from in-memory records (reading/validating the records, analysis,
     postings, Arrow shards, checksums, manifest; corpus generation not timed), median of
     ``repeats``; a stage breakdown (each stage timed alone on one thread: in ``build_index``
-    analysis and the postings sort run on a worker thread, overlapping reading and writing, so the
-    stages sum to more than the total); and bm25s's indexing (tokenize + index, in memory, no
+    scanning and resolving/counting run on two worker threads and the postings sort on one,
+    overlapping reading and writing, so the stages sum to more than the total); and bm25s's indexing (tokenize + index, in memory, no
     files) of the same texts in the same run."""
     import shutil
     import statistics
@@ -415,11 +421,11 @@ def _nonmodel(col_docs, n_docs: int, tmp: Path, name: str, repeats: int = 3) -> 
     flush_s = time.perf_counter() - t0
     stages = read_s + add_s + flush_s
     res = {"n_docs": n_docs, "seconds": total, "seconds_runs": secs, "docs_per_s": n_docs / total,
-           "n_tokens": int(pb.sum_dl), "n_terms": len(pb.terms),
+           "n_tokens": int(pb.sum_dl), "n_terms": len(pb.terms), "tokens_per_s": int(pb.sum_dl) / total,
            "breakdown_seconds": {"read + validate records (read_corpus)": read_s,
                                  "analysis + term ids + tf counts (PostingsBuilder.add, alone)": add_s,
                                  "postings CSR (counting sort, flush, alone)": flush_s,
-                                 "build_index total (stages overlap: analysis runs on a second thread)": total},
+                                 "build_index total (stages overlap: scanning and resolve+count run on two worker threads)": total},
            "sum_of_stages_alone_seconds": stages,
            "target_docs_per_s": 50_000, "meets_target": n_docs / total >= 50_000}
     pb.close()
@@ -456,49 +462,149 @@ def section_indexing(quick: bool) -> dict[str, Any]:
         out["non_model_synthetic"] = _nonmodel(syn.docs, syn.n_docs, tmp, "syn")
         sf = beir("scifact")
         out["non_model_scifact"] = _nonmodel(sf.docs, sf.n_docs, tmp, "scifact")
-        out["dense"] = _dense_indexing(32 if quick else 256, tmp)
+        out["dense"] = _encoder_indexing("dense", 32 if quick else 256, tmp, repeats=1 if quick else 3)
+        out["sparse"] = _encoder_indexing("sparse", 32 if quick else 256, tmp, repeats=1 if quick else 3)
     return out
 
 
-def _dense_indexing(n: int, tmp: Path) -> dict[str, Any]:
-    """Same texts, max length 256, batch 64: pipeline vs raw encoder vs sentence-transformers."""
-    from index.encoders.dense import DenseEncoder, default_dense_model
+def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...]) -> dict[str, float]:
+    """One ``build_index`` of ``docs`` (one pipeline batch: ``batch_size`` ≥ len(docs), so the
+    encoders length-sort the same set of texts as the raw loops): wall seconds, and wall seconds
+    minus the model loading measured inside that call (``stats.model_load_seconds``)."""
+    import shutil
+
     from retriever import build_index
+
+    t0 = time.perf_counter()
+    m = build_index(docs, out, legs=legs, show_progress=False, batch_size=max(1024, len(docs)))
+    wall = time.perf_counter() - t0
+    shutil.rmtree(out, ignore_errors=True)
+    st = m["stats"]
+    return {"wall_s": wall, "model_load_s": float(st["model_load_seconds"]),
+            "encode_s": dict(st["encode_seconds"]), "excl_load_s": wall - float(st["model_load_seconds"])}
+
+
+def _raw_dense(tokenizer, model, texts: list[str], batch_size: int, max_length: int) -> np.ndarray:
+    """The raw encoder: length-sorted batches (longest first, as the pipeline and
+    sentence-transformers do), tokenise with padding/truncation at ``max_length``, forward pass,
+    mean pooling, L2 normalisation; nothing else (no truncation counting, checks, storage)."""
+    import torch
+
+    order = np.argsort([-len(t) for t in texts], kind="stable")
+    out = np.empty((len(texts), model.config.hidden_size), np.float32)
+    with torch.inference_mode():
+        for s in range(0, len(texts), batch_size):
+            idx = order[s:s + batch_size]
+            enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
+                            return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
+            out[idx] = torch.nn.functional.normalize(emb, p=2, dim=1).numpy()
+    return out
+
+
+def _raw_sparse(enc, texts: list[str], batch_size: int, max_length: int) -> int:
+    """The raw SPLADE encoder: tokenise (truncation at ``max_length``), length-sorted batches
+    (longest first, as the pipeline), the model's forward passes with the max pooling over tokens
+    (``SparseEncoder._max_logits``: BERT + MLM head, the same computation the pipeline runs) and
+    log(1 + ReLU); nothing else (no sparsification into CSR rows, no truncation counting, no
+    checks or storage). Returns the number of nonzero weights (so the work cannot be skipped)."""
+    import torch
+
+    ids = enc.tokenizer(texts, truncation=True, max_length=max_length, padding=False,
+                        return_attention_mask=False)["input_ids"]
+    order = np.argsort([-len(s) for s in ids], kind="stable")
+    nnz = 0
+    with torch.inference_mode():
+        for s in range(0, len(texts), batch_size):
+            w = torch.log1p(torch.relu(enc._max_logits([ids[i] for i in order[s:s + batch_size]])))
+            nnz += int((w > 0).sum())
+    return nnz
+
+
+def _encoder_indexing(kind: str, n: int, tmp: Path, repeats: int = 3) -> dict[str, Any]:
+    """Pipeline vs raw encoder (and, dense, sentence-transformers ``encode()``) on the same
+    SciFact texts, max length 256, the configured batch size; the variants are interleaved
+    (raw, pipeline[, ST]) ``repeats`` times and medians reported, so load changes hit all alike.
+
+    Pipeline: ``build_index(legs=("bm25", kind))`` end to end (reading, BM25 analysis on its
+    thread, encoding, checks, Arrow shards, checksums, for sparse the impact index), minus the
+    model loading measured inside the same call."""
+    import statistics
+
+    from index.config import DenseConfig, SparseConfig
 
     docs, _ = _scifact_texts(n)
     texts = [f"{d['title']} {d['text']}" if d.get("title") else d["text"] for d in docs]
-    path = default_dense_model()
-    res: dict[str, Any] = {"n_docs": len(texts), "max_length": 256, "batch_size": 64, "model": path}
-    t0 = time.perf_counter()
-    enc = DenseEncoder(None, max_length=256, batch_size=64)
-    res["model_load_seconds"] = time.perf_counter() - t0
-    enc.encode(texts[:16])
-    t0 = time.perf_counter()
-    enc.encode(texts)
-    raw_s = time.perf_counter() - t0
-    res["raw_encoder_docs_per_s"] = len(texts) / raw_s
-    t0 = time.perf_counter()
-    build_index(docs, tmp / "dense", legs=("bm25", "dense"), show_progress=False, batch_size=1024)
-    pipe_s = time.perf_counter() - t0
-    res["pipeline_docs_per_s"] = len(texts) / pipe_s
-    res["pipeline_docs_per_s_excluding_model_load"] = len(texts) / max(pipe_s - res["model_load_seconds"], 1e-9)
-    res["pipeline_vs_raw"] = res["pipeline_docs_per_s_excluding_model_load"] / res["raw_encoder_docs_per_s"]
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError as e:
-        res["sentence_transformers"] = f"not available ({e})"
+    if kind == "dense":
+        from transformers import AutoModel, AutoTokenizer
+
+        from index.encoders.dense import DenseEncoder, default_dense_model
+
+        cfg = DenseConfig()
+        path = default_dense_model()
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True).eval()
+        bs, max_len = cfg.batch_size, cfg.max_length
+        raw = lambda: _raw_dense(tokenizer, model, texts, bs, max_len)  # noqa: E731
+        enc = DenseEncoder(None, max_length=max_len, batch_size=bs)
     else:
-        st = SentenceTransformer(path, device="cpu")
-        st.max_seq_length = 256
-        st.encode(texts[:16], batch_size=64)
+        from index.encoders.sparse import SparseEncoder, default_sparse_model
+
+        cfg = SparseConfig()
+        path = default_sparse_model()
+        bs, max_len = cfg.batch_size, cfg.doc_max_length
+        senc = SparseEncoder(None, doc_max_length=max_len, batch_size=bs)
+        raw = lambda: _raw_sparse(senc, texts, bs, max_len)  # noqa: E731
+    st = None
+    if kind == "dense":
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as e:
+            st_status = f"not available ({e})"
+        else:
+            st = SentenceTransformer(path, device="cpu")
+            st.max_seq_length = max_len
+            st_status = "ok"
+    raw()  # warm-up (first forward passes allocate)
+    _pipeline_run(docs[:16], tmp / f"{kind}-warm", ("bm25", kind))
+    if st is not None:
+        st.encode(texts[:16], batch_size=bs)
+    raw_s, pipe, st_s = [], [], []
+    for r in range(repeats):
         t0 = time.perf_counter()
-        st_vecs = st.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
-        st_s = time.perf_counter() - t0
-        res["sentence_transformers_docs_per_s"] = len(texts) / st_s
-        res["ours_vs_sentence_transformers"] = res["raw_encoder_docs_per_s"] / res["sentence_transformers_docs_per_s"]
-        ours = enc.encode(texts[:32])
-        res["max_abs_diff_vs_sentence_transformers"] = float(np.abs(ours - st_vecs[:32]).max())
-    res["targets"] = {"pipeline_vs_raw": 0.9, "ours_vs_sentence_transformers": 1.0}
+        raw()
+        raw_s.append(time.perf_counter() - t0)
+        pipe.append(_pipeline_run(docs, tmp / f"{kind}-{r}", ("bm25", kind)))
+        if st is not None:
+            t0 = time.perf_counter()
+            st_vecs = st.encode(texts, batch_size=bs, normalize_embeddings=True, convert_to_numpy=True)
+            st_s.append(time.perf_counter() - t0)
+    med = statistics.median
+    raw_dps = len(texts) / med(raw_s)
+    pipe_dps = len(texts) / med(p["excl_load_s"] for p in pipe)
+    res: dict[str, Any] = {
+        "n_docs": len(texts), "max_length": max_len, "batch_size": bs, "model": path, "repeats": repeats,
+        "raw_encoder": "tokenise + forward + pooling only, same texts, same length-sorted batches, same max length",
+        "raw_encoder_seconds_runs": raw_s, "raw_encoder_docs_per_s": raw_dps,
+        "pipeline": "build_index(legs=('bm25', '%s')) end to end minus model loading (measured inside the call)" % kind,
+        "pipeline_runs": pipe, "pipeline_docs_per_s": pipe_dps,
+        "pipeline_docs_per_s_including_model_load": len(texts) / med(p["wall_s"] for p in pipe),
+        "pipeline_vs_raw": pipe_dps / raw_dps, "targets": {"pipeline_vs_raw": 0.9}}
+    if kind == "dense":
+        res["sentence_transformers"] = st_status
+        ours = enc.encode(texts)
+        ref = _raw_dense(tokenizer, model, texts, bs, max_len)
+        res["max_abs_diff_vs_raw"] = float(np.abs(ours - ref).max())
+        if st is not None:
+            res["sentence_transformers_seconds_runs"] = st_s
+            res["sentence_transformers_docs_per_s"] = len(texts) / med(st_s)
+            res["pipeline_vs_sentence_transformers"] = pipe_dps / res["sentence_transformers_docs_per_s"]
+            res["max_abs_diff_vs_sentence_transformers"] = float(np.abs(ours - st_vecs).max())
+            res["targets"]["pipeline_vs_sentence_transformers"] = 1.0
+    else:
+        res["raw_encoder_nnz"] = raw()
     return res
 
 
@@ -518,9 +624,9 @@ def section_bm25(quick: bool) -> dict[str, Any]:
                 e["bm25s"] = bench_bm25.bench_bm25s(col, repeats)
             except ImportError as err:
                 e["bm25s"] = {"status": f"not available ({err})"}
-            if col.n_docs <= 100_000:
-                try:
-                    e["rank_bm25"] = bench_bm25.bench_rank_bm25(col, 20 if quick else 50)
+            if col.n_docs <= 100_000 or not quick:
+                try:  # a sample of queries: rank-bm25 scores every document in Python (~2 s/query at 1M)
+                    e["rank_bm25"] = bench_bm25.bench_rank_bm25(col, 20 if quick or col.n_docs > 100_000 else 50)
                 except ImportError as err:
                     e["rank_bm25"] = {"status": f"not available ({err})"}
             out["collections"][col.name] = e
@@ -530,24 +636,27 @@ def section_bm25(quick: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- peers' benchmarks
 
-def _peer_args(leg: str, quick: bool, out: Path) -> list[str]:
-    """Arguments of a peer script. Quick: synthetic collections only (no SciFact encoding, which
-    needs minutes of model time on a cold cache), small sizes, results into the run's folder.
-    Full: the sparse script with the settings of its published 1M run (200 queries, query_cut
-    3/5/8/12 at heap_factor 0.9, scipy on 50 queries, bmp left out: its adapter's synthetic recall
-    is invalid), which took 19 minutes for the 1M collection on 2 cores; its default full sweep
-    (1,000 queries, 15 knob points, bmp) would not fit the whole run's 60 minutes."""
+def _peer_args(leg: str, quick: bool, out: Path) -> list[list[str]]:
+    """Argument lists of a peer script, run one after the other. Quick: synthetic collections only
+    (no SciFact encoding, which needs minutes of model time on a cold cache), small sizes, results
+    into the run's folder. Full, sparse: SciFact with the script's default sweep (every engine,
+    bmp included: cheap at 5k documents), then the 1M collection (its own entry of the same
+    results file) with the settings of its published run (200 queries, query_cut 3/5/8/12 at heap_factor 0.9,
+    scipy on 50 queries, bmp left out: its adapter's synthetic recall is invalid), which took
+    19 minutes on 2 cores; the default sweep at 1M (1,000 queries, 15 knob points) would not fit
+    the whole run's 60 minutes."""
     if not quick:
         if leg == "sparse":
-            return ["--max-queries", "200", "--query-cuts", "3,5,8,12", "--heap-factors", "0.9",
-                    "--scipy-queries", "50", "--skip", "bmp"]
-        return []
+            return [["--collections", "scifact"],
+                    ["--collections", "synthetic", "--max-queries", "200", "--query-cuts", "3,5,8,12",
+                     "--heap-factors", "0.9", "--scipy-queries", "50", "--skip", "bmp"]]
+        return [[]]
     if leg == "dense":
-        return ["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
-                "--out", str(out / "bench_dense_quick.json")]
+        return [["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
+                 "--out", str(out / "bench_dense_quick.json")]]
     if leg == "sparse":
-        return ["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]
-    return ["--quick"]
+        return [["--quick", "--collections", "synthetic", "--n-docs", "10000", "--out", str(out / "sparse_quick.json")]]
+    return [["--quick"]]
 
 
 def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
@@ -564,16 +673,21 @@ def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
     folders = {RESULTS.resolve(), Path(out).resolve()}
     files = lambda: [p for d in folders for p in d.glob("*.json")]  # noqa: E731
     before = {p: p.stat().st_mtime for p in files()}
-    argv = _peer_args(leg, quick, Path(out))
+    argvs = _peer_args(leg, quick, Path(out))
     import faiss
     from threadpoolctl import threadpool_limits
 
     omp = faiss.omp_get_max_threads()
-    with threadpool_limits(limits=None):  # restores the BLAS/OpenMP pools' limits on exit
-        try:
-            rc = fn(argv)
-        finally:
-            faiss.omp_set_num_threads(omp)
+    rc: Any = 0
+    for argv in argvs:
+        with threadpool_limits(limits=None):  # restores the BLAS/OpenMP pools' limits on exit
+            try:
+                rc = fn(argv)
+            finally:
+                faiss.omp_set_num_threads(omp)
+        if rc not in (0, None):
+            break
+    argv = [a for argv in argvs for a in (argv + [";"])][:-1]
     written = sorted({p.name: p for p in files() if before.get(p) != p.stat().st_mtime
                       and not p.name.startswith("run_")}.items())
     res: dict[str, Any] = {"module": modname, "argv": argv, "rc": rc, "files": [n for n, _ in written]}
@@ -585,6 +699,36 @@ def _peer_section(leg: str, quick: bool, out: Path = RESULTS) -> dict[str, Any]:
     if rc not in (0, None):
         res["_status"] = "error"
     return res
+
+
+#: the issue's bound on the full run (2 cores, cold cache) and the margin this harness aims for
+FULL_RUN_LIMIT_MIN = 60.0
+FULL_RUN_AIM_MIN = 45.0
+
+
+def cache_state(cache: Path | None = None) -> dict[str, Any]:
+    """What ``$RETRIEVER_CACHE`` held when the run started: entries, bytes, and ``cold`` (no entry
+    at all: every generated collection, encoded vector set and built index of the run is made by
+    the run itself, as on a fresh machine)."""
+    cache = CACHE if cache is None else Path(cache)
+    entries = sorted(cache.iterdir()) if cache.is_dir() else []
+    size = 0
+    for e in entries:
+        try:
+            size += sum(f.stat().st_size for f in e.rglob("*") if f.is_file()) if e.is_dir() else e.stat().st_size
+        except OSError:
+            pass
+    return {"dir": str(cache), "entries": len(entries), "bytes": size, "cold": not entries}
+
+
+def write_budget(out: Path, doc: dict[str, Any]) -> Path:
+    """Write the run's time budget record (``budget.json``; ``budget_quick.json`` for ``--quick``):
+    wall time of the whole invocation and of each section, the cache state at the start, and
+    whether every section ran (``complete``). ``report.write_summary`` turns it into the
+    "Time budget" paragraph of SUMMARY.md."""
+    path = Path(out) / ("budget_quick.json" if doc["quick"] else "budget.json")
+    path.write_text(json.dumps(doc, indent=1, default=_json_default))
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -609,6 +753,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()
+    started = _machine()
+    cache_at_start = cache_state()
+    section_seconds: dict[str, float] = {}
     for name in args.only or SECTIONS:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
@@ -627,10 +774,22 @@ def main(argv: list[str] | None = None) -> int:
             if prev.get("status") == "ok" and prev.get("quick") == args.quick:
                 kept = {n: e for n, e in prev["results"]["sizes"].items() if n not in res["sizes"]}
                 res["sizes"] = dict(sorted({**kept, **res["sizes"]}.items(), key=lambda kv: int(kv[0])))
-                doc["command"] = "; ".join(dict.fromkeys([prev.get("command", ""), cmd]))
+                doc["command"] = "; ".join(dict.fromkeys(prev.get("command", "").split("; ") + [cmd]))
                 doc["seconds"] = round(doc["seconds"] + sum(e.get("seconds", 0) for e in kept.values()), 1)
+        section_seconds[name] = round(time.perf_counter() - t0, 1)
         (out / f"run_{name}.json").write_text(json.dumps(doc, indent=1, default=_json_default))
-        print(f"   {name}: {status} in {doc['seconds']} s", flush=True)
+        print(f"   {name}: {status} in {section_seconds[name]} s", flush=True)
+    wall = time.perf_counter() - t_start
+    complete = not args.only or set(SECTIONS) <= set(args.only)
+    limit = 5.0 if args.quick else FULL_RUN_LIMIT_MIN
+    write_budget(out, {"command": cmd, "quick": args.quick, "started": started, "finished": _machine(),
+                       "complete": complete and not args.hybrid_sizes, "sections_run": list(section_seconds),
+                       "section_seconds": section_seconds, "wall_seconds": round(wall, 1),
+                       "limit_minutes": limit, "aim_minutes": None if args.quick else FULL_RUN_AIM_MIN,
+                       "within_limit": wall / 60 < limit, "cache_at_start": cache_at_start})
+    print("Sections: " + ", ".join(f"{k} {v / 60:.1f} min" for k, v in section_seconds.items())
+          + f"; total {wall / 60:.1f} min (limit {limit:.0f} min; cache at start "
+          + ("cold" if cache_at_start["cold"] else f"warm, {cache_at_start['entries']} entries") + ")", flush=True)
     from benchmarks.report import write_plots, write_summary
 
     write_plots(out)

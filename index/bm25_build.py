@@ -27,10 +27,12 @@ class PostingsBuilder:
     up front, or an over-long token), and ``_terms`` maps every term to its term id (its entry
     number: terms are entered in order of first occurrence).
 
-    With ``background=True`` (the default) each batch is analysed on a worker thread, in order,
-    while the caller prepares the next one: the scanning and counting kernels run without the GIL,
-    so reading and validating records overlaps with analysis on a second core. Results are the
-    same as with ``background=False``; an error raised by a batch is raised again by the next
+    With ``background=True`` (the default) each batch is analysed on two worker threads, in
+    order, while the caller prepares the next one: one scans batch k+1 (tokens → token-table
+    entries, a kernel that runs without the GIL) while the other resolves batch k's new tokens to
+    terms (stemming) and counts its term frequencies. Reading and validating records overlaps
+    with both. Results are the same as with ``background=False`` (term ids are assigned in entry
+    order by the second stage alone); an error raised by a batch is raised again by the next
     :meth:`add`, :meth:`flush` or :meth:`close`.
 
     Args:
@@ -52,8 +54,10 @@ class PostingsBuilder:
         self._shard = _Shard()
         self._n = 0  # documents of the current shard handed to add()
         self._sum_dl = 0
-        self._error: BaseException | None = None  # the first error of a batch
+        self._error: BaseException | None = None  # the first error of a batch (second stage, in order)
+        self._scan_error: BaseException | None = None  # the first error of a scan (first stage)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="postings") if background else None
+        self._scan_pool = ThreadPoolExecutor(1, thread_name_prefix="postings-scan") if background else None
         self._pending: deque[Future] = deque()
 
     # ---------------------------------------------------------------- results (wait for the worker)
@@ -102,6 +106,9 @@ class PostingsBuilder:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self._scan_pool is not None:
+                self._scan_pool.shutdown(wait=True)
+                self._scan_pool = None
 
     # ------------------------------------------------------------------------------------- input
 
@@ -121,21 +128,54 @@ class PostingsBuilder:
         first_doc = self._n
         self._n += len(texts)
         if self._pool is None:
-            self._add(texts, first_doc, self._shard)
+            try:
+                scanned = self._scan(texts)
+            except BaseException as e:
+                if self._error is None:
+                    self._error = e
+                raise
+            self._add(scanned, first_doc, self._shard)
             return
         self._wait(1)  # at most two batches in flight
-        self._pending.append(self._pool.submit(self._add, texts, first_doc, self._shard))
+        scanned = self._scan_pool.submit(self._scan, texts)  # type: ignore[union-attr]
+        self._pending.append(self._pool.submit(self._add, scanned, first_doc, self._shard))
 
-    def _add(self, texts: list[str], first_doc: int, shard: "_Shard") -> None:
+    def _scan(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """First stage (scan thread, in batch order): see :meth:`_scan_batch`."""
+        # a failed scan may have left entries without values: later scans refuse to run; the
+        # batches scanned before it are complete and are still counted (``_error`` is set by the
+        # second stage, in batch order, when it meets this batch)
+        earlier = self._scan_error or self._error
+        if earlier is not None:
+            raise RuntimeError("an earlier batch failed") from earlier
+        try:
+            return self._scan_batch(texts)
+        except BaseException as e:
+            self._scan_error = e
+            raise
+
+    def _add(self, scanned: "Future | tuple[np.ndarray, np.ndarray, int]", first_doc: int, shard: "_Shard") -> None:
+        """Second stage (in batch order): resolve the batch's new tokens, count, append to ``shard``."""
+        try:
+            ent, counts, hi = scanned.result() if isinstance(scanned, Future) else scanned  # its own error first
+        except BaseException as e:
+            if self._error is None:
+                self._error = e
+            raise
         if self._error is not None:  # an earlier batch failed: the state is incomplete
             raise RuntimeError("an earlier batch failed") from self._error
         try:
-            self._add_batch(texts, first_doc, shard)
+            self._count_batch(ent, counts, hi, first_doc, shard)
         except BaseException as e:
-            self._error = e
+            if self._error is None:
+                self._error = e
             raise
 
-    def _add_batch(self, texts: list[str], first_doc: int, shard: "_Shard") -> None:
+    def _scan_batch(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray, int]:
+        """Token-table entries of every token occurrence of ``texts`` (i32[m]), tokens per text
+        (i64[n]) and the table's entry count after the batch (entries below it are all the batch
+        needs resolved). Touches only the token table's keys and bytes (not its values), so it may
+        run while the previous batch is being resolved and counted."""
         import pyarrow as pa
 
         n = len(texts)
@@ -169,22 +209,26 @@ class PostingsBuilder:
                 entries.append(e)
             counts[start] = len(toks)
             start += 1
-        self._resolve()
         ent = np.concatenate(entries) if len(entries) != 1 else entries[0]
+        return ent, counts, table.n
+
+    def _count_batch(self, ent: np.ndarray, counts: np.ndarray, hi: int, first_doc: int, shard: "_Shard") -> None:
+        self._resolve(hi)
         n_terms = self._terms.n
-        doc, tid, tf, lens = count_terms(ent, counts, table.value[:table.n], n_terms, first_doc)
+        doc, tid, tf, lens = count_terms(ent, counts, self._tokens.value[:hi], n_terms, first_doc)
         shard.docs.append(doc)
         shard.term_ids.append(tid)
         shard.tfs.append(tf)
         shard.lens.append(lens)
         self._sum_dl += int(lens.sum(dtype=np.int64))
 
-    def _resolve(self) -> None:
-        """Give the token entries that have no value yet their term ids, in entry order: a new
-        term gets the next term id."""
+    def _resolve(self, hi: int) -> None:
+        """Give the token entries ``_n_resolved .. hi-1`` their term ids, in entry order: a new
+        term gets the next term id. (Entries at or above ``hi`` may be being added by the scan
+        of the next batch meanwhile: the arrays read here are only appended to or replaced by
+        copies.)"""
         table = self._tokens
         lo = self._n_resolved
-        hi = table.n
         if hi <= lo:
             return
         toks = table.tokens(lo, hi)

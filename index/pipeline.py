@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -70,10 +70,14 @@ class _VectorFeed:
     2-D blocks)."""
 
     def __init__(self, src: Any) -> None:
+        if isinstance(src, (str, bytes, dict)) or not (isinstance(src, np.ndarray) or hasattr(src, "__iter__")):
+            raise ConfigError(f"dense_vectors must be a 2-D array or an iterable of rows/blocks, "
+                              f"got {type(src).__name__}")
         self._arr = src if isinstance(src, np.ndarray) else None
         self._it = None if self._arr is not None else iter(src)
         self._buf: list[np.ndarray] = []
         self._pos = 0
+        self.taken = 0
         self.dim: int | None = None
         if self._arr is not None and self._arr.ndim != 2:
             raise ConfigError(f"dense_vectors must be 2-D (n_docs, dim), got shape {self._arr.shape}")
@@ -98,13 +102,24 @@ class _VectorFeed:
         self._buf = [cat[m:]] if len(cat) > m else []
         return cat[:m]
 
-    def take(self, m: int, first_id: str) -> np.ndarray:
+    def take(self, m: int, ids: Sequence[str]) -> np.ndarray:
+        """The next ``m`` rows as float32 (m, dim), for the documents ``ids`` (used in errors).
+
+        Raises:
+            ConfigError: too few rows (names the first document without a vector), rows that are
+                not 1-D of one width ≥ 1, or values that are not numbers.
+        """
         rows = self._pull(m)
         if len(rows) < m:
-            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document {first_id!r})")
-        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim):
-            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected ({self.dim},)")
+            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document "
+                              f"{ids[len(rows)]!r}, position {self.taken + len(rows)} counting from 0)")
+        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim) or rows.shape[1] == 0:
+            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected "
+                              f"({self.dim if self.dim is not None else 'dim >= 1'},)")
+        if rows.dtype.kind not in "iuf":
+            raise ConfigError(f"dense_vectors must hold numbers, got dtype {rows.dtype}")
         self.dim = int(rows.shape[1])
+        self.taken += m
         return np.asarray(rows, dtype=np.float32)
 
     def exhausted(self) -> bool:
@@ -163,6 +178,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
     analyzer = Analyzer(config.analyzer) if "bm25" in config.legs else None
     postings = PostingsBuilder(analyzer) if analyzer is not None else None
+    t_load = time.perf_counter()
     dense_enc = None
     model_info: dict[str, Any] = {}
     feed = None
@@ -191,6 +207,8 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
         sparse_builder = SparseBuilder(config, device=config.device, vectors=sparse_vectors)
         model_info["sparse"] = sparse_builder.model_info()
+    model_load_s = time.perf_counter() - t_load
+    encode_s = {"dense": 0.0, "sparse": 0.0}
 
     seen: set[str] = set()
     n_docs = 0
@@ -220,9 +238,15 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                     crash_point("encode_bm25")
                 if dense_enc is not None or feed is not None:
                     if feed is not None:
-                        vecs = feed.take(len(batch), batch[0].id)
+                        vecs = feed.take(len(batch), [d.id for d in batch])
+                        dims = config.dense.matryoshka_dims
+                        if dims and max(dims) > vecs.shape[1]:
+                            raise ConfigError(f"matryoshka_dims {tuple(dims)} exceed the dimension "
+                                              f"{vecs.shape[1]} of dense_vectors")
                     else:
+                        t_enc = time.perf_counter()
                         vecs = dense_enc.encode([config.dense.document_prefix + t for t in full])
+                        encode_s["dense"] += time.perf_counter() - t_enc
                     if mat is not None:  # stored dtype chosen after the rotation, in _flush
                         shard_dense.append(_dense_store(vecs, "float32", batch[0].id))
                     elif dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
@@ -233,7 +257,9 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                         shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
                     crash_point("encode_dense")
                 if sparse_builder is not None:
+                    t_enc = time.perf_counter()
                     sparse_builder.add(full, batch[0].id)
+                    encode_s["sparse"] += time.perf_counter() - t_enc
                 n_docs += len(batch)
                 if progress is not None:
                     progress.update(len(batch))
@@ -268,6 +294,13 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             if postings is not None:
                 postings.close()
             stats["build_seconds"] = round(time.perf_counter() - t0, 3)
+            if dense_enc is not None or (sparse_builder is not None and sparse_vectors is None):
+                # model loading (checkpoint + tokenizer + weight hashes) and time inside the
+                # encoders' encode calls, so a reader can split build_seconds
+                stats["model_load_seconds"] = round(model_load_s, 3)
+                stats["encode_seconds"] = {k: round(v, 3) for k, v in encode_s.items()
+                                           if (k == "dense" and dense_enc is not None)
+                                           or (k == "sparse" and sparse_builder is not None and sparse_vectors is None)}
             cfg = config.to_dict()
             cfg["dense"]["dtype"] = dense_dtype
             return writer.commit(build_config=cfg, stats=stats, extra=extra)

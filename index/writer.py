@@ -58,8 +58,16 @@ def check_target(out: Path, overwrite: bool) -> None:
         IndexFormatError: ``out`` exists and is a file, or ``overwrite`` would replace a
             non-empty directory that is not an index.
     """
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    if out.is_symlink():
+        raise IndexFormatError(f"{out}: is a symbolic link; give the real directory "
+                               f"({os.path.realpath(out)}) so the atomic replace does not break the link")
+    if out.exists() and not out.is_dir():
         raise IndexFormatError(f"{out}: exists and is not a directory")
+    for parent in out.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise IndexFormatError(f"{out}: the parent path {parent} is a file, not a directory")
+            break
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise IndexExistsError(f"{out}: already exists and is not empty (pass overwrite=True, or --overwrite on the CLI, to replace it)")

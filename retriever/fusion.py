@@ -54,10 +54,19 @@ class Linear:
         return {"method": "linear", "norm": self.norm, "weights": dict(self.weights)}
 
 
+#: largest accepted |fusion weight|: leg scores times weights must stay finite in float64 sums
+MAX_FUSION_WEIGHT = 1e30
+
+
 def _check_weights(w: Mapping[str, float]) -> None:
+    """Raises QueryError unless ``w`` maps leg names to finite numbers with |weight| <= 1e30."""
+    if not isinstance(w, Mapping):
+        raise QueryError(f"fusion weights must be a mapping of leg name to weight, got {type(w).__name__}")
     for leg, v in w.items():
-        if not isinstance(v, (int, float)) or not np.isfinite(v):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
             raise QueryError(f"fusion weight for leg {leg!r} must be a finite number, got {v!r}")
+        if abs(float(v)) > MAX_FUSION_WEIGHT:
+            raise QueryError(f"fusion weight for leg {leg!r} is {v!r}; |weight| must be <= {MAX_FUSION_WEIGHT:g}")
 
 
 def parse_fusion(spec: "str | RRF | Linear | None") -> "RRF | Linear":

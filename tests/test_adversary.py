@@ -373,3 +373,54 @@ def test_huge_n_threads_is_capped(small, monkeypatch):
     b = small.search_arrays(qs, k=5, mode="bm25", n_threads=1)
     assert seen[0] == api.MAX_THREADS and seen[1] == 1
     np.testing.assert_array_equal(a.ids, b.ids)
+
+
+# ------------------------------------------------------------ precomputed vectors and output paths
+
+def _docs50() -> list[dict]:
+    return [{"_id": f"d{i}", "text": f"word{i} common text"} for i in range(50)]
+
+
+@pytest.mark.parametrize("vectors, message", [
+    ("abc", "dense_vectors must be a 2-D array or an iterable of rows/blocks, got str"),
+    (np.zeros((50, 0), np.float32), r"rows have shape \(0,\), expected \(dim >= 1,\)"),
+    (np.ones((49, 8), np.float32), "ran out at document 'd49', position 49"),
+    (np.array([["a"] * 8] * 50), "must hold numbers, got dtype <U1"),
+])
+def test_bad_precomputed_dense_vectors(tmp_path, vectors, message):
+    from index.errors import ConfigError
+    with pytest.raises(ConfigError, match=message):
+        build_index(_docs50(), tmp_path / "ix", BuildConfig(legs=("bm25", "dense")), dense_vectors=vectors,
+                    show_progress=False)
+    assert not (tmp_path / "ix").exists()
+
+
+def test_matryoshka_dims_wider_than_precomputed_vectors(tmp_path):
+    from index.config import DenseConfig
+    from index.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"matryoshka_dims \(4, 16\) exceed the dimension 8"):
+        build_index(_docs50(), tmp_path / "ix", BuildConfig(legs=("bm25", "dense"), dense=DenseConfig(matryoshka_dims=(4, 16))),
+                    dense_vectors=np.ones((50, 8), np.float32), show_progress=False)
+
+
+def test_output_under_a_file_and_symlinked_output(tmp_path):
+    (tmp_path / "f").write_text("")
+    with pytest.raises(IndexFormatError, match="parent path .*f is a file"):
+        build_index(_docs50(), tmp_path / "f" / "ix", show_progress=False)
+    build_index(_docs50(), tmp_path / "real", show_progress=False)
+    (tmp_path / "ln").symlink_to(tmp_path / "real")
+    with pytest.raises(IndexFormatError, match="is a symbolic link; give the real directory"):
+        build_index(_docs50(), tmp_path / "ln", show_progress=False, overwrite=True)
+    assert Retriever.open(tmp_path / "real").search("word3", k=1)[0].id == "d3"
+
+
+@pytest.mark.parametrize("weights, message", [
+    ([1], "must be a mapping of leg name to weight, got list"),
+    ({"bm25": 1e308, "dense": 1e308}, r"\|weight\| must be <= 1e\+30"),
+    ({"bm25": True}, "must be a finite number, got True"),
+])
+def test_fusion_weight_types_and_range(weights, message):
+    from retriever.fusion import Linear
+    for cls in (RRF, Linear):
+        with pytest.raises(QueryError, match=message):
+            cls(weights=weights)

@@ -131,13 +131,20 @@ def test_background_thread_equals_inline_over_shards():
     words = [f"w{i}" for i in range(3000)] + ["The", "cat's", "running", "x" * 300, "ﬁne", "中"]
     texts = [" ".join(rng.choice(words, size=int(rng.integers(0, 40)))) for _ in range(900)]
     texts[7] = "astral 😀 w1 then running"
+    _assert_background_equals_inline(texts, flush_every=300)
+
+
+def _assert_background_equals_inline(texts: list[str], flush_every: int) -> None:
+    """Analyse ``texts`` in batches of 100, flushing a shard every ``flush_every`` texts, inline
+    and on the background workers: identical shards, vocabulary and total length, equal to the
+    reference analysis."""
     outs = {}
     for background in (False, True):
         pb = PostingsBuilder(Analyzer(), background=background)
         shards = []
         for i in range(0, len(texts), 100):
             pb.add(texts[i:i + 100])
-            if i % 300 == 200:
+            if i % flush_every == flush_every - 100:
                 shards.append(pb.flush_async())
         shards.append(pb.flush_async())
         outs[background] = ([{k: v.tolist() for k, v in f.result().items()} for f in shards], list(pb.terms),
@@ -158,3 +165,34 @@ def test_background_error_is_raised_later():
         pb.add(["more"])
         pb.close()
     pb.close()
+
+
+def test_two_stage_worker_equals_inline_while_tables_grow():
+    """Scan of batch k+1 (growing and reallocating the token table) runs while batch k is resolved
+    and counted on the other worker: same postings, vocabulary and lengths as inline, over many
+    batches each full of new tokens (long ones too: hashed keys and byte comparisons)."""
+    rng = np.random.default_rng(5)
+    vocab = [f"tok{i}x{'y' * int(rng.integers(0, 9))}" for i in range(20_000)] + ["the", "dogs'", "running"]
+    texts = [" ".join(rng.choice(vocab, size=int(rng.integers(1, 40)))) for _ in range(2_000)]
+    _assert_background_equals_inline(texts, flush_every=700)
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_failed_batch_fails_the_shard_and_later_batches(background):
+    """A batch whose scan fails: the error is raised (its own, not a generic one), the shard cannot
+    be flushed as if the batch were there, and later batches refuse to run."""
+    for _ in range(20 if background else 1):  # the two worker stages race: repeat
+        pb = PostingsBuilder(Analyzer(), background=background)
+        pb.add(["fine text"] * 50)
+        try:
+            pb.add(["ok", 5])
+        except AttributeError:
+            assert not background
+        with pytest.raises((AttributeError, RuntimeError)) as exc:
+            pb.flush()
+        if background:
+            assert isinstance(exc.value, AttributeError)
+        with pytest.raises(RuntimeError, match="failed"):
+            pb.add(["more"])
+            pb.close()
+        pb.close(raise_errors=False)

@@ -238,5 +238,108 @@ def test_run_hybrid_sizes_merge(tmp_path, monkeypatch):
     assert all("load_avg_1m" in e["machine"] for e in doc["results"]["sizes"].values())
     with pytest.raises(SystemExit):
         run.main(["--only", "hybrid", "--hybrid-sizes", "x", "--out", str(out)])
-    assert run._peer_args("sparse", True, out)[-2:] == ["--out", str(out / "sparse_quick.json")]
-    assert "--skip" in run._peer_args("sparse", False, out) and run._peer_args("dense", False, out) == []
+    assert run._peer_args("sparse", True, out)[-1][-2:] == ["--out", str(out / "sparse_quick.json")]
+    full = run._peer_args("sparse", False, out)
+    assert full[0] == ["--collections", "scifact"] and "bmp" not in full[0]  # SciFact: default sweep, bmp in
+    assert full[1][:2] == ["--collections", "synthetic"] and "--skip" in full[1]
+    assert run._peer_args("dense", False, out) == [[]]
+
+
+def test_bench_index_gc_paused_and_restored(tmp_path, small_corpus):
+    """Timed passes run with the cyclic collector off; its state (enabled, nothing frozen) is
+    restored afterwards, also when it was off before; ``gc_pause=False`` leaves it on."""
+    import gc
+
+    from retriever import Retriever, build_index
+    from retriever.bench import bench_index
+
+    build_index(small_corpus, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    seen = []
+    orig = r.search_arrays
+
+    def spy(*a, **kw):
+        seen.append((gc.isenabled(), gc.get_freeze_count() > 0))
+        return orig(*a, **kw)
+
+    r.search_arrays = spy
+    qs = ["vitamin bone", "heart", "gene cell", "sleep"]
+    assert gc.isenabled()
+    rep = bench_index(r, qs, modes=["bm25"], k=5, passes=2, warmup_batches=0, recall=False)
+    assert rep["settings"]["gc_paused"] is True
+    assert seen == [(False, True)] * 8
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    seen.clear()
+    bench_index(r, qs, modes=["bm25"], k=5, warmup_batches=0, recall=False, gc_pause=False)
+    assert seen == [(True, False)] * 4
+    gc.disable()
+    try:
+        bench_index(r, qs, modes=["bm25"], k=5, recall=False)
+        assert not gc.isenabled() and gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_omp_threads_worker_cache_and_restore():
+    """The calling thread's FAISS OpenMP setting is restored after a leg group; a pool worker's is
+    left set and not touched again while it already has the wanted value."""
+    import threading
+
+    faiss = pytest.importorskip("faiss")
+    import retriever.engine as engine
+
+    before = faiss.omp_get_max_threads()
+    with engine._omp_threads(1):
+        assert faiss.omp_get_max_threads() == 1
+    assert faiss.omp_get_max_threads() == before
+    calls = []
+
+    class Spy:
+        def __getattr__(self, name):
+            def f(*a):
+                calls.append(name)
+                return getattr(faiss, name)(*a)
+            return f
+
+    def worker():
+        for _ in range(3):
+            ctx = engine._omp_threads(1, restore=False)
+            ctx.faiss = Spy()
+            with ctx:
+                assert faiss.omp_get_max_threads() == 1
+        calls.append(("after", faiss.omp_get_max_threads()))
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert calls == ["omp_set_num_threads", ("after", 1)]
+    assert faiss.omp_get_max_threads() == before
+
+
+def test_budget_record_and_summary(tmp_path):
+    """cache_state sees an empty vs a filled cache; the budget record becomes SUMMARY's "Time
+    budget" lines with the verdict against the limit and the partial/complete flag."""
+    from benchmarks import report, run
+
+    cache = tmp_path / "cache"
+    assert run.cache_state(cache) == {"dir": str(cache), "entries": 0, "bytes": 0, "cold": True}
+    (cache / "sub").mkdir(parents=True)
+    (cache / "sub" / "a.bin").write_bytes(b"x" * 10)
+    (cache / "b.npz").write_bytes(b"y" * 5)
+    st = run.cache_state(cache)
+    assert st["entries"] == 2 and st["bytes"] == 15 and not st["cold"]
+    out = tmp_path / "res"
+    out.mkdir()
+    assert "no invocation recorded" in "\n".join(report.budget_markdown(out))
+    base = {"command": "python -m benchmarks.run", "quick": False, "started": {"time": "t", "load_avg_1m": 1.0},
+            "section_seconds": {"hybrid": 600.0, "bm25": 300.0}, "limit_minutes": 60.0, "aim_minutes": 45.0,
+            "cache_at_start": run.cache_state(tmp_path / "none")}
+    run.write_budget(out, {**base, "complete": True, "sections_run": ["hybrid", "bm25"], "wall_seconds": 3000.0,
+                           "within_limit": True})
+    text = "\n".join(report.budget_markdown(out))
+    assert "50.0 min wall" in text and "under 60 min" in text and "aim ≤ 45 min missed" in text
+    assert "cold cache" in text and "all sections" in text
+    run.write_budget(out, {**base, "complete": False, "sections_run": ["hybrid"], "wall_seconds": 4000.0,
+                           "within_limit": False, "cache_at_start": st})
+    text = "\n".join(report.budget_markdown(out))
+    assert "NOT under 60 min" in text and "partial: only hybrid" in text and "warm cache (2 entries" in text

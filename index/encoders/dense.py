@@ -82,8 +82,18 @@ class DenseEncoder:
         self.dim = int(self.model.config.hidden_size)
         self.n_truncated = 0
 
+    @staticmethod
+    def _n_overflowing(enc) -> int:
+        """How many texts of a tokenised batch were truncated (the fast tokenizer keeps the cut-off
+        part of each truncated text in ``Encoding.overflowing``; no second tokenisation)."""
+        encodings = getattr(enc, "encodings", None)
+        if encodings is None:  # slow (Python) tokenizer: no Encoding objects
+            return -1
+        return sum(1 for e in encodings if e.overflowing)
+
     def _count_truncated(self, batch: list[str]) -> int:
-        """How many texts of ``batch`` exceed ``max_length`` tokens (overflow windows exist)."""
+        """How many texts of ``batch`` exceed ``max_length`` tokens (slow-tokenizer fallback:
+        tokenises again, keeping overflow windows)."""
         enc = self.tokenizer(batch, truncation=True, max_length=self.max_length,
                              return_overflowing_tokens=True)
         mapping = enc.get("overflow_to_sample_mapping")
@@ -119,7 +129,8 @@ class DenseEncoder:
                 enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
                                      return_tensors="pt", return_overflowing_tokens=False)
                 if enc["input_ids"].shape[1] >= self.max_length:
-                    self.n_truncated += self._count_truncated(batch)
+                    n_cut = self._n_overflowing(enc)
+                    self.n_truncated += n_cut if n_cut >= 0 else self._count_truncated(batch)
                 enc = {k: v.to(self.device) for k, v in enc.items()}
                 hidden = self.model(**enc).last_hidden_state
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
