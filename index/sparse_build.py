@@ -4,8 +4,9 @@ Files (per shard ``shards/NNNNN/``):
   ``sparse.arrow``        the model's float32 vectors: ``indptr`` u64[n+1], ``terms`` u32[nnz]
                           (ascending per document), ``weights`` f32[nnz] (written at shard flush);
   ``sparse_index.arrow``  query-time arrays (see :func:`index.sparse_index.build_sparse_index`):
-                          forward index (u16 values), postings (u16 impacts), Seismic blocks and
-                          summaries. Written once all shards are known, because the impact scale
+                          forward index (u16 values), postings (u16 impacts), Seismic blocks,
+                          summaries inverted per term and the packed forward copy
+                          (``retriever.legs.sparse.SPARSE_INDEX_ARRAYS`` lists the arrays). Written once all shards are known, because the impact scale
                           is global (max weight of the corpus / 65535): exact scores therefore do
                           not depend on the shard layout.
 The manifest's ``stats`` carries ``sparse_scale``, ``sparse_vocab_size``, ``sparse_nnz`` and

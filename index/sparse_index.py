@@ -18,7 +18,13 @@ for Approximate Retrieval over Learned Sparse Representations", SIGIR 2024):
   3. *summaries*: per block, the coordinate-wise max of its documents' vectors, pruned to the
      largest entries holding ``summary_energy`` of its L1 mass, quantised to uint8 with a
      per-block scale (value = u8 · block_scale, rounded up so kept entries never shrink).
-The forward index (each document's quantised vector) is what kept blocks are scored against.
+  4. *query-time layout*: the summaries are stored inverted per term (:func:`invert_summaries`:
+     a directory of the components of the term's block summaries, each pointing to its
+     ``(block, u8)`` entries), so scoring a term's blocks reads only the query's terms; kept
+     blocks are scored against a packed copy of the forward index (:func:`pack_forward`: one
+     uint32 per posting, the term's rank by document frequency and the uint16 impact).
+The forward index (each document's quantised vector) is what kept blocks are scored against;
+the packed copy gives the same float32 scores.
 """
 
 from __future__ import annotations
