@@ -116,8 +116,11 @@ void check_impact_postings(const u16_postings_view& p);
 /// all its blocks are computed (term-at-a-time over the inverted summaries:
 /// only components that are query terms are read) and the blocks visited in
 /// decreasing summary score; the first block whose summary score <
-/// heap_factor * k-th score (heap full) ends that term. Documents of visited
-/// blocks not yet scored are scored exactly from the forward index.
+/// heap_factor * k-th score (heap full) ends that term; blocks already below it
+/// when the term starts are dropped before sorting. Documents of visited blocks
+/// not yet scored (each at most once per query) are scored exactly from the
+/// packed forward copy when b has one (query weights indexed by term rank), else
+/// from f: the same float32 operations in the same order either way.
 void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
                          size_t query_cut, float heap_factor, int n_threads, const topk_out& out);
 

@@ -696,5 +696,7 @@ void register_sparse_kernels(py::module_& m) {
           "Approximate learned-sparse top-k (Seismic, Bruch et al. SIGIR 2024): the query_cut largest\n"
           "query weights' blocks are visited; a block is skipped when the heap is full and its summary\n"
           "score < heap_factor * k-th score; other documents are scored exactly from the forward index\n"
-          "(same score formula as sparse_exact_topk). Returns (ids, scores, n_found).");
+          "(same score formula as sparse_exact_topk), read from fwd_packed / fwd_term_rank when they are\n"
+          "non-empty (index.sparse_index.pack_forward; bit-identical scores). Block summaries are the\n"
+          "per-term inverted arrays of index.sparse_index.invert_summaries. Returns (ids, scores, n_found).");
 }
