@@ -65,6 +65,7 @@ def _machine() -> dict[str, Any]:
     except ImportError:
         pass
     m["time"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    m["OPENBLAS_CORETYPE"] = os.environ.get("OPENBLAS_CORETYPE")
     return m
 
 
@@ -740,6 +741,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hybrid-sizes", default=None,
                     help="comma list of hybrid corpus sizes to run; merged into an existing run_hybrid.json")
     args = ap.parse_args(argv)
+    # before anything loads FAISS: its bundled OpenBLAS must run the kernels numpy's does (see
+    # benchmarks.bench_dense.blas_setup; unaligned, FAISS flat runs ~4x slower on some CPUs and
+    # every ratio against it would flatter this engine). Recorded in every section's machine info.
+    from benchmarks.bench_dense import blas_setup
+    blas_setup(align="faiss" not in sys.modules)
     global HYBRID_SIZES
     HYBRID_SIZES = None
     if args.hybrid_sizes:
