@@ -289,12 +289,11 @@ constexpr size_t kMaxWindowLists = 64;
 /// the slower DAAT probing), so only near-empty essential sets go DAAT.
 constexpr uint64_t kMinWindowPostings = 1;
 
-/// Window candidates up to this many are put in doc order through a bitmap
-/// of candidates; more are collected in doc order from the window's live bytes.
-constexpr size_t kSortCandidatesMax = 2048;
-/// Up to this many window candidates are sorted instead (cheaper than the
-/// bitmap's kWindow / 64 words).
+/// Up to this many window candidates are sorted; more are put in doc order
+/// through a bitmap of the window (O(candidates + kWindow / 64)).
 constexpr size_t kSortSmall = 24;
+/// Bit marking window candidates in the 16-bit live epochs of maxscore().
+constexpr uint16_t kEpochMark = 0x8000;
 
 /// Threshold priming reads at most max(kPrimeBudget, 4 k) postings per query
 /// (never more than kPrimeBudgetMax).
@@ -919,7 +918,7 @@ class bm25_worker {
         }
         m_win_acc.resize(kWindow, 0.0);
         m_win_mask.resize(kWindow, 0);
-        m_win_live.resize(kWindow, 0);
+        m_win_live.resize(kWindow, 0);  // see m_win_epoch
         m_win_contrib.resize(n * kWindow);
         m_slot_of_qpos.resize(n);
         for (size_t j = 0; j < n; ++j) m_slot_of_qpos[m_sorted[j]->qpos] = static_cast<uint32_t>(j);
@@ -930,7 +929,7 @@ class bm25_worker {
         const size_t n_docs = m_data.n_docs;
         double* acc = m_win_acc.data();
         uint64_t* mask = m_win_mask.data();
-        uint8_t* live = m_win_live.data();
+        uint16_t* live = m_win_live.data();
         float* contrib = m_win_contrib.data();
         std::vector<uint32_t>& touched = m_win_touched;
         touched.resize(kWindow + 1);
@@ -944,6 +943,12 @@ class bm25_worker {
             if (ws == kEndDoc) break;
             const uint64_t we = static_cast<uint64_t>(ws) + kWindow;
             const size_t n_ess = n - fe;
+            // A new epoch makes every offset fresh: no clearing between windows.
+            if (++m_win_epoch >= kEpochMark) {
+                std::fill(m_win_live.begin(), m_win_live.end(), uint16_t{0});
+                m_win_epoch = 1;
+            }
+            const uint16_t ep = m_win_epoch;
             uint32_t* touched_p = touched.data();  // kWindow + 1 entries
             size_t n_touched = 0;
 
@@ -977,11 +982,12 @@ class bm25_worker {
                         if (d >= n_docs) check_doc(d);
                         const float v = w * ip;
                         const uint32_t off = d - ws;
+                        const bool fresh = live[off] != ep;
                         touched_p[n_touched] = off;  // branch-free first-sight append
-                        n_touched += live[off] ^ 1;
-                        live[off] = 1;
-                        mask[off] |= bit;
-                        acc[off] += v;
+                        n_touched += fresh;
+                        live[off] = ep;
+                        mask[off] = (fresh ? uint64_t{0} : mask[off]) | bit;
+                        acc[off] = (fresh ? 0.0 : acc[off]) + v;
                         cb[off] = v;
                     }
                     c.pos = p;
@@ -1002,11 +1008,12 @@ class bm25_worker {
                     if (d >= n_docs) check_doc(d);
                     const float v = bm25_contribution(w, tf, norm[d]);
                     const uint32_t off = d - ws;
+                    const bool fresh = live[off] != ep;
                     touched_p[n_touched] = off;  // branch-free first-sight append
-                    n_touched += live[off] ^ 1;
-                    live[off] = 1;
-                    mask[off] |= bit;
-                    acc[off] += v;
+                    n_touched += fresh;
+                    live[off] = ep;
+                    mask[off] = (fresh ? uint64_t{0} : mask[off]) | bit;
+                    acc[off] = (fresh ? 0.0 : acc[off]) + v;
                     cb[off] = v;
                 }
                 c.pos = p;
@@ -1031,7 +1038,7 @@ class bm25_worker {
                 if (n_ess > 1 && nc > 1) {
                     if (nc <= kSortSmall) {
                         std::sort(cand.begin(), cand.end());
-                    } else if (nc <= kSortCandidatesMax) {
+                    } else {
                         // in doc order via a window bitmap: O(nc + kWindow / 64)
                         uint64_t* bits = m_cand_bits;
                         for (size_t i = 0; i < nc; ++i) bits[cp[i] >> 6] |= uint64_t{1} << (cp[i] & 63);
@@ -1042,18 +1049,6 @@ class bm25_worker {
                             while (word != 0) {
                                 cp[o++] = wi * 64 + static_cast<uint32_t>(__builtin_ctzll(word));
                                 word &= word - 1;
-                            }
-                        }
-                    } else {
-                        cand.clear();
-                        for (uint32_t off = 0; off < kWindow; off += 8) {
-                            uint64_t word;
-                            std::memcpy(&word, live + off, 8);
-                            while (word != 0) {
-                                const unsigned byte = static_cast<unsigned>(__builtin_ctzll(word)) >> 3;
-                                const uint32_t o = off + byte;
-                                if (acc[o] >= need0) cand.push_back(o);
-                                word &= ~(uint64_t{0xFF} << (byte * 8));
                             }
                         }
                     }
@@ -1091,20 +1086,21 @@ class bm25_worker {
                 if (in_span <= 8.0 * static_cast<double>(cand.size())) {
                     // merge scan of the list's postings over the candidates' span;
                     // candidates dropped above are skipped via live[]
-                    for (uint32_t off : cand) live[off] = 2;
+                    const uint16_t mark = static_cast<uint16_t>(ep | kEpochMark);
+                    for (uint32_t off : cand) live[off] = mark;
                     uint64_t p = c.pos;
                     const uint64_t end = c.end;
                     for (; p < end; ++p) {
                         const uint32_t d = docs[p];
                         if (d > last) break;
                         const uint32_t off = d - ws;
-                        if (live[off] != 2) continue;
+                        if (live[off] != mark) continue;
                         const float v = contribution_at(w, p, d);
                         mask[off] |= bit;
                         acc[off] += v;
                         cb[off] = v;
                     }
-                    for (uint32_t off : cand) live[off] = 1;
+                    for (uint32_t off : cand) live[off] = ep;
                     c.pos = p;
                     c.refresh();
                 } else {
@@ -1131,12 +1127,6 @@ class bm25_worker {
                     if (mk & (uint64_t{1} << slot)) score += contrib[slot * kWindow + off];
                 }
                 if (m_heap.push(score, ws + off)) thr = threshold();
-            }
-            for (size_t i = 0; i < n_touched; ++i) {
-                const uint32_t off = touched_p[i];
-                acc[off] = 0.0;
-                mask[off] = 0;
-                live[off] = 0;
             }
         }
     }
@@ -1356,10 +1346,14 @@ class bm25_worker {
     std::vector<uint32_t> m_prime_docs;
     std::vector<uint8_t> m_prime_use;
     std::vector<float> m_prime_scores;
-    // window scratch of maxscore(); acc/mask/live are all-zero between windows
+    // window scratch of maxscore(); acc/mask/contrib are valid only where live == epoch
     std::vector<double> m_win_acc;
     std::vector<uint64_t> m_win_mask;
-    std::vector<uint8_t> m_win_live;
+    // live[off] == m_win_epoch: offset off was touched in the current window
+    // (acc/mask/contrib valid); any other value: stale. ep | kEpochMark marks
+    // candidates during a merge scan. Epochs run 1 .. kEpochMark - 1.
+    std::vector<uint16_t> m_win_live;
+    uint16_t m_win_epoch = 0;
     std::vector<float> m_win_contrib;  // slot (position in m_sorted) * kWindow + offset
     std::vector<uint32_t> m_win_touched;
     std::vector<uint32_t> m_win_cand;
