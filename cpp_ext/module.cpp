@@ -316,6 +316,11 @@ carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uin
             const uint64_t len = data.csr.offsets[t + 1] - data.csr.offsets[t];
             want += (len + bounds.block_size - 1) / bounds.block_size;
         }
+        if (bounds.block_offsets[data.csr.n_terms] != want) {
+            fail("block_offsets[-1] = " + std::to_string(bounds.block_offsets[data.csr.n_terms]) +
+                 " does not match block_size " + std::to_string(block_size) +
+                 " (compute it with bm25_upper_bounds)");
+        }
     }
     const size_t n = len1d(terms, "terms");
     carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
