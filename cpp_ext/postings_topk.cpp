@@ -14,8 +14,9 @@
 //               whole blocks and pre-check candidates with per-block bounds;
 //               block maxima after Ding & Suel 2011 / Chakrabarti et al. 2011)
 // All pruning algorithms first prime the threshold from the query's short,
-// high-bound lists (prime_threshold) and check candidates against
-// per-posting tf bounds before reading doc_norm.
+// high-bound lists (prime_threshold) and, when the caller passes term_kth, from
+// the best single-term k-th score (single_term_threshold), and check
+// candidates against per-posting tf bounds before reading doc_norm.
 //
 // Determinism: every algorithm computes a candidate's score with the same
 // float32 expression (bm25_contribution) summed in query-term order starting

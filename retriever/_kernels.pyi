@@ -153,9 +153,10 @@ def bm25_topk(
       candidates come only from the essential lists, the non-essential lists are
       probed only while a document can still reach the k-th score. Dense
       essential lists are evaluated window-at-a-time (term-at-a-time inside
-      windows of 16384 doc ids, as Lucene's MaxScoreBulkScorer), sparse ones
-      document-at-a-time with galloping seeks. Needs ``term_ub``. Usually the
-      fastest.
+      windows of 16384 doc ids, as Lucene's MaxScoreBulkScorer; no clearing between
+      windows: 16-bit window epochs mark the live entries), nearly empty ones and
+      queries of more than 64 terms document-at-a-time with galloping seeks. Needs
+      ``term_ub``. Usually the fastest.
     * ``"auto"``: per query, ``"exhaustive"`` when the query's posting lists total at
       most 16,384 postings (4,096 without ``impacts``), else ``"maxscore"``. Needs
       ``term_ub``.

@@ -301,7 +301,9 @@ class BM25Leg:
                 documents and for queries whose lists
                 are short, MaxScore otherwise; the fastest exact choice in
                 ``benchmarks/bench_bm25.py``), ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or
-                ``"bmm"``. All return identical ids and scores.
+                ``"bmm"``. All return identical ids and scores. Without an allow filter the
+                pruning algorithms start from a safe threshold, the best single-term
+                ``depth``-th score of the query's terms (:meth:`_term_kth`).
             k1, b: BM25 parameters for this call (default: the index's). Other values build
                 per-posting impacts and bounds for them on first use (O(nnz), cached).
 
@@ -359,9 +361,10 @@ class BM25Leg:
         batch uses, by ``_kernels.bm25_term_kth`` (one pass over each new term's postings, skipping
         blocks whose bound cannot matter; GIL released) and cached on the shard's scoring state
         keyed by ``depth`` (that state is already keyed by ``(k1, b)``): 4 bytes per term and
-        cached depth (4 MB for 1M terms), at most :attr:`KTH_CACHE` depths. On the 1M-document
-        synthetic index (53.6M postings) filling it for every term at depth 10 takes about
-        0.25 s once. Returns None (no initial threshold) when the impacts hold a NaN, which would
+        cached depth (4 MB for 1M terms), at most :attr:`KTH_CACHE` depths, plus one O(nnz) NaN
+        check of the impacts per (k1, b). The fill time of a benchmark's query terms is reported
+        by ``benchmarks/bench_bm25.py`` (``term_kth_fill_seconds``; timed passes run after it).
+        Returns None (no initial threshold) when the impacts hold a NaN, which would
         void the bound's proof (see ``bm25_worker::single_term_threshold``)."""
         if ks["kth_ok"] is None:
             ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
