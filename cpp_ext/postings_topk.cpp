@@ -973,6 +973,28 @@ class bm25_worker {
                 const float w = c.weight;
                 uint64_t p = c.pos;
                 const uint64_t end = c.end;
+                if (imp != nullptr && j == fe) {
+                    // The window's first list: every offset is fresh (doc ids
+                    // strictly increase within a list), so plain stores.
+                    const double wd = w;
+                    for (; p < end; ++p) {
+                        const uint32_t d = docs[p];
+                        if (d >= we) break;
+                        const float ip = imp[p];
+                        if (wd * static_cast<double>(ip) < imp_cut) continue;
+                        if (d >= n_docs) check_doc(d);
+                        const float v = w * ip;
+                        const uint32_t off = d - ws;
+                        touched_p[n_touched++] = off;
+                        live[off] = ep;
+                        mask[off] = bit;
+                        acc[off] = v;
+                        cb[off] = v;
+                    }
+                    c.pos = p;
+                    c.refresh();
+                    continue;
+                }
                 if (imp != nullptr) {
                     const double wd = w;
                     for (; p < end; ++p) {
