@@ -185,7 +185,9 @@ def bm25_topk(
     be higher; documents scoring exactly the threshold are still evaluated, so
     ties resolve as in exhaustive scoring. Not used with ``allow`` or a negative
     weight. Results are identical with or without it; inconsistent values give
-    wrong results, never a memory error.
+    wrong results, never a memory error. The proof also needs every tf part to be
+    a number (no NaN; :func:`bm25_impacts` gives NaN only for ``tf = 0`` with
+    ``doc_norm = 0``); the BM25 leg skips ``term_kth`` when its impacts hold a NaN.
 
     The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
     ``block_size``). Pruning is safe: a document is discarded only when an upper
