@@ -220,7 +220,8 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
                          const opt_carray<uint8_t>& allow, const std::string& algorithm,
                          const opt_carray<float>& term_ub, const opt_carray<uint64_t>& block_offsets,
                          const opt_carray<float>& block_ub, int64_t block_size,
-                         const opt_carray<float>& impacts) {
+                         const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
+                         int64_t term_kth_depth) {
     bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     if (impacts) {
         require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
@@ -242,6 +243,14 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         }
         require_eq(len1d(*term_ub, "term_ub"), data.csr.n_terms, "len(term_ub)", "n_terms");
         bounds.term_ub = term_ub->data();
+        if (term_kth) {
+            require_eq(len1d(*term_kth, "term_kth"), data.csr.n_terms, "len(term_kth)", "n_terms");
+            if (term_kth_depth != k) {
+                fail("term_kth_depth = " + std::to_string(term_kth_depth) + " must equal k = " +
+                     std::to_string(k) + " (term_kth must come from bm25_term_kth with depth = k)");
+            }
+            bounds.term_kth = term_kth->data();
+        }
     }
     if (need_blocks) {
         if (!block_offsets || !block_ub) {
@@ -267,6 +276,62 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         bm25_topk(data, need_ub ? &bounds : nullptr, queries, allow_p, algo, n_threads, res.out);
     }
     return res.result();
+}
+
+carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                               const carray<uint32_t>& tfs, const carray<float>& doc_norm,
+                               const carray<uint32_t>& terms, int64_t depth,
+                               const opt_carray<float>& impacts,
+                               const opt_carray<uint64_t>& block_offsets,
+                               const opt_carray<float>& block_ub, int64_t block_size,
+                               int n_threads) {
+    bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    check_offsets(data.csr);
+    if (impacts) {
+        require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
+        data.impacts = impacts->data();
+    }
+    if (depth < 1) fail("depth must be >= 1, got " + std::to_string(depth));
+    bm25_bounds_view bounds;
+    const bool with_blocks = block_offsets.has_value() && block_ub.has_value();
+    if (block_offsets.has_value() != block_ub.has_value()) {
+        fail("block_offsets and block_ub must be given together");
+    }
+    if (with_blocks) {
+        bounds.block_size = check_block_size(block_size);
+        require_eq(len1d(*block_offsets, "block_offsets"), data.csr.n_terms + 1,
+                   "len(block_offsets)", "n_terms + 1");
+        bounds.block_offsets = block_offsets->data();
+        bounds.block_ub = block_ub->data();
+        bounds.n_blocks = len1d(*block_ub, "block_ub");
+        require_eq(static_cast<size_t>(bounds.block_offsets[data.csr.n_terms]), bounds.n_blocks,
+                   "block_offsets[-1]", "len(block_ub)");
+        uint64_t want = 0;  // the block layout must match the postings (O(n_terms))
+        for (size_t t = 0; t < data.csr.n_terms; ++t) {
+            if (bounds.block_offsets[t] != want) {
+                fail("block_offsets[" + std::to_string(t) + "] = " +
+                     std::to_string(bounds.block_offsets[t]) + " does not match block_size " +
+                     std::to_string(block_size) + " (compute it with bm25_upper_bounds)");
+            }
+            const uint64_t len = data.csr.offsets[t + 1] - data.csr.offsets[t];
+            want += (len + bounds.block_size - 1) / bounds.block_size;
+        }
+        if (bounds.block_offsets[data.csr.n_terms] != want) {
+            fail("block_offsets[-1] = " + std::to_string(bounds.block_offsets[data.csr.n_terms]) +
+                 " does not match block_size " + std::to_string(block_size) +
+                 " (compute it with bm25_upper_bounds)");
+        }
+    }
+    const size_t n = len1d(terms, "terms");
+    carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+    float* o = out.mutable_data();
+    const uint32_t* tp = terms.data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_term_kth(data, with_blocks ? &bounds : nullptr, tp, n, static_cast<size_t>(depth),
+                      n_threads, o);
+    }
+    return out;
 }
 
 topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
@@ -439,12 +504,28 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("block_offsets").noconvert() = py::none(),
           py::arg("block_ub").noconvert() = py::none(), py::arg("block_size") = 128,
           py::arg("impacts").noconvert() = py::none(),
+          py::arg("term_kth").noconvert() = py::none(), py::arg("term_kth_depth") = 0,
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
           "'maxscore', 'bmw' (block-max WAND) or 'bmm' (block-max MaxScore). impacts:\n"
           "optional f32[nnz] from bm25_impacts (same doc_norm): the same scores without\n"
-          "a division or a doc_norm read per posting. Returns (ids, scores, n_found).");
+          "a division or a doc_norm read per posting. term_kth: optional f32[n_terms] from\n"
+          "bm25_term_kth with depth = k = term_kth_depth (same doc_norm): the pruning\n"
+          "algorithms start from the safe threshold max_t q_weight * term_kth[t] (unused with\n"
+          "allow or negative weights); results are identical. Returns (ids, scores, n_found).");
+
+    m.def("bm25_term_kth", &py_bm25_term_kth, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),
+          py::arg("doc_norm").noconvert(), py::arg("terms").noconvert(), py::arg("depth"),
+          py::arg("impacts").noconvert() = py::none(),
+          py::arg("block_offsets").noconvert() = py::none(),
+          py::arg("block_ub").noconvert() = py::none(), py::arg("block_size") = 128,
+          py::arg("n_threads") = 0,
+          "For each term id in terms (u32[n]): the depth-th largest tf / (tf + doc_norm[d])\n"
+          "over its postings (from impacts when given), or -inf when the list is shorter than\n"
+          "depth or holds a negative/NaN value. Blocks whose block_ub cannot change the\n"
+          "result are skipped. Returns f32[n].");
 
     m.def("bm25_impacts", &py_bm25_impacts, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),

@@ -14,8 +14,9 @@
 //               whole blocks and pre-check candidates with per-block bounds;
 //               block maxima after Ding & Suel 2011 / Chakrabarti et al. 2011)
 // All pruning algorithms first prime the threshold from the query's short,
-// high-bound lists (prime_threshold) and check candidates against
-// per-posting tf bounds before reading doc_norm.
+// high-bound lists (prime_threshold) and, when the caller passes term_kth, from
+// the best single-term k-th score (single_term_threshold), and check
+// candidates against per-posting tf bounds before reading doc_norm.
 //
 // Determinism: every algorithm computes a candidate's score with the same
 // float32 expression (bm25_contribution) summed in query-term order starting
@@ -282,12 +283,18 @@ struct posting_cursor {
 constexpr uint32_t kWindow = 16384;
 constexpr size_t kMaxWindowLists = 64;
 /// Below this many essential postings per window (on average over the
-/// query), maxscore() runs document-at-a-time instead.
-constexpr uint64_t kMinWindowPostings = 1024;
+/// query), maxscore() runs document-at-a-time instead. With the safe initial
+/// threshold (term_kth) the window path won at every tried value on the 1M
+/// synthetic benchmark (1,024 was the round-1 setting: the raised threshold
+/// then sent queries with short essential but long non-essential lists to
+/// the slower DAAT probing), so only near-empty essential sets go DAAT.
+constexpr uint64_t kMinWindowPostings = 1;
 
-/// Window candidates up to this many are sorted; more are collected in doc
-/// order from the window's live bitmap.
-constexpr size_t kSortCandidatesMax = 512;
+/// Up to this many window candidates are sorted; more are put in doc order
+/// through a bitmap of the window (O(candidates + kWindow / 64)).
+constexpr size_t kSortSmall = 24;
+/// Bit marking window candidates in the 16-bit live epochs of maxscore().
+constexpr uint16_t kEpochMark = 0x8000;
 
 /// Threshold priming reads at most max(kPrimeBudget, 4 k) postings per query
 /// (never more than kPrimeBudgetMax).
@@ -353,6 +360,11 @@ class bm25_worker {
                            ? bm25_algorithm::exhaustive
                            : bm25_algorithm::maxscore;
             }
+            m_theta_ext = -std::numeric_limits<float>::infinity();
+            if (!negative && m_allow == nullptr && m_bounds != nullptr &&
+                m_bounds->term_kth != nullptr) {
+                m_theta_ext = single_term_threshold(b, e);
+            }
             if (algo == bm25_algorithm::exhaustive || negative || m_bounds == nullptr) {
                 exhaustive(b, e);
             } else if (algo == bm25_algorithm::maxscore) {
@@ -368,6 +380,35 @@ class bm25_worker {
 
   private:
     bool allowed(uint32_t d) const { return m_allow == nullptr || m_allow[d] != 0; }
+
+    /// Safe initial threshold from single-term scores: max over the query's
+    /// terms of fl(w * term_kth[t]), where term_kth[t] is the k-th largest
+    /// tf part in t's list (-inf if the list is shorter than k).
+    /// Proof of safety (weights >= 0, no allow filter; the caller checks
+    /// both): the k postings of t with tf part >= term_kth[t] belong to k
+    /// distinct documents. For each, its contribution fl(w * tfpart) >=
+    /// fl(w * term_kth[t]) (float multiplication by w >= 0 and rounding are
+    /// monotone), and its canonical score, a query-order float32 sum of
+    /// non-negative contributions starting at +0.0f, is >= every single
+    /// contribution (fl(a + c) >= fl(c) = c for a >= 0). So k documents score
+    /// >= theta and the final k-th score is >= theta. Pruning discards only
+    /// documents whose bound is STRICTLY below the threshold, so a document
+    /// scoring exactly theta is still evaluated and the tie rule (smaller id
+    /// first) decides among equal scores exactly as in exhaustive scoring.
+    /// A NaN entry or weight is ignored (comparison false).
+    float single_term_threshold(uint64_t b, uint64_t e) const {
+        float theta = -std::numeric_limits<float>::infinity();
+        const float* kth = m_bounds->term_kth;
+        for (uint64_t i = b; i < e; ++i) {
+            const float v = kth[m_q.q_terms[i]];
+            const float w = m_q.q_weights[i];
+            if (v >= 0.0f && w >= 0.0f) {
+                const float s = w * v;
+                if (s > theta) theta = s;
+            }
+        }
+        return theta;
+    }
 
     void check_doc(uint32_t d) const {
         if (d >= m_data.n_docs) {
@@ -676,7 +717,7 @@ class bm25_worker {
     /// is full. Nothing is pushed here. Returns the initial pruning threshold.
     /// Call after open_cursors().
     float prime_threshold() {
-        m_theta0 = -std::numeric_limits<float>::infinity();
+        m_theta0 = m_theta_ext;  // safe lower bound too (single_term_threshold)
         const size_t n = m_cursors.size();
         const size_t k = m_out.k;
         m_prime_order.resize(n);
@@ -724,7 +765,7 @@ class bm25_worker {
         m_prime_scores.resize(keep);
         std::nth_element(m_prime_scores.begin(), m_prime_scores.begin() + (k - 1),
                          m_prime_scores.end(), std::greater<float>());
-        m_theta0 = m_prime_scores[k - 1];
+        m_theta0 = std::max(m_theta0, m_prime_scores[k - 1]);
         return threshold();
     }
 
@@ -878,7 +919,7 @@ class bm25_worker {
         }
         m_win_acc.resize(kWindow, 0.0);
         m_win_mask.resize(kWindow, 0);
-        m_win_live.resize(kWindow, 0);
+        m_win_live.resize(kWindow, 0);  // see m_win_epoch
         m_win_contrib.resize(n * kWindow);
         m_slot_of_qpos.resize(n);
         for (size_t j = 0; j < n; ++j) m_slot_of_qpos[m_sorted[j]->qpos] = static_cast<uint32_t>(j);
@@ -889,7 +930,7 @@ class bm25_worker {
         const size_t n_docs = m_data.n_docs;
         double* acc = m_win_acc.data();
         uint64_t* mask = m_win_mask.data();
-        uint8_t* live = m_win_live.data();
+        uint16_t* live = m_win_live.data();
         float* contrib = m_win_contrib.data();
         std::vector<uint32_t>& touched = m_win_touched;
         touched.resize(kWindow + 1);
@@ -903,6 +944,12 @@ class bm25_worker {
             if (ws == kEndDoc) break;
             const uint64_t we = static_cast<uint64_t>(ws) + kWindow;
             const size_t n_ess = n - fe;
+            // A new epoch makes every offset fresh: no clearing between windows.
+            if (++m_win_epoch >= kEpochMark) {
+                std::fill(m_win_live.begin(), m_win_live.end(), uint16_t{0});
+                m_win_epoch = 1;
+            }
+            const uint16_t ep = m_win_epoch;
             uint32_t* touched_p = touched.data();  // kWindow + 1 entries
             size_t n_touched = 0;
 
@@ -926,6 +973,28 @@ class bm25_worker {
                 const float w = c.weight;
                 uint64_t p = c.pos;
                 const uint64_t end = c.end;
+                if (imp != nullptr && j == fe) {
+                    // The window's first list: every offset is fresh (doc ids
+                    // strictly increase within a list), so plain stores.
+                    const double wd = w;
+                    for (; p < end; ++p) {
+                        const uint32_t d = docs[p];
+                        if (d >= we) break;
+                        const float ip = imp[p];
+                        if (wd * static_cast<double>(ip) < imp_cut) continue;
+                        if (d >= n_docs) check_doc(d);
+                        const float v = w * ip;
+                        const uint32_t off = d - ws;
+                        touched_p[n_touched++] = off;
+                        live[off] = ep;
+                        mask[off] = bit;
+                        acc[off] = v;
+                        cb[off] = v;
+                    }
+                    c.pos = p;
+                    c.refresh();
+                    continue;
+                }
                 if (imp != nullptr) {
                     const double wd = w;
                     for (; p < end; ++p) {
@@ -936,11 +1005,12 @@ class bm25_worker {
                         if (d >= n_docs) check_doc(d);
                         const float v = w * ip;
                         const uint32_t off = d - ws;
+                        const bool fresh = live[off] != ep;
                         touched_p[n_touched] = off;  // branch-free first-sight append
-                        n_touched += live[off] ^ 1;
-                        live[off] = 1;
-                        mask[off] |= bit;
-                        acc[off] += v;
+                        n_touched += fresh;
+                        live[off] = ep;
+                        mask[off] = (fresh ? uint64_t{0} : mask[off]) | bit;
+                        acc[off] = (fresh ? 0.0 : acc[off]) + v;
                         cb[off] = v;
                     }
                     c.pos = p;
@@ -961,11 +1031,12 @@ class bm25_worker {
                     if (d >= n_docs) check_doc(d);
                     const float v = bm25_contribution(w, tf, norm[d]);
                     const uint32_t off = d - ws;
+                    const bool fresh = live[off] != ep;
                     touched_p[n_touched] = off;  // branch-free first-sight append
-                    n_touched += live[off] ^ 1;
-                    live[off] = 1;
-                    mask[off] |= bit;
-                    acc[off] += v;
+                    n_touched += fresh;
+                    live[off] = ep;
+                    mask[off] = (fresh ? uint64_t{0} : mask[off]) | bit;
+                    acc[off] = (fresh ? 0.0 : acc[off]) + v;
                     cb[off] = v;
                 }
                 c.pos = p;
@@ -988,18 +1059,19 @@ class bm25_worker {
                 }
                 cand.resize(nc);
                 if (n_ess > 1 && nc > 1) {
-                    if (nc <= kSortCandidatesMax) {
+                    if (nc <= kSortSmall) {
                         std::sort(cand.begin(), cand.end());
                     } else {
-                        cand.clear();
-                        for (uint32_t off = 0; off < kWindow; off += 8) {
-                            uint64_t word;
-                            std::memcpy(&word, live + off, 8);
+                        // in doc order via a window bitmap: O(nc + kWindow / 64)
+                        uint64_t* bits = m_cand_bits;
+                        for (size_t i = 0; i < nc; ++i) bits[cp[i] >> 6] |= uint64_t{1} << (cp[i] & 63);
+                        size_t o = 0;
+                        for (uint32_t wi = 0; wi < kWindow / 64; ++wi) {
+                            uint64_t word = bits[wi];
+                            bits[wi] = 0;
                             while (word != 0) {
-                                const unsigned byte = static_cast<unsigned>(__builtin_ctzll(word)) >> 3;
-                                const uint32_t o = off + byte;
-                                if (acc[o] >= need0) cand.push_back(o);
-                                word &= ~(uint64_t{0xFF} << (byte * 8));
+                                cp[o++] = wi * 64 + static_cast<uint32_t>(__builtin_ctzll(word));
+                                word &= word - 1;
                             }
                         }
                     }
@@ -1037,20 +1109,21 @@ class bm25_worker {
                 if (in_span <= 8.0 * static_cast<double>(cand.size())) {
                     // merge scan of the list's postings over the candidates' span;
                     // candidates dropped above are skipped via live[]
-                    for (uint32_t off : cand) live[off] = 2;
+                    const uint16_t mark = static_cast<uint16_t>(ep | kEpochMark);
+                    for (uint32_t off : cand) live[off] = mark;
                     uint64_t p = c.pos;
                     const uint64_t end = c.end;
                     for (; p < end; ++p) {
                         const uint32_t d = docs[p];
                         if (d > last) break;
                         const uint32_t off = d - ws;
-                        if (live[off] != 2) continue;
+                        if (live[off] != mark) continue;
                         const float v = contribution_at(w, p, d);
                         mask[off] |= bit;
                         acc[off] += v;
                         cb[off] = v;
                     }
-                    for (uint32_t off : cand) live[off] = 1;
+                    for (uint32_t off : cand) live[off] = ep;
                     c.pos = p;
                     c.refresh();
                 } else {
@@ -1077,12 +1150,6 @@ class bm25_worker {
                     if (mk & (uint64_t{1} << slot)) score += contrib[slot * kWindow + off];
                 }
                 if (m_heap.push(score, ws + off)) thr = threshold();
-            }
-            for (size_t i = 0; i < n_touched; ++i) {
-                const uint32_t off = touched_p[i];
-                acc[off] = 0.0;
-                mask[off] = 0;
-                live[off] = 0;
             }
         }
     }
@@ -1297,17 +1364,23 @@ class bm25_worker {
     std::vector<double> m_prefix;
     std::vector<double> m_tf_bound;  // n * kTfTable
     float m_theta0 = -std::numeric_limits<float>::infinity();  // primed threshold
+    float m_theta_ext = -std::numeric_limits<float>::infinity();  // single_term_threshold
     std::vector<uint32_t> m_prime_order;
     std::vector<uint32_t> m_prime_docs;
     std::vector<uint8_t> m_prime_use;
     std::vector<float> m_prime_scores;
-    // window scratch of maxscore(); acc/mask/live are all-zero between windows
+    // window scratch of maxscore(); acc/mask/contrib are valid only where live == epoch
     std::vector<double> m_win_acc;
     std::vector<uint64_t> m_win_mask;
-    std::vector<uint8_t> m_win_live;
+    // live[off] == m_win_epoch: offset off was touched in the current window
+    // (acc/mask/contrib valid); any other value: stale. ep | kEpochMark marks
+    // candidates during a merge scan. Epochs run 1 .. kEpochMark - 1.
+    std::vector<uint16_t> m_win_live;
+    uint16_t m_win_epoch = 0;
     std::vector<float> m_win_contrib;  // slot (position in m_sorted) * kWindow + offset
     std::vector<uint32_t> m_win_touched;
     std::vector<uint32_t> m_win_cand;
+    uint64_t m_cand_bits[kWindow / 64] = {};  // all zero between uses
     std::vector<uint32_t> m_slot_of_qpos;
     uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
     float m_pass_thr = 0.0f;
@@ -1486,6 +1559,14 @@ void check_bounds_for_queries(const csr_view& csr, const bm25_bounds_view& b,
             fail("term_ub[" + std::to_string(t) + "] = " + std::to_string(ub) +
                  " must be finite and >= 0 (compute it with bm25_upper_bounds)");
         }
+        if (b.term_kth != nullptr) {
+            const float v = b.term_kth[t];
+            if (!(v == -std::numeric_limits<float>::infinity() || (v >= 0.0f && v <= ub))) {
+                fail("term_kth[" + std::to_string(t) + "] = " + std::to_string(v) +
+                     " must be -inf or in [0, term_ub[t] = " + std::to_string(ub) +
+                     "] (compute it with bm25_term_kth)");
+            }
+        }
         if (b.block_offsets == nullptr) continue;
         const uint64_t b0 = b.block_offsets[t], b1 = b.block_offsets[t + 1];
         const uint64_t len = csr.offsets[t + 1] - csr.offsets[t];
@@ -1564,6 +1645,68 @@ void bm25_impacts(const bm25_view& data, int n_threads, float* impacts) {
         };
     };
     parallel_for_items(data.csr.n_terms, n_threads, 256, make_worker);
+}
+
+void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
+                   size_t n, size_t depth, int n_threads, float* out) {
+    if (depth == 0) fail("depth must be >= 1, got 0");
+    for (size_t i = 0; i < n; ++i) {
+        if (terms[i] >= data.csr.n_terms) {
+            fail("terms[" + std::to_string(i) + "] = " + std::to_string(terms[i]) +
+                 " >= n_terms = " + std::to_string(data.csr.n_terms));
+        }
+    }
+    const bool blocks = bounds != nullptr && bounds->block_offsets != nullptr &&
+                        bounds->block_ub != nullptr && bounds->block_size > 0;
+    const size_t n_docs = data.n_docs;
+    auto make_worker = [&]() {
+        std::vector<float> heap;  // min-heap of the depth largest values so far
+        return [&, heap](size_t i) mutable {
+            const uint32_t t = terms[i];
+            const uint64_t b = data.csr.offsets[t], e = data.csr.offsets[t + 1];
+            if (e - b < depth) {
+                out[i] = -std::numeric_limits<float>::infinity();
+                return;
+            }
+            heap.clear();
+            bool ok = true;  // false after a negative or NaN value: no bound for t
+            const uint64_t bs = blocks ? bounds->block_size : (e - b);
+            uint64_t blk = blocks ? bounds->block_offsets[t] : 0;
+            for (uint64_t s = b; ok && s < e; s += bs, ++blk) {
+                // a block whose maximum is not above the current depth-th
+                // value cannot change it
+                if (blocks && heap.size() == depth && !(bounds->block_ub[blk] > heap.front())) continue;
+                const uint64_t se = std::min<uint64_t>(e, s + bs);
+                for (uint64_t p = s; p < se; ++p) {
+                    float v;
+                    if (data.impacts != nullptr) {
+                        v = data.impacts[p];
+                    } else {
+                        const uint32_t d = data.csr.doc_ids[p];
+                        if (d >= n_docs) {
+                            fail("doc_ids[" + std::to_string(p) + "] = " + std::to_string(d) +
+                                 " >= n_docs = " + std::to_string(n_docs));
+                        }
+                        v = bm25_tf_part(data.tfs[p], data.doc_norm[d]);
+                    }
+                    if (!(v >= 0.0f)) {
+                        ok = false;
+                        break;
+                    }
+                    if (heap.size() < depth) {
+                        heap.push_back(v);
+                        std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+                    } else if (v > heap.front()) {
+                        std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+                        heap.back() = v;
+                        std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+                    }
+                }
+            }
+            out[i] = ok ? heap.front() : -std::numeric_limits<float>::infinity();
+        };
+    };
+    parallel_for_items(n, n_threads, 16, make_worker);
 }
 
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,

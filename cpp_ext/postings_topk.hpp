@@ -64,6 +64,11 @@ struct bm25_bounds_view {
     const float* block_ub = nullptr;       // n_blocks
     size_t n_blocks = 0;
     uint32_t block_size = 128;
+    /// Optional (n_terms): term_kth[t] = the k-th largest bm25_tf_part over
+    /// t's postings for k = the call's k (topk_out::k), or -inf when t has
+    /// fewer than k postings; from bm25_term_kth with the same doc_norm and
+    /// depth == k. Gives a safe initial threshold (see bm25_topk).
+    const float* term_kth = nullptr;
 };
 
 /// A ragged query batch: query q is q_terms/q_weights[q_offsets[q] : q_offsets[q+1]].
@@ -130,8 +135,22 @@ void bm25_upper_bounds(const bm25_view& data, uint32_t block_size,
 /// (nnz floats). Requires doc ids < n_docs (checked). Parallel over terms.
 void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
 
+/// out[i] = the depth-th largest bm25_tf_part(tf, doc_norm[d]) over the
+/// postings of term terms[i] (from data.impacts when set; duplicates in a list
+/// count separately), or -inf when the list has fewer than depth postings or
+/// holds a negative or NaN value.
+/// Blocks whose bound (bounds->block_ub, when bounds and its block data are
+/// given) cannot beat the running depth-th value are skipped. Time O(postings
+/// of the listed terms) at most, memory O(depth) per thread; parallel over
+/// terms. Throws on depth == 0 or a term id >= n_terms.
+void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
+                   size_t n, size_t depth, int n_threads, float* out);
+
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
 /// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.
+/// With bounds->term_kth (and no allow filter, non-negative weights), the
+/// pruning algorithms start from the safe threshold max over the query's
+/// terms of weight * term_kth[t] (see bm25_worker::operator()).
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
                const query_batch_view& queries, const uint8_t* allow,
                bm25_algorithm algorithm, int n_threads, const topk_out& out);

@@ -131,6 +131,8 @@ def bm25_topk(
     block_ub: _F32 | None = None,
     block_size: int = 128,
     impacts: _F32 | None = None,
+    term_kth: _F32 | None = None,
+    term_kth_depth: int = 0,
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -151,9 +153,10 @@ def bm25_topk(
       candidates come only from the essential lists, the non-essential lists are
       probed only while a document can still reach the k-th score. Dense
       essential lists are evaluated window-at-a-time (term-at-a-time inside
-      windows of 16384 doc ids, as Lucene's MaxScoreBulkScorer), sparse ones
-      document-at-a-time with galloping seeks. Needs ``term_ub``. Usually the
-      fastest.
+      windows of 16384 doc ids, as Lucene's MaxScoreBulkScorer; no clearing between
+      windows: 16-bit window epochs mark the live entries), nearly empty ones and
+      queries of more than 64 terms document-at-a-time with galloping seeks. Needs
+      ``term_ub``. Usually the fastest.
     * ``"auto"``: per query, ``"exhaustive"`` when the query's posting lists total at
       most 16,384 postings (4,096 without ``impacts``), else ``"maxscore"``. Needs
       ``term_ub``.
@@ -173,6 +176,19 @@ def bm25_topk(
     division, no random ``doc_norm`` read; bit-identical scores). Inconsistent
     impacts give wrong results, never a memory error.
 
+    ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry
+    ``t`` (for every query term) from :func:`bm25_term_kth` with ``depth = k`` and the
+    same ``doc_norm``. The pruning algorithms then start from the safe threshold
+    ``max over the query's terms of q_weights[i] * term_kth[t]``: the ``k``
+    documents behind that single-term value all score at least as much (scores
+    are sums of non-negative float32 contributions), so the k-th score can only
+    be higher; documents scoring exactly the threshold are still evaluated, so
+    ties resolve as in exhaustive scoring. Not used with ``allow`` or a negative
+    weight. Results are identical with or without it; inconsistent values give
+    wrong results, never a memory error. The proof also needs every tf part to be
+    a number (no NaN; :func:`bm25_impacts` gives NaN only for ``tf = 0`` with
+    ``doc_norm = 0``); the BM25 leg skips ``term_kth`` when its impacts hold a NaN.
+
     The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
     ``block_size``). Pruning is safe: a document is discarded only when an upper
     bound of its float32 score, inflated to cover rounding, is strictly below the
@@ -188,7 +204,42 @@ def bm25_topk(
             ``len(allow) != n_docs``, ``len(q_weights) != len(q_terms)``, bad
             ``q_offsets``; unknown ``algorithm``; bounds missing for the algorithm
             or inconsistent with the postings / ``block_size``; non-finite or
-            negative ``term_ub`` of a query term.
+            negative ``term_ub`` of a query term; ``term_kth`` of the wrong length,
+            ``term_kth_depth != k``, or a query term's ``term_kth`` neither ``-inf``
+            nor in ``[0, term_ub[t]]``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def bm25_term_kth(
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    terms: _U32,
+    depth: int,
+    impacts: _F32 | None = None,
+    block_offsets: _U64 | None = None,
+    block_ub: _F32 | None = None,
+    block_size: int = 128,
+    n_threads: int = 0,
+) -> _F32:
+    """Single-term thresholds for :func:`bm25_topk`'s ``term_kth``.
+
+    ``out[i]`` = the ``depth``-th largest ``tf / (tf + doc_norm[d])`` (float32, the
+    kernel's expression; read from ``impacts`` when given) over the postings of term
+    ``terms[i]``, or ``-inf`` when the list has fewer than ``depth`` postings or holds
+    a negative or NaN value. With ``block_offsets``/``block_ub`` from
+    :func:`bm25_upper_bounds` (same ``doc_norm`` and ``block_size``), blocks whose
+    maximum cannot beat the running ``depth``-th value are skipped. One pass over
+    each listed term's postings at most, O(depth) memory per thread, GIL released,
+    parallel over terms.
+
+    Returns:
+        float32 ``(len(terms),)``.
+
+    Raises:
+        ValueError: ``depth < 1``; a term id ``>= n_terms``; array lengths disagree;
+            bad offsets; block arrays given alone or not matching ``block_size``.
         TypeError: wrong dtype or non-contiguous array.
     """
 

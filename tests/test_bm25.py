@@ -221,3 +221,46 @@ def test_query_term_weights_against_counter():
     with pytest.raises(ValueError, match="slot has"):
         query_term_weights(ids, counts, idf, slot[:10])
 
+
+
+def _tie_corpus(n: int = 3000) -> list[dict]:
+    """Few distinct documents repeated (exact score ties everywhere), plus a frequent word."""
+    rng = np.random.default_rng(11)
+    words = ["alpha", "beta", "gamma", "delta", "eps", "zeta"]
+    docs = []
+    for i in range(n):
+        w = [words[j] for j in rng.integers(0, len(words), size=int(rng.integers(1, 4)))]
+        docs.append({"_id": f"d{i}", "text": " ".join(w + ["common"] * int(rng.integers(0, 2)))})
+    return docs
+
+
+@pytest.mark.parametrize("shard_size", [700, 100000])
+def test_safe_initial_threshold_identical_to_exhaustive(tmp_path, shard_size):
+    """The leg passes per-term k-th single-term scores (cached per depth and per k1/b) to the
+    pruning kernels; with heavy ties, depths beyond the hits, allow filters and per-call k1/b
+    every algorithm must still return exactly the exhaustive ids and scores."""
+    docs = _tie_corpus()
+    build_index(docs, tmp_path / "t", legs=("bm25",), shard_size=shard_size, show_progress=False)
+    r = Retriever.open(tmp_path / "t")
+    leg = r.engine.legs["bm25"]
+    queries = ["alpha", "alpha beta", "common gamma", "zeta eps delta common", "alpha alpha beta",
+               "nothingmatches", "common"]
+    batch = leg.query_terms(queries)
+    rng = np.random.default_rng(5)
+    allows = [None, [(rng.random(ks["doc_norm"].shape[0]) < 0.3).astype(np.uint8) for ks in leg.kernel_shards]]
+    for depth in (1, 7, 100, 2999, 5000):
+        for params in ({}, {"k1": 1.7, "b": 1.0}, {"k1": 0.0, "b": 0.0}):
+            for allow in allows:
+                ref = leg.search(batch, depth, 1, allow=allow, algorithm="exhaustive", **params)
+                for algo in ("maxscore", "bmw", "bmm", "auto"):
+                    got = leg.search(batch, depth, 2, allow=allow, algorithm=algo, **params)
+                    for (ri, rs, rn), (gi, gs, gn) in zip(ref, got):
+                        np.testing.assert_array_equal(gi, ri)
+                        np.testing.assert_array_equal(gs.view(np.uint32), rs.view(np.uint32))
+                        np.testing.assert_array_equal(gn, rn)
+    # the cache holds one array per depth (most recent KTH_CACHE), filled only for used terms
+    cache = leg.kernel_shards[0]["kth"]
+    assert 0 < len(cache) <= leg.KTH_CACHE
+    arr = cache[5000]
+    used = np.unique(batch[1])
+    assert not np.isnan(arr[used]).any()

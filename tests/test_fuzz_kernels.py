@@ -27,7 +27,7 @@ EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
-KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk",
+KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -189,6 +189,17 @@ def test_fuzz_bm25_topk(data):
             imp = _call(K.bm25_impacts, offsets, doc_ids, tfs, norm, n_threads=1)
             if imp is not None:
                 bounds["impacts"] = imp[:-1] if how == "short" and len(imp) else imp
+    if data.draw(st.booleans()):  # term_kth: exact (depth k or another), arbitrary, or wrong length
+        how = data.draw(st.sampled_from(["exact", "exact", "random", "short"]))
+        depth = data.draw(st.sampled_from([k, k, 1, 3]))
+        if how == "exact" and depth >= 1:
+            kth = _call(K.bm25_term_kth, offsets, doc_ids, tfs, norm,
+                        np.arange(max(len(offsets) - 1, 0), dtype=np.uint32), depth, n_threads=1)
+        else:
+            kth = _f32(data.draw, max(len(offsets) - 1 - (how == "short"), 0))
+        if kth is not None:
+            bounds["term_kth"] = kth
+            bounds["term_kth_depth"] = depth
     allow = None
     if data.draw(st.integers(0, 3)) == 0:
         allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))
@@ -197,6 +208,31 @@ def test_fuzz_bm25_topk(data):
                 n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, **bounds)
     if res is not None:
         _check_topk(res, len(q_offsets) - 1, k)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_term_kth(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_terms = max(len(offsets) - 1, 0)
+    tfs = _u32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, 1])), 5)
+    norm = _f32(data.draw, n_docs)
+    terms = _u32(data.draw, data.draw(st.integers(0, 6)), n_terms + 1)
+    kw = {}
+    if data.draw(st.booleans()):
+        kw["impacts"] = _f32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, -1])))
+    if data.draw(st.booleans()):
+        ub = _call(K.bm25_upper_bounds, offsets, doc_ids, tfs, norm, block_size=2, n_threads=1)
+        if ub is not None:
+            kw.update(block_offsets=ub[1], block_ub=ub[2],
+                      block_size=data.draw(st.sampled_from([2, 2, 1, 0, 128])))
+            if data.draw(st.integers(0, 3)) == 0:
+                del kw["block_ub"]
+    depth = data.draw(st.sampled_from([1, 2, 7, 0, -1]))
+    res = _call(K.bm25_term_kth, offsets, doc_ids, tfs, norm, terms, depth,
+                n_threads=data.draw(st.integers(0, 3)), **kw)
+    if res is not None:
+        assert res.shape == terms.shape and res.dtype == np.float32
 
 
 @SETTINGS

@@ -134,12 +134,37 @@ def bounds_for(c, block_size):
                                block_size=block_size)
 
 
-def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None):
+def term_kth_for(c, k, impacts=None, bounds=None, block_size=128):
+    """term_kth f32[n_terms] for depth k over every term (bm25_term_kth)."""
+    n_terms = len(c["offsets"]) - 1
+    kw = {} if impacts is None else {"impacts": impacts}
+    if bounds is not None:
+        kw.update(block_offsets=bounds[1], block_ub=bounds[2], block_size=block_size)
+    return K.bm25_term_kth(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"],
+                           np.arange(n_terms, dtype=np.uint32), k, **kw)
+
+
+def term_kth_ref(c, depth):
+    """Oracle: depth-th largest float32 tf / (tf + doc_norm[d]) per term, -inf if shorter."""
+    out = np.full(len(c["offsets"]) - 1, -np.inf, dtype=np.float32)
+    for t in range(len(out)):
+        b, e = int(c["offsets"][t]), int(c["offsets"][t + 1])
+        tf = c["tfs"][b:e].astype(np.float32)
+        part = tf / (tf + c["doc_norm"][c["doc_ids"][b:e]])
+        if e - b >= depth:
+            out[t] = np.sort(part)[::-1][depth - 1]
+    return out
+
+
+def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None,
+             term_kth=None):
     kw = {} if impacts is None else {"impacts": impacts}
     if algorithm != "exhaustive":
         term_ub, block_offsets, block_ub = bounds
         kw.update(term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub,
                   block_size=block_size)
+        if term_kth is not None:
+            kw.update(term_kth=term_kth, term_kth_depth=k)
     return K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
                        n_threads=n_threads, allow=allow, algorithm=algorithm, **kw)
 
@@ -157,10 +182,13 @@ def check_all_bm25(c, q, k, allow, block_size, threads=(1, 4), algorithms=ALGORI
                           exact=False)
     bounds = bounds_for(c, block_size)
     impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    # the safe initial threshold (term_kth) must change nothing, ties included
+    kth = term_kth_for(c, k, impacts, bounds, block_size)
     first = None
-    for algorithm, n_threads, imp in itertools.product(algorithms, threads, (None, impacts)):
-        if True:
-            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size, imp)
+    for algorithm, n_threads, imp, tk in itertools.product(algorithms, threads, (None, impacts),
+                                                           (None, kth)):
+        if tk is None or algorithm != "exhaustive":
+            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size, imp, tk)
             ids, scores, n_found = got
             assert ids.shape == (len(q[0]) - 1, k) and ids.dtype == np.int64
             assert scores.shape == ids.shape and scores.dtype == np.float32
@@ -725,6 +753,111 @@ def test_pooled_accumulators_clean_after_a_throw():
     ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *qs, 10, None)
     for _ in range(3):
         assert_same(run_bm25(c, qs, 10, "exhaustive", n_threads=2), ref)
+
+
+# ---------------------------------------------------------------------------
+# Safe initial threshold (bm25_term_kth / term_kth)
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n_docs=st.integers(1, 300), n_terms=st.integers(1, 10),
+       ties=st.booleans(), depth=st.integers(1, 80), block_size=st.sampled_from([1, 3, 8, 128]))
+def test_term_kth_matches_reference(seed, n_docs, n_terms, ties, depth, block_size):
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, 0.7, ties)
+    ref = term_kth_ref(c, depth)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    bounds = bounds_for(c, block_size)
+    for imp, bnd in itertools.product((None, impacts), (None, bounds)):
+        got = term_kth_for(c, depth, imp, bnd, block_size)
+        assert got.dtype == np.float32 and got.shape == ref.shape
+        np.testing.assert_array_equal(got, ref)  # -inf where the list is shorter than depth
+    # a subset of terms, repeated and out of order
+    terms = rng.integers(0, n_terms, size=7).astype(np.uint32)
+    got = K.bm25_term_kth(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], terms, depth,
+                          n_threads=2)
+    np.testing.assert_array_equal(got, ref[terms])
+
+
+def test_term_kth_nan_and_negative_impacts_give_no_bound():
+    c = dict(offsets=np.array([0, 3, 6], np.uint64), doc_ids=np.array([0, 1, 2, 0, 1, 2], np.uint32),
+             tfs=np.ones(6, np.uint32), doc_norm=np.ones(3, np.float32))
+    imp = np.array([0.5, np.nan, 0.5, 0.5, -0.25, 0.5], np.float32)
+    got = K.bm25_term_kth(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"],
+                          np.array([0, 1], np.uint32), 1, impacts=imp)
+    assert np.isneginf(got).all()
+
+
+def test_term_kth_checks_its_arguments():
+    c = dict(offsets=np.array([0, 2], np.uint64), doc_ids=np.array([0, 1], np.uint32),
+             tfs=np.ones(2, np.uint32), doc_norm=np.ones(2, np.float32))
+    args = (c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    with pytest.raises(ValueError, match="depth"):
+        K.bm25_term_kth(*args, np.array([0], np.uint32), 0)
+    with pytest.raises(ValueError, match=r"terms\[1\] = 5"):
+        K.bm25_term_kth(*args, np.array([0, 5], np.uint32), 1)
+    ub, bo, bu = bounds_for(c, 1)
+    with pytest.raises(ValueError, match="together"):
+        K.bm25_term_kth(*args, np.array([0], np.uint32), 1, block_offsets=bo)
+    with pytest.raises(ValueError, match="block_offsets"):  # layout of another block size
+        K.bm25_term_kth(*args, np.array([0], np.uint32), 1, block_offsets=bo, block_ub=bu,
+                        block_size=128)
+    with pytest.raises(ValueError, match="impacts"):
+        K.bm25_term_kth(*args, np.array([0], np.uint32), 1, impacts=np.ones(3, np.float32))
+
+
+def test_bm25_term_kth_argument_checks():
+    c = dict(offsets=np.array([0, 3], np.uint64), doc_ids=np.array([0, 1, 2], np.uint32),
+             tfs=np.array([1, 2, 3], np.uint32), doc_norm=np.ones(3, np.float32))
+    ub, bo, bu = bounds_for(c, 128)
+    q = (np.array([0, 1], np.uint64), np.array([0], np.uint32), np.array([1.0], np.float32))
+    base = (c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, 2)
+    kth = term_kth_for(c, 2)
+    with pytest.raises(ValueError, match="term_kth_depth = 3 must equal k = 2"):
+        K.bm25_topk(*base, algorithm="maxscore", term_ub=ub, term_kth=kth, term_kth_depth=3)
+    with pytest.raises(ValueError, match="len\\(term_kth\\)"):
+        K.bm25_topk(*base, algorithm="maxscore", term_ub=ub, term_kth=np.zeros(2, np.float32),
+                    term_kth_depth=2)
+    for bad in (np.nan, -0.5, float(ub[0]) * 2):
+        with pytest.raises(ValueError, match=r"term_kth\[0\]"):
+            K.bm25_topk(*base, algorithm="maxscore", term_ub=ub,
+                        term_kth=np.array([bad], np.float32), term_kth_depth=2)
+
+
+@pytest.mark.parametrize("algorithm", PRUNING)
+def test_bm25_initial_threshold_equal_to_the_kth_score(algorithm):
+    """All postings of a term score the same, so the initial threshold IS the final k-th score:
+    documents scoring exactly the threshold must still enter, smallest ids first."""
+    n_docs = 5000
+    rng = np.random.default_rng(7)
+    common = np.arange(0, n_docs, 2, dtype=np.uint32)      # every even doc, tf 1
+    rare = np.sort(rng.choice(n_docs, 40, replace=False)).astype(np.uint32)
+    c = dict(offsets=np.array([0, len(common), len(common) + len(rare)], np.uint64),
+             doc_ids=np.concatenate([common, rare]), tfs=np.ones(len(common) + len(rare), np.uint32),
+             doc_norm=np.ones(n_docs, np.float32))
+    for terms, weights in [([0], [1.0]), ([0, 1], [1.0, 0.0]), ([1, 0], [0.0, 2.0]), ([0, 1], [1.0, 1.0])]:
+        q = (np.array([0, len(terms)], np.uint64), np.array(terms, np.uint32),
+             np.array(weights, np.float32))
+        for k in (1, 10, 100, 2499, 2500, 2501, 6000):
+            ref = run_bm25(c, q, k, "exhaustive")
+            bounds = bounds_for(c, 16)
+            kth = term_kth_for(c, k)
+            got = run_bm25(c, q, k, algorithm, bounds=bounds, block_size=16, term_kth=kth)
+            assert_same(got, ref)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bm25_initial_threshold_on_window_path(seed):
+    """A collection big enough for the window-at-a-time MaxScore (many windows, tie-heavy
+    scores), with the initial threshold, k larger than most lists and an allow filter."""
+    rng = np.random.default_rng(300 + seed)
+    n_docs = 70000
+    c = make_corpus(rng, n_docs, 40, density=0.5, ties=True, zipf=True)
+    q = make_queries(rng, 40, 30, 8, ties=True)
+    for k, allow_mode in [(10, "none"), (1000, "none"), (10, "random")]:
+        allow = make_allow(rng, n_docs, allow_mode)
+        check_all_bm25(c, q, k, allow, 128, threads=(1, 2), algorithms=("exhaustive", "maxscore", "auto"))
 
 
 # ---------------------------------------------------------------------------

@@ -137,7 +137,8 @@ class BM25Leg:
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
             out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
-                        "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub})
+                        "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
+                        "kth": OrderedDict(), "kth_ok": None})
         if getattr(self, "kernel_shards", None) is not None:
             self._scoring_cache[key] = out
             while len(self._scoring_cache) > self.SCORING_CACHE:
@@ -300,7 +301,9 @@ class BM25Leg:
                 documents and for queries whose lists
                 are short, MaxScore otherwise; the fastest exact choice in
                 ``benchmarks/bench_bm25.py``), ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or
-                ``"bmm"``. All return identical ids and scores.
+                ``"bmm"``. All return identical ids and scores. Without an allow filter the
+                pruning algorithms start from a safe threshold, the best single-term
+                ``depth``-th score of the query's terms (:meth:`_term_kth`).
             k1, b: BM25 parameters for this call (default: the index's). Other values build
                 per-posting impacts and bounds for them on first use (O(nnz), cached).
 
@@ -335,15 +338,55 @@ class BM25Leg:
                 terms, weights = q_terms[keep], q_weights[keep]
             else:
                 offs, terms, weights = q_offsets, q_terms, q_weights
+            kth = None
+            if algorithm != "exhaustive" and (allow is None or allow[si] is None) and len(terms):
+                kth = self._term_kth(ks, terms, depth, n_threads)
             ids, scores, n_found = _kernels.bm25_topk(
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
                 n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algorithm,
                 term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
-                impacts=ks["impacts"])
+                impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0)
             ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
         return parts
 
+
+    #: depths whose single-term thresholds are kept per shard and (k1, b) (LRU).
+    KTH_CACHE = 4
+
+    def _term_kth(self, ks: dict, terms: np.ndarray, depth: int, n_threads: int) -> np.ndarray | None:
+        """Single-term thresholds for the safe initial MaxScore/BMW threshold: f32[n_terms] whose
+        entry for each of ``terms`` is the ``depth``-th largest impact of the term's list (-inf for
+        a list shorter than ``depth``; NaN = not computed yet). Filled lazily, only for the terms a
+        batch uses, by ``_kernels.bm25_term_kth`` (one pass over each new term's postings, skipping
+        blocks whose bound cannot matter; GIL released) and cached on the shard's scoring state
+        keyed by ``depth`` (that state is already keyed by ``(k1, b)``): 4 bytes per term and
+        cached depth (4 MB for 1M terms), at most :attr:`KTH_CACHE` depths, plus one O(nnz) NaN
+        check of the impacts per (k1, b). The fill time of a benchmark's query terms is reported
+        by ``benchmarks/bench_bm25.py`` (``term_kth_fill_seconds``; timed passes run after it).
+        Returns None (no initial threshold) when the impacts hold a NaN, which would
+        void the bound's proof (see ``bm25_worker::single_term_threshold``)."""
+        if ks["kth_ok"] is None:
+            ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
+        if not ks["kth_ok"]:
+            return None
+        cache: OrderedDict = ks["kth"]
+        arr = cache.get(depth)
+        if arr is None:
+            arr = np.full(ks["n_terms"], np.nan, dtype=np.float32)
+            cache[depth] = arr
+            while len(cache) > self.KTH_CACHE:
+                cache.popitem(last=False)
+        else:
+            cache.move_to_end(depth)
+        need = terms[np.isnan(arr[terms])]
+        if len(need):
+            need = np.unique(need)
+            arr[need] = _kernels.bm25_term_kth(
+                ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], need, depth,
+                impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
+                block_size=128, n_threads=n_threads)
+        return arr
 
 def _fmt_error(path, msg):
     from index.errors import IndexFormatError
