@@ -424,3 +424,11 @@ def test_fusion_weight_types_and_range(weights, message):
     for cls in (RRF, Linear):
         with pytest.raises(QueryError, match=message):
             cls(weights=weights)
+
+
+def test_unknown_bm25_algorithm_is_a_query_error(tmp_path):
+    build_index(_docs50(), tmp_path / "ix", show_progress=False)
+    r = Retriever.open(tmp_path / "ix")
+    for q in ("word3", "zzzz-not-a-term"):  # with and without known terms
+        with pytest.raises(QueryError, match="bm25 algorithm must be one of auto, exhaustive.*got 'x'"):
+            r.search(q, leg_params={"bm25": {"algorithm": "x"}})

@@ -27,6 +27,10 @@ from ..shards import IndexReader
 BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 
 
+#: the exact top-k algorithms of the BM25 kernel (all return identical ids and scores)
+BM25_ALGORITHMS = ("auto", "exhaustive", "maxscore", "bmw", "bmm")
+
+
 def _long_to_int4(i: np.ndarray) -> np.ndarray:
     nbits = np.zeros_like(i)
     nz = i > 0
@@ -308,8 +312,11 @@ class BM25Leg:
                 per-posting impacts and bounds for them on first use (O(nnz), cached).
 
         Raises:
-            QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]).
+            QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]), or an unknown ``algorithm``.
         """
+        if algorithm not in BM25_ALGORITHMS:
+            from index.errors import QueryError
+            raise QueryError(f"bm25 algorithm must be one of {', '.join(BM25_ALGORITHMS)}; got {algorithm!r}")
         shards = self.kernel_shards
         if k1 is not None or b is not None:
             from index.config import BM25Params
