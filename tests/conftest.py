@@ -58,3 +58,15 @@ def medline_index(tmp_path_factory, data_dir) -> Path:
                "--shard-size", "400"])
     assert rc == 0
     return out
+
+
+def cli_error(capsys, argv) -> str:
+    """Run the CLI with ``argv``; assert it failed with exit code 1 and a one-line ``error: ...``
+    message (no traceback) on stderr, and return that message."""
+    from retriever.cli import main
+    rc = main(argv)
+    cap = capsys.readouterr()
+    assert rc == 1, (rc, cap.err)
+    assert cap.err.startswith("error: ") and "Traceback" not in cap.err
+    assert len(cap.err.strip().splitlines()) == 1, cap.err
+    return cap.err

@@ -12,21 +12,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import random_corpus
+from conftest import cli_error as _cli_error, random_corpus
 from index.config import BuildConfig
 from index.errors import CorpusError, IndexFormatError, QueryError
 from index.readers import read_corpus, read_qrels, read_queries
 from retriever import RRF, Retriever, build_index
 from retriever.cli import main
-
-
-def _cli_error(capsys, argv) -> str:
-    rc = main(argv)
-    cap = capsys.readouterr()
-    assert rc == 1, (rc, cap.err)
-    assert cap.err.startswith("error: ") and "Traceback" not in cap.err
-    assert len(cap.err.strip().splitlines()) == 1, cap.err
-    return cap.err
 
 
 # ----------------------------------------------------------------------------- model loading

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import random_corpus
+from conftest import cli_error as _cli_error, random_corpus
 from index.errors import CorpusError, IndexExistsError, IndexFormatError, ModelError, QueryError
 from retriever import Retriever, build_index
 from retriever.cli import main
@@ -21,15 +21,6 @@ def _jsonl(path: Path, lines: list) -> Path:
             f.write(x if isinstance(x, bytes) else (json.dumps(x) if not isinstance(x, str) else x).encode())
             f.write(b"\n")
     return path
-
-
-def _cli_error(capsys, argv) -> str:
-    rc = main(argv)
-    cap = capsys.readouterr()
-    assert rc == 1, (rc, cap.err)
-    assert cap.err.startswith("error: ") and "Traceback" not in cap.err
-    assert len(cap.err.strip().splitlines()) == 1, cap.err
-    return cap.err
 
 
 def _no_leftovers(parent: Path, name: str) -> None:
