@@ -83,9 +83,10 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                                f"{m['latency_ms']['p95']:.2f} | {m['latency_ms']['p99']:.2f} | "
                                f"{m['encode_ms']['p50']:.2f} | {m['qps']:,.0f} | {_rec(m['recall@10'])} |")
             sizes = list(h["results"]["sizes"].values())
-            out += ["", "Index size on disk / peak RSS of the benchmark process (which also built the index, "
-                    "so this is the build's peak): " + "; ".join(
-                f"{e['n_docs']:,} docs: {e['bytes_on_disk'] / 1e9:.2f} GB / {e['peak_rss_bytes'] / 1e9:.2f} GB"
+            out += ["", "Index size on disk / peak RSS of the benchmark process: " + "; ".join(
+                f"{e['n_docs']:,} docs: {e['bytes_on_disk'] / 1e9:.2f} GB / {e['peak_rss_bytes'] / 1e9:.2f} GB ("
+                + ("index loaded from the cache, so search only" if e.get("index_cached")
+                   else "the process also built the index, so this is the build's peak") + ")"
                 for e in sizes) + ". Learned-sparse leg: " + (f"included, searched with {sizes[0].get('sparse_params')}; the leg alone: " + "; ".join(
                                      f"{e['n_docs']:,} docs p50 {e['sparse_leg']['latency_ms']['p50']:.2f} ms, p99 "
                                      f"{e['sparse_leg']['latency_ms']['p99']:.2f} ms, recall@10 "
