@@ -346,6 +346,8 @@ def write_reports(out: Path, results: list[dict], args, argv) -> None:
             prev = {}
     for r in results:
         cmd = "python -m benchmarks.bench_sparse " + " ".join(argv)
+        for x in r["rows"]:
+            x["command"] = cmd
         old = prev.get(r["collection"])
         if args.merge and old is not None and old.get("n_queries") == r["n_queries"]:
             # one session split into several invocations: this run's engines replace theirs
@@ -354,8 +356,10 @@ def write_reports(out: Path, results: list[dict], args, argv) -> None:
             for x in kept:  # rows of an older run keep that run's date and load
                 x.setdefault("date", old.get("date"))
                 x.setdefault("load_avg", old.get("load_avg"))
+                x.setdefault("command", old.get("command"))
             r["rows"] = kept + r["rows"]
-            r["command"] = "; ".join(c for c in (old.get("command", ""), cmd) if c)
+            # the commands that produced the rows still present, in order, each once
+            r["command"] = "; ".join(dict.fromkeys(x["command"] for x in r["rows"] if x.get("command")))
             r["targets"] = targets(r["rows"])
         else:
             r["command"] = cmd
