@@ -642,15 +642,14 @@ def _peer_args(leg: str, quick: bool, out: Path) -> list[list[str]]:
     (no SciFact encoding, which needs minutes of model time on a cold cache), small sizes, results
     into the run's folder. Full, sparse: SciFact with the script's default sweep (every engine,
     bmp included: cheap at 5k documents), then the 1M collection (its own entry of the same
-    results file) with the settings of its published run (200 queries, query_cut 3/5/8/12 at heap_factor 0.9,
-    scipy on 50 queries, bmp left out: its adapter's synthetic recall is invalid), which took
-    19 minutes on 2 cores; the default sweep at 1M (1,000 queries, 15 knob points) would not fit
-    the whole run's 60 minutes."""
+    results file) with the settings of its published run (200 queries, query_cut 3/5/8/12 at
+    heap_factor 0.9, scipy on 50 queries, bmp's default alphas), about 14 minutes on 2 cores; the
+    default sweep at 1M (1,000 queries, 15 knob points) would not fit the whole run's 60 minutes."""
     if not quick:
         if leg == "sparse":
             return [["--collections", "scifact"],
                     ["--collections", "synthetic", "--max-queries", "200", "--query-cuts", "3,5,8,12",
-                     "--heap-factors", "0.9", "--scipy-queries", "50", "--skip", "bmp"]]
+                     "--heap-factors", "0.9", "--scipy-queries", "50"]]
         return [[]]
     if leg == "dense":
         return [["--quick", "--datasets", "synthetic", "--n", "20000", "--queries", "200",
