@@ -3,6 +3,7 @@ allow), merge, fuse once."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import threading
@@ -51,7 +52,7 @@ def _empty(nq: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 #: the sum of their times, side by side the largest of them plus ~0.1 ms of hand-off.
 CONCURRENT_LEGS = True
 #: weight of the newest sample in each leg's running cost estimate (ms per query), which decides
-#: how the legs are split between threads.
+#: the order in which the threads take the legs.
 COST_SMOOTHING = 0.2
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
@@ -166,8 +167,9 @@ class Engine:
         """Search a batch (arguments already validated by the API layer).
 
         With several legs, ``n_threads`` >= 2 (or <= 0: every core) and :data:`CONCURRENT_LEGS`,
-        the legs run side by side (:func:`plan_legs` groups; the calling thread runs the first,
-        pooled workers the others; ``n_threads // groups`` kernel and OpenMP threads per leg).
+        the legs run side by side: ``min(n_threads, legs)`` threads (the calling thread and pooled
+        workers) take legs from one queue, costliest estimate first, each taking the next leg
+        when it finishes one (``n_threads // that`` kernel and OpenMP threads per leg).
         Every leg returns the same lists either way, so the fused result does not depend on it.
 
         Args:
@@ -217,22 +219,39 @@ class Engine:
             # min(threads, legs) groups by their running cost estimates; the calling thread runs
             # the first group, pooled workers the others; each leg's kernels (and FAISS's OpenMP
             # team) get threads // groups threads, so the total stays n_threads.
-            plan = plan_legs(names, total, self.leg_cost)
-            share = max(1, total // len(plan))
+            # Dynamic list scheduling: the legs in decreasing estimated cost (the order of
+            # plan_legs with one group) form a queue; the calling thread and min(threads, legs) - 1
+            # pooled workers each take the next leg when they finish their previous one. The costs
+            # are running means, but one query's BM25 time can be 5x its mean: a static split would
+            # then run the slow leg and another one in one thread while the other thread idles.
+            n_run = max(1, min(total, len(names)))
+            share = max(1, total // n_run)
+            queue = plan_legs(names, 1, self.leg_cost)[0]
+            taken = itertools.count()  # next() is atomic under the GIL: each leg runs exactly once
+            spent_by: dict[str, tuple[float, float]] = {}
 
-            def run_group(group: list[str], worker: bool = True) -> list[tuple[float, float]]:
-                if OMP_LEGS.isdisjoint(group):  # no FAISS call, no OpenMP setting to change
-                    return [run_leg(name, share) for name in group]
-                with _omp_threads(share, restore=not worker):
-                    return [run_leg(name, share) for name in group]
+            def drain(worker: bool = True) -> None:
+                while True:
+                    i = next(taken)
+                    if i >= len(queue):
+                        return
+                    name = queue[i]
+                    if name in OMP_LEGS:
+                        with _omp_threads(share, restore=not worker):
+                            spent_by[name] = run_leg(name, share)
+                    else:
+                        spent_by[name] = run_leg(name, share)
 
-            futures = [_pool().submit(run_group, g) for g in plan[1:]]
+            futures = [_pool().submit(drain) for _ in range(n_run - 1)]
             try:
-                spent_by = dict(zip(plan[0], run_group(plan[0], worker=False)))
+                drain(worker=False)
             finally:
-                done = [f.result() for f in futures]  # waits for every group, re-raises the first error
-            for g, res in zip(plan[1:], done):
-                spent_by.update(zip(g, res))
+                # the queue is empty (or this thread failed): a worker that has not started (the
+                # pool busy with another call's legs) has nothing to do; wait for the others,
+                # re-raising the first error
+                for f in futures:
+                    if not f.cancel():
+                        f.result()
             spent = [spent_by[name] for name in names]
         else:
             spent = [run_leg(name, n_threads) for name in names]

@@ -195,3 +195,45 @@ def test_fuse_matches_reference(seed):
                             assert per_leg[n].ranks[q, j] == per[n][d][1]
                         else:
                             assert np.isnan(per_leg[n].scores[q, j]) and per_leg[n].ranks[q, j] == 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_compiled_rrf_bit_identical_to_loop(seed):
+    """fuse() for RRF (one compiled call per batch) against fuse_loop (the numpy loop over queries):
+    identical ids, fused float32 scores, per-leg scores (NaN where absent) and ranks, for legs of
+    different depths, ties in leg scores and in fused scores, empty rows and legs, zero and
+    negative weights, k from 1 to past the candidates, batches of 0..6 queries."""
+    from retriever.fusion import fuse_loop
+
+    rng = np.random.default_rng(100 + seed)
+    for _ in range(40):
+        nq = int(rng.integers(0, 7))
+        n_docs = int(rng.integers(1, 60))
+        legs = {}
+        for n in ("bm25", "dense", "sparse")[: int(rng.integers(1, 4))]:
+            depth = int(rng.integers(1, 30))
+            ids = np.full((nq, depth), -1, np.int64)
+            sc = np.full((nq, depth), -np.inf, np.float32)
+            nf = np.zeros(nq, np.int32)
+            for q in range(nq):
+                m = int(rng.integers(0, min(depth, n_docs) + 1))
+                d = rng.choice(n_docs, m, replace=False)
+                s = (rng.integers(0, 4, m).astype(np.float32) if rng.random() < 0.5
+                     else rng.standard_normal(m).astype(np.float32))
+                o = np.lexsort((d, -s))
+                ids[q, :m], sc[q, :m], nf[q] = d[o], s[o], m
+            legs[n] = (ids, sc, nf)
+        w = {n: float(rng.choice([1.0, 0.0, -0.5, 2.5, 1e-3])) for n in legs}
+        for fusion in (RRF(), RRF(k=0.0), RRF(k=float(rng.integers(1, 100)), weights=w)):
+            for k in (1, 3, 10, 200):
+                a = fuse(legs, k, fusion)
+                b = fuse_loop(legs, k, fusion)
+                np.testing.assert_array_equal(a[0], b[0])
+                np.testing.assert_array_equal(a[1], b[1])
+                np.testing.assert_array_equal(a[2], b[2])
+                assert list(a[3]) == list(b[3]) == list(legs)
+                for n in legs:
+                    np.testing.assert_array_equal(a[3][n].scores, b[3][n].scores)  # NaN == NaN here
+                    np.testing.assert_array_equal(a[3][n].ranks, b[3][n].ranks)
+                    assert a[3][n].scores.dtype == np.float32 and a[3][n].ranks.dtype == np.int32
+                assert a[0].dtype == np.int64 and a[1].dtype == np.float32 and a[2].dtype == np.int32

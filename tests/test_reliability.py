@@ -293,6 +293,52 @@ def test_concurrent_legs_identical_to_sequential(tmp_path, monkeypatch):
                         leg_params={"sparse": {"algorithm": "nope"}})
 
 
+def test_concurrent_legs_dynamic_queue(tmp_path, monkeypatch):
+    """With 2 threads the legs form one queue (costliest first) that both threads drain: a leg that
+    runs long on one thread does not hold up the legs queued behind it (a static split would queue
+    dense behind bm25 on one thread; here bm25 waits until dense has finished, which only a second
+    thread taking dense can bring about), every leg runs exactly once, and the results equal the
+    sequential ones."""
+    import threading
+
+    import retriever.engine as engine
+
+    rng = np.random.default_rng(6)
+    docs = random_corpus(200, seed=3, min_len=2)
+    dv = rng.standard_normal((200, 8)).astype(np.float32)
+    sv = [np.unique(rng.integers(0, 100, rng.integers(1, 12))) for _ in range(200)]
+    ptr = np.zeros(201, np.int64)
+    ptr[1:] = np.cumsum([len(t) for t in sv])
+    build_index(docs, tmp_path / "ix", legs=("bm25", "dense", "sparse"), dense_vectors=dv, show_progress=False,
+                sparse_vectors=(ptr, np.concatenate(sv).astype(np.uint32),
+                                rng.random(int(ptr[-1])).astype(np.float32) + 0.01))
+    r = Retriever.open(tmp_path / "ix", n_threads=2)
+    qv = rng.standard_normal((1, 8)).astype(np.float32)
+    qsv = [(np.array([1, 5, 9], np.uint32), np.array([1.0, 0.5, 0.25], np.float32))]
+    monkeypatch.setattr(engine, "CONCURRENT_LEGS", False)
+    want = r.search_arrays(["bone cell"], 10, query_vectors=qv, sparse_vectors=qsv)
+    monkeypatch.setattr(engine, "CONCURRENT_LEGS", True)
+    dense_done = threading.Event()
+    calls: list[tuple[str, str]] = []
+    for name, leg in r.engine.legs.items():
+        def wrapped(*a, _orig=leg.search, _name=name, **kw):
+            calls.append((_name, threading.current_thread().name))
+            if _name == "bm25":
+                assert dense_done.wait(timeout=20), "dense was queued behind the long bm25 leg"
+            out = _orig(*a, **kw)
+            if _name == "dense":
+                dense_done.set()
+            return out
+        monkeypatch.setattr(leg, "search", wrapped)
+    r.engine.leg_cost = {"sparse": 3.0, "bm25": 1.4, "dense": 1.2}  # queue: sparse, bm25, dense
+    got = r.search_arrays(["bone cell"], 10, query_vectors=qv, sparse_vectors=qsv, n_threads=2)
+    assert sorted(n for n, _ in calls) == ["bm25", "dense", "sparse"]
+    threads = dict(calls)
+    assert threads["dense"] == threads["sparse"] != threads["bm25"]
+    assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores)
+    assert got.n_found[0] > 0
+
+
 # ---------------------------------------------------------------------------
 # Security: loading executes no code
 # ---------------------------------------------------------------------------
