@@ -13,7 +13,8 @@ files exist, so a section can be rerun alone):
   sequence, other sparse query_cut). Built indexes are cached under ``$RETRIEVER_CACHE`` (default
   /tmp/cache; see :func:`hybrid_index`). Full: 100k and 1M documents. Quick: 10k, one pass.
 - ``encode``: query encoding time of each bundled model, on its own (SciFact queries).
-- ``indexing``: documents/s of the non-model part (BM25-only ``build_index`` of in-memory records:
+- ``indexing`` (run in a fresh child process, :data:`FRESH_PROCESS_SECTIONS`; ``--same-process``
+  keeps it in the run's process): documents/s of the non-model part (BM25-only ``build_index`` of in-memory records:
   validation, analysis, postings, Arrow shards, checksums; median of 3, next to bm25s's indexing of
   the same texts; tokens/s too, since long documents give fewer documents/s), and per encoder
   (dense all-MiniLM-L6-v2, SPLADE bert-tiny) the pipeline (``build_index`` BM25 + that leg, model
@@ -731,6 +732,41 @@ def write_budget(out: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
+#: sections measured in a fresh Python process of their own (:func:`run_fresh`). Indexing: in the
+#: cold full run it follows the hybrid section, and in one process the state that section leaves
+#: (its opened 1M-document index, FAISS/OpenMP and engine thread pools, a multi-GB heap) cost the
+#: non-model figure about 20% (measured 68.9k -> 52.3k documents/s, medians of 3, same process,
+#: 2026-12-01; os.sync() before each build changed nothing: no writeback was pending). A user's
+#: ``retriever index`` runs in a process of its own, which is what this measures.
+FRESH_PROCESS_SECTIONS = ("indexing",)
+
+
+def run_fresh(name: str, quick: bool) -> dict[str, Any]:
+    """Run section ``name`` in a fresh ``python -m benchmarks.run`` child process and return its
+    results (the child's ``SECTION_FUNCS[name](quick)``, passed back as JSON through a temporary
+    file), with ``"process": "fresh subprocess"`` added.
+
+    Raises:
+        RuntimeError: the child exited non-zero or wrote no results (its output was printed).
+    """
+    import subprocess
+
+    with tempfile.TemporaryDirectory() as td:
+        res_path = Path(td) / "section.json"
+        cmd = [sys.executable, "-m", "benchmarks.run", "--child-section", name, "--child-out", str(res_path)]
+        if quick:
+            cmd.append("--quick")
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        rc = subprocess.run(cmd, env=env, cwd=root).returncode
+        if rc != 0 or not res_path.is_file():
+            raise RuntimeError(f"section {name!r} in a fresh process: exit status {rc}, no results")
+        res = json.loads(res_path.read_text())
+    res["process"] = "fresh subprocess"
+    return res
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (< 5 minutes on 2 cores)")
@@ -739,12 +775,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-readme", action="store_true", help="do not regenerate README.md's bench section")
     ap.add_argument("--hybrid-sizes", default=None,
                     help="comma list of hybrid corpus sizes to run; merged into an existing run_hybrid.json")
+    ap.add_argument("--child-section", choices=SECTIONS, help=argparse.SUPPRESS)  # run_fresh's child
+    ap.add_argument("--child-out", help=argparse.SUPPRESS)
+    ap.add_argument("--same-process", action="store_true",
+                    help="run every section in this process (default: the sections in "
+                         "FRESH_PROCESS_SECTIONS each run in a fresh child process)")
     args = ap.parse_args(argv)
     # before anything loads FAISS: its bundled OpenBLAS must run the kernels numpy's does (see
     # benchmarks.bench_dense.blas_setup; unaligned, FAISS flat runs ~4x slower on some CPUs and
     # every ratio against it would flatter this engine). Recorded in every section's machine info.
     from benchmarks.bench_dense import blas_setup
     blas_setup(align="faiss" not in sys.modules)
+    if args.child_section:  # run_fresh's child: one section, its results to --child-out
+        res = SECTION_FUNCS[args.child_section](args.quick)
+        Path(args.child_out).write_text(json.dumps(res, default=_json_default))
+        return 0
     global HYBRID_SIZES
     HYBRID_SIZES = None
     if args.hybrid_sizes:
@@ -765,8 +810,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
         try:
-            res = (_peer_section(name, args.quick, out) if name in ("dense", "sparse")
-                   else SECTION_FUNCS[name](args.quick))
+            if name in ("dense", "sparse"):
+                res = _peer_section(name, args.quick, out)
+            elif name in FRESH_PROCESS_SECTIONS and not args.same_process:
+                res = run_fresh(name, args.quick)
+            else:
+                res = SECTION_FUNCS[name](args.quick)
             status = res.pop("_status", "ok")
         except Exception as e:  # a failing section is recorded, the others still run
             traceback.print_exc()

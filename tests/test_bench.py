@@ -343,3 +343,19 @@ def test_budget_record_and_summary(tmp_path):
                            "within_limit": False, "cache_at_start": st})
     text = "\n".join(report.budget_markdown(out))
     assert "NOT under 60 min" in text and "partial: only hybrid" in text and "warm cache (2 entries" in text
+
+
+def test_run_fresh_section_in_child_process(tmp_path):
+    """run_fresh runs a section in a child process (``--child-section``) and returns its results;
+    the child's own entry point writes exactly the section function's results."""
+    from benchmarks import run
+
+    res = run.run_fresh("encode", quick=True)
+    assert res["process"] == "fresh subprocess"
+    assert res["n_queries"] == 20 and "dense:all-MiniLM-L6-v2" in res["models"]
+    lat = res["models"]["dense:all-MiniLM-L6-v2"]["batch1_latency_ms"]
+    assert 0 < lat["p50"] <= lat["p99"]
+    out = tmp_path / "child.json"
+    assert run.main(["--child-section", "encode", "--quick", "--child-out", str(out)]) == 0
+    child = __import__("json").loads(out.read_text())
+    assert child["n_queries"] == 20 and set(child["models"]) == set(res["models"])
