@@ -1,8 +1,9 @@
 """Regenerate README.md's benchmark section (between ``<!-- bench:start -->`` and
 ``<!-- bench:end -->``) from ``benchmarks/results/run_*.json``; nothing else in README.md changes.
-The markers are appended at the end of README.md when missing.
+The markers are appended at the end of README.md when missing. With ``--plots`` the PNG plots and
+``SUMMARY.md`` of the results folder are redrawn too (after results were merged from separate runs).
 
-Usage: ``python -m benchmarks.update_readme [--readme PATH] [--results DIR]``
+Usage: ``python -m benchmarks.update_readme [--readme PATH] [--results DIR] [--plots]``
 """
 
 from __future__ import annotations
@@ -45,7 +46,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--readme", default=str(README))
     ap.add_argument("--results", default=str(RESULTS))
+    ap.add_argument("--plots", action="store_true", help="also redraw the plots and SUMMARY.md")
     args = ap.parse_args(argv)
+    if args.plots:
+        from benchmarks.report import write_plots, write_summary
+
+        for p in write_plots(Path(args.results)):
+            print(f"wrote {p}")
+        write_summary(Path(args.results))
     changed = update_readme(Path(args.readme), Path(args.results))
     print("README.md updated" if changed else "README.md unchanged")
     return 0

@@ -783,3 +783,22 @@ def test_packed_forward_copy_and_fallback():
         check(fwd_packed=p[:-1])
     with pytest.raises(ValueError, match="len\\(fwd_packed\\)"):
         run({**ix, "fwd_packed": p[:-1]}, 3, 0.9)
+
+
+def test_scipy_matrix_taken_at_its_value():
+    """A non-canonical scipy matrix (repeated entries) is read at its value, as scipy defines it:
+    repeated entries are summed, then checked (a sum below zero is a negative weight); pairs with a
+    repeated index are still a QueryError."""
+    import scipy.sparse as sp
+
+    from retriever.legs.sparse import csr_batch
+
+    dup = sp.csr_matrix((np.array([2.0, -1.0, 0.5]), np.array([5, 5, 9]), np.array([0, 3])), shape=(1, 100))
+    off, terms, w = csr_batch(dup, 100)
+    assert off.tolist() == [0, 2] and terms.tolist() == [5, 9] and w.tolist() == [1.0, 0.5]
+    assert dup.nnz == 3  # the caller's matrix is not changed
+    neg = sp.csr_matrix((np.array([1.0, -2.0]), np.array([5, 5]), np.array([0, 2])), shape=(1, 100))
+    with pytest.raises(QueryError, match="negative"):
+        csr_batch(neg, 100)
+    with pytest.raises(QueryError, match="duplicate"):
+        csr_batch([([5, 5], [1.0, 2.0])], 100)

@@ -18,7 +18,9 @@ Modes (leg parameter ``algorithm``):
 User-supplied query vectors (``Retriever.search_arrays(..., sparse_vectors=...)``) go through
 :meth:`SparseLeg.check_vectors`; policy (same for both modes): indices may be unsorted; duplicate
 indices, length mismatch, indices outside ``[0, vocab_size)``, NaN/inf or negative weights raise
-:class:`~index.errors.QueryError`; zero weights are dropped.
+:class:`~index.errors.QueryError`; zero weights are dropped. A ``scipy.sparse`` matrix is taken at
+its value, as scipy defines it: repeated (row, column) entries of a non-canonical matrix are summed
+first (scipy's own rule), and the checks apply to the sums.
 """
 
 from __future__ import annotations
@@ -75,8 +77,9 @@ def csr_batch(vectors: Any, vocab_size: int) -> QueryBatch:
         ``(q_offsets uint64 (nq+1,), q_terms uint32 (m,), q_weights float32 (m,))``, terms ascending.
 
     Raises:
-        QueryError: duplicate indices, length mismatch, index outside [0, vocab_size), NaN/inf or
-            negative weight (names the query and the value).
+        QueryError: duplicate indices (pairs, dicts), length mismatch, index outside
+            [0, vocab_size), NaN/inf or negative weight (names the query and the value). A scipy
+            matrix's repeated entries are summed first (its value as scipy defines it).
     """
     rows: list[tuple[np.ndarray, np.ndarray]] = []
     if hasattr(vectors, "tocsr") and hasattr(vectors, "shape"):
