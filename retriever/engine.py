@@ -83,6 +83,8 @@ def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) ->
     """
     n_groups = max(1, min(int(n_groups), len(names)))
     order = sorted(names, key=lambda n: -cost.get(n, 1.0))  # stable: index order among equals
+    if n_groups == 1:  # the engine's queue order (every query of a multi-leg batch)
+        return [order] if order else []
     groups: list[list[str]] = [[] for _ in range(n_groups)]
     loads = [0.0] * n_groups
     for n in order:

@@ -141,21 +141,22 @@ def _fuse_rrf_compiled(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarr
     from .fusion_kernels import rrf_fuse_rows
 
     names = list(legs)
-    nq = next(iter(legs.values()))[0].shape[0]
-    widths = [legs[n][0].shape[1] for n in names]
-    leg_start = np.zeros(len(names) + 1, np.int64)
-    np.cumsum(widths, out=leg_start[1:])
-    ids = np.concatenate([np.asarray(legs[n][0], np.int64) for n in names], axis=1)
-    scores = np.concatenate([np.asarray(legs[n][1], np.float32) for n in names], axis=1)
-    n_found = np.empty((len(names), nq), np.int32)
-    for i, n in enumerate(names):  # clipped to the leg's width, as the loop's slices are
-        n_found[i] = np.clip(legs[n][2], 0, widths[i])
+    parts = [legs[n] for n in names]
+    nq = parts[0][0].shape[0]
+    n_legs = len(names)
+    leg_start = np.zeros(n_legs + 1, np.int64)
+    for i, p in enumerate(parts):
+        leg_start[i + 1] = leg_start[i] + p[0].shape[1]
+    ids = np.concatenate([p[0] for p in parts], axis=1, dtype=np.int64, casting="unsafe")
+    scores = np.concatenate([p[1] for p in parts], axis=1, dtype=np.float32, casting="unsafe")
+    # each leg's count, clipped to the leg's width in the kernel as the loop's slices are
+    n_found = np.array([p[2] for p in parts], np.int64).reshape(n_legs, nq)
     weights = np.array([float(fusion.weights.get(n, 1.0)) for n in names], np.float64)
-    out_ids = np.full((nq, k), -1, dtype=np.int64)
-    out_scores = np.full((nq, k), -np.inf, dtype=np.float32)
-    out_n = np.zeros(nq, dtype=np.int32)
-    leg_scores = np.full((len(names), nq, k), np.nan, dtype=np.float32)
-    leg_ranks = np.zeros((len(names), nq, k), dtype=np.int32)
+    out_ids = np.empty((nq, k), dtype=np.int64)  # the kernel writes every element
+    out_scores = np.empty((nq, k), dtype=np.float32)
+    out_n = np.empty(nq, dtype=np.int32)
+    leg_scores = np.empty((n_legs, nq, k), dtype=np.float32)
+    leg_ranks = np.empty((n_legs, nq, k), dtype=np.int32)
     rrf_fuse_rows(ids, scores, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores, out_n,
                   leg_scores, leg_ranks)
     return out_ids, out_scores, out_n, {n: LegArrays(leg_scores[i], leg_ranks[i]) for i, n in enumerate(names)}

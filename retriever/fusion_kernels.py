@@ -27,20 +27,24 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, n_found: np.ndarray, leg_
         ids: int64 (nq, D) every leg's candidate ids side by side (leg l in columns
             ``leg_start[l]:leg_start[l+1]``), global ordinals.
         scores: float32 (nq, D) their leg scores, each leg's row sorted descending.
-        n_found: int32 (L, nq) valid candidates of leg l in row q (a prefix of its columns).
+        n_found: int (L, nq) valid candidates of leg l in row q (a prefix of its columns; clipped
+            to [0, the leg's width] here).
         leg_start: int64 (L + 1,) column offsets of the legs.
         weights: float64 (L,) leg weights.
         rrf_k: the RRF constant (>= 0).
         k: fused list length (>= 1).
-        out_ids: int64 (nq, k) filled with -1; out_scores: float32 (nq, k) filled with -inf;
-            out_n: int32 (nq,) zeros; leg_scores: float32 (L, nq, k) NaN; leg_ranks: int32
-            (L, nq, k) zeros — written where the query has hits.
+        out_ids: int64 (nq, k), out_scores: float32 (nq, k), out_n: int32 (nq,), leg_scores:
+            float32 (L, nq, k), leg_ranks: int32 (L, nq, k): outputs (any contents on entry),
+            overwritten: -1 / -inf / 0 / NaN / 0 where a query has no hit.
     """
+    out_ids[:] = -1
+    out_scores[:] = -np.inf
+    out_n[:] = 0
+    leg_scores[:] = np.nan
+    leg_ranks[:] = 0
     nq = ids.shape[0]
     n_legs = leg_start.shape[0] - 1
     width = ids.shape[1]
-    cand = np.empty(width, np.int64)
-    contrib = np.empty(width, np.float64)
     rank = np.empty(width, np.int32)
     col = np.empty(width, np.int64)
     legof = np.empty(width, np.int64)
@@ -48,42 +52,68 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, n_found: np.ndarray, leg_
     uniq = np.empty(width, np.int64)
     total = np.empty(width, np.float64)
     slot = np.empty(width, np.int64)
+    top = np.empty(max(k, 1), np.int64)
+    # open-addressing hash table id -> index into uniq (-1: empty); linear probing; at most half full
+    hsize = 16
+    while hsize < 2 * width:
+        hsize *= 2
+    mask = hsize - 1
+    table = np.full(hsize, -1, np.int64)
+    used = np.empty(width, np.int64)
     for q in range(nq):
         n = 0
+        nu = 0
         for leg in range(n_legs):
             c0 = leg_start[leg]
-            m = n_found[leg, q]
+            m = min(max(n_found[leg, q], 0), leg_start[leg + 1] - c0)  # clipped to the leg's width
             w = weights[leg]
             r = 1
             for j in range(m):
                 if j > 0 and scores[q, c0 + j] != scores[q, c0 + j - 1]:
                     r = j + 1
-                cand[n] = ids[q, c0 + j]
+                d = ids[q, c0 + j]
+                h = (d * 2654435761) & mask
+                while table[h] >= 0 and uniq[table[h]] != d:
+                    h = (h + 1) & mask
+                g = table[h]
+                if g < 0:  # first occurrence of d (in leg, then position order)
+                    g = nu
+                    table[h] = g
+                    used[nu] = h
+                    uniq[g] = d
+                    total[g] = 0.0
+                    nu += 1
+                total[g] += w / (rrf_k + r)  # each document's contributions summed in leg, then position order
                 rank[n] = r
-                contrib[n] = w / (rrf_k + r)
                 col[n] = c0 + j
                 legof[n] = leg
+                group[n] = g
                 n += 1
+        for u in range(nu):
+            table[used[u]] = -1
         if n == 0:
             continue
-        order = np.argsort(cand[:n], kind="mergesort")  # stable: equal ids keep leg/position order
-        nu = -1
-        prev = np.int64(0)
-        for t in range(n):
-            i = order[t]
-            if nu < 0 or cand[i] != prev:
-                nu += 1
-                uniq[nu] = cand[i]
-                total[nu] = 0.0
-                prev = cand[i]
-            total[nu] += contrib[i]
-            group[i] = nu
-        nu += 1
-        neg = np.empty(nu, np.float64)
+        # top k by fused score descending, ties by smaller ordinal (insertion into a sorted buffer)
+        m = 0
         for u in range(nu):
-            neg[u] = -total[u]
-        top = np.argsort(neg, kind="mergesort")  # uniq ascending: ties go to the smaller ordinal
-        m = min(k, nu)
+            tu = total[u]
+            du = uniq[u]
+            if m == k:
+                v = top[m - 1]
+                if not (tu > total[v] or (tu == total[v] and du < uniq[v])):
+                    continue
+                p = m - 1
+            else:
+                p = m
+                m += 1
+            while p > 0:
+                v = top[p - 1]
+                if tu > total[v] or (tu == total[v] and du < uniq[v]):
+                    top[p] = v
+                    p -= 1
+                else:
+                    break
+            top[p] = u
         for u in range(nu):
             slot[u] = -1
         for t in range(m):

@@ -237,3 +237,33 @@ def test_compiled_rrf_bit_identical_to_loop(seed):
                     np.testing.assert_array_equal(a[3][n].ranks, b[3][n].ranks)
                     assert a[3][n].scores.dtype == np.float32 and a[3][n].ranks.dtype == np.int32
                 assert a[0].dtype == np.int64 and a[1].dtype == np.float32 and a[2].dtype == np.int32
+
+
+def test_compiled_rrf_large_ids_and_out_of_range_counts():
+    """The compiled RRF groups candidates with a hash table: ids that collide in it (multiples of
+    the table size, values near 2**63) and n_found past the depth (clipped, as the loop's
+    slices are) give the same result as fuse_loop."""
+    from retriever.fusion import fuse_loop
+
+    rng = np.random.default_rng(7)
+    big = np.iinfo(np.int64).max
+    pool = np.unique(np.concatenate([np.arange(0, 1 << 20, 1024), big - np.arange(50), rng.integers(0, big, 200)]))
+    for _ in range(30):
+        nq, depth = 3, 40
+        legs = {}
+        for n in ("bm25", "dense", "sparse"):
+            ids = np.full((nq, depth), -1, np.int64)
+            sc = np.full((nq, depth), -np.inf, np.float32)
+            for q in range(nq):
+                d = rng.choice(pool, depth, replace=False)
+                s = rng.integers(0, 5, depth).astype(np.float32)
+                o = np.lexsort((d, -s))
+                ids[q], sc[q] = d[o], s[o]
+            legs[n] = (ids, sc, rng.choice([0, 5, depth, depth + 7], nq).astype(np.int32))
+        for k in (1, 10, 150):
+            a, b = fuse(legs, k, RRF()), fuse_loop(legs, k, RRF())
+            for x, y in zip(a[:3], b[:3]):
+                np.testing.assert_array_equal(x, y)
+            for n in legs:
+                np.testing.assert_array_equal(a[3][n].scores, b[3][n].scores)
+                np.testing.assert_array_equal(a[3][n].ranks, b[3][n].ranks)

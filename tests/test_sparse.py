@@ -127,6 +127,39 @@ def test_query_vector_validation():
     assert csr_batch(m, v)[1].tolist() == [3, 4]
 
 
+
+def test_csr_batch_array_fast_path_matches_general_path():
+    """(indices, weights) pairs of numpy arrays take a batched fast path: same arrays as the
+    general per-row path (lists), and the same errors when a row is invalid."""
+    from retriever.legs.sparse import _csr_batch_fast
+    rng = np.random.default_rng(5)
+    v = 1000
+    for nq in (1, 3, 8):
+        rows = []
+        for _ in range(nq):
+            n = int(rng.integers(0, 20))
+            idx = np.sort(rng.choice(v, n, replace=False)).astype(rng.choice([np.uint32, np.int64, np.int32]))
+            w = rng.random(n).astype(rng.choice([np.float32, np.float64]))
+            w[rng.random(n) < 0.2] = 0.0
+            rows.append((idx, w))
+        assert _csr_batch_fast(rows, v) is not None  # sorted, valid: the fast path
+        got = csr_batch(rows, v)
+        want = csr_batch([(i.tolist(), w.tolist()) for i, w in rows], v)  # lists: the general path
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype and np.array_equal(a, b)
+    # unsorted rows fall back to the general path (which sorts them)
+    unsorted = [(np.array([9, 2, 5], np.uint32), np.array([1.0, 2.0, 0.0], np.float32))]
+    assert _csr_batch_fast(unsorted, v) is None
+    offs, terms, w = csr_batch(unsorted, v)
+    assert offs.tolist() == [0, 2] and terms.tolist() == [2, 9] and w.tolist() == [2.0, 1.0]
+    bad = {"duplicate term id 2": ([2, 2], [1.0, 1.0]), "2 indices but 1 weights": ([1, 2], [1.0]),
+           "outside the vocabulary": ([1000], [1.0]), "not finite": ([1], [np.nan]),
+           "negative weight": ([1], [-0.5])}
+    for msg, (i, w) in bad.items():
+        with pytest.raises(QueryError, match=msg):
+            csr_batch([(np.array([0], np.int64), np.array([1.0])), (np.array(i, np.int64), np.array(w))], v)
+
+
 def test_kernel_boundary_errors():
     vocab = 50
     docs, _ = synthetic(100, vocab, seed=1)
