@@ -306,9 +306,12 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, c
         ivals = np.empty(m, dtype=np.int64)
         l1 = 0.0
         vmax = np.float32(0.0)
+        hist_hi[:] = 0
         for i in range(m):
             v = dense[terms_arr[i]]
-            ivals[i] = np.int64(v)
+            iv = np.int64(v)
+            ivals[i] = iv
+            hist_hi[iv >> 8] += iv
             l1 += v
             vmax = max(vmax, v)
             dense[terms_arr[i]] = 0.0
@@ -318,9 +321,6 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, c
         # two-pass histogram, high byte then low byte); every entry > v* is kept, then the first
         # entries equal to v* until the mass reaches the target.
         target = energy * l1
-        hist_hi[:] = 0
-        for i in range(m):
-            hist_hi[ivals[i] >> 8] += ivals[i]
         cum = 0
         hb = -1
         for b in range(255, -1, -1):
@@ -355,7 +355,12 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, c
                     keys[keep] = (terms_arr[i] << 16) | iv
                     keep += 1
                     mass += float(iv)
-        ks = np.sort(keys[:keep])  # kept entries by term id (unique per block)
+        # kept entries by term id (unique per block); already so when the block has one document
+        ks = keys[:keep]
+        for i in range(1, keep):
+            if ks[i] < ks[i - 1]:
+                ks = np.sort(ks)
+                break
         bscale = vmax / 255.0
         sum_scale_out[nb_out] = bscale
         for i in range(keep):
