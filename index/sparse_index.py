@@ -190,6 +190,8 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, c
     """Blocks of one term's (pruned) list; returns the number of blocks written."""
     n = docs.shape[0]
     nc = (n + block_size - 1) // block_size
+    hist_hi = np.empty(256, dtype=np.int64)
+    hist_lo = np.empty(256, dtype=np.int64)
     if nc <= 1:
         assign = np.zeros(n, dtype=np.int64)
         nc = 1
@@ -300,46 +302,70 @@ def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, c
                 if v > dense[tt]:
                     dense[tt] = v
         terms_arr = touched2[:m]
-        vals = np.empty(m, dtype=np.float32)
+        # values are uint16 impacts (exact integers in float32 and in every partial sum)
+        ivals = np.empty(m, dtype=np.int64)
         l1 = 0.0
         vmax = np.float32(0.0)
+        hist_hi[:] = 0
         for i in range(m):
-            vals[i] = dense[terms_arr[i]]
-            l1 += vals[i]
-            vmax = max(vmax, vals[i])
+            v = dense[terms_arr[i]]
+            iv = np.int64(v)
+            ivals[i] = iv
+            hist_hi[iv >> 8] += iv
+            l1 += v
+            vmax = max(vmax, v)
             dense[terms_arr[i]] = 0.0
-        # the shortest prefix of the values sorted descending (stable) holding energy * l1: sort
-        # only the entries >= tau, tau halved until they hold that mass (same prefix as a full sort)
+        # kept entries: the shortest prefix of the values sorted descending (stable: ties in
+        # first-touched order) holding energy * l1. As the values are 16-bit integers the prefix is
+        # found without sorting: v* = the largest value whose entries >= v* hold the target (a
+        # two-pass histogram, high byte then low byte); every entry > v* is kept, then the first
+        # entries equal to v* until the mass reaches the target.
         target = energy * l1
-        tau = vmax * 0.5
-        while True:
-            mass = 0.0
-            for i in range(m):
-                if vals[i] >= tau:
-                    mass += vals[i]
-            if mass >= target or tau <= 0.0:
+        cum = 0
+        hb = -1
+        for b in range(255, -1, -1):
+            if float(cum + hist_hi[b]) >= target:
+                hb = b
                 break
-            tau = tau * 0.5 if tau > 1.0 else 0.0
-        cand = np.empty(m, dtype=np.int64)
-        nc2 = 0
-        for i in range(m):
-            if vals[i] >= tau:
-                cand[nc2] = i
-                nc2 += 1
-        cand = cand[:nc2]
-        ordv = cand[np.argsort(-vals[cand], kind="mergesort")]
+            cum += hist_hi[b]
+        keys = np.empty(m, dtype=np.int64)
         keep = 0
-        mass = 0.0
-        while keep < nc2 and (keep == 0 or mass < target):
-            mass += vals[ordv[keep]]
-            keep += 1
-        kept = ordv[:keep]
-        kord = np.argsort(terms_arr[kept])
+        if hb < 0:  # target above the whole mass (energy > 1): everything is kept
+            for i in range(m):
+                keys[keep] = (terms_arr[i] << 16) | ivals[i]
+                keep += 1
+        else:
+            hist_lo[:] = 0
+            for i in range(m):
+                if (ivals[i] >> 8) == hb:
+                    hist_lo[ivals[i] & 255] += ivals[i]
+            vstar = 0
+            for b in range(255, -1, -1):
+                if float(cum + hist_lo[b]) >= target:
+                    vstar = (hb << 8) | b
+                    break
+                cum += hist_lo[b]
+            mass = float(cum)  # mass of the entries > v*, below the target
+            for i in range(m):
+                iv = ivals[i]
+                if iv > vstar:
+                    keys[keep] = (terms_arr[i] << 16) | iv
+                    keep += 1
+                elif iv == vstar and mass < target:
+                    keys[keep] = (terms_arr[i] << 16) | iv
+                    keep += 1
+                    mass += float(iv)
+        # kept entries by term id (unique per block); already so when the block has one document
+        ks = keys[:keep]
+        for i in range(1, keep):
+            if ks[i] < ks[i - 1]:
+                ks = np.sort(ks)
+                break
         bscale = vmax / 255.0
         sum_scale_out[nb_out] = bscale
         for i in range(keep):
-            tt = terms_arr[kept[kord[i]]]
-            v = vals[kept[kord[i]]]
+            tt = ks[i] >> 16
+            v = np.float32(ks[i] & 0xFFFF)
             qv = np.ceil(v / bscale - 1e-6)
             if qv < 1.0:
                 qv = 1.0
@@ -445,6 +471,14 @@ def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
     entry_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
     dir_ = np.empty(n, dtype=np.uint64)
     entries = np.empty(n, dtype=np.uint32)
+    # a stable counting sort by component per term (entries keep block order): per-component
+    # counts in a dense array, only the term's distinct components sorted
+    n_comp = 1
+    for i in range(n):
+        if np.int64(sum_terms[i]) + 1 > n_comp:
+            n_comp = np.int64(sum_terms[i]) + 1
+    cnt = np.zeros(n_comp, dtype=np.int64)
+    comps = np.empty(n_comp, dtype=np.int64)
     nc = 0
     for t in range(n_terms):
         b0 = term_blocks[t]
@@ -452,21 +486,30 @@ def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
         lo = sum_offsets[b0]
         hi = sum_offsets[b1]
         if hi > lo:
-            seg = sum_terms[lo:hi]
-            order = np.argsort(seg, kind="mergesort")  # stable: block order kept per component
-            blk = np.empty(hi - lo, dtype=np.int64)
+            k = 0
+            for i in range(lo, hi):
+                c = np.int64(sum_terms[i])
+                if cnt[c] == 0:
+                    comps[k] = c
+                    k += 1
+                cnt[c] += 1
+            cs = np.sort(comps[:k])
+            r = 0
+            for j in range(k):
+                c = cs[j]
+                dir_[nc] = np.uint64((c << 32) | r)
+                nc += 1
+                n_c = cnt[c]
+                cnt[c] = r  # now the next free slot of c
+                r += n_c
             for b in range(b0, b1):
                 for i in range(sum_offsets[b], sum_offsets[b + 1]):
-                    blk[i - lo] = b - b0
-            prev = -1
-            for r in range(hi - lo):
-                i = order[r]
-                c = np.int64(seg[i])
-                if c != prev:
-                    dir_[nc] = np.uint64((c << 32) | r)
-                    nc += 1
-                    prev = c
-                entries[lo + r] = np.uint32((blk[i] << 8) | np.int64(sum_values[lo + i]))
+                    c = np.int64(sum_terms[i])
+                    r = cnt[c]
+                    entries[lo + r] = np.uint32(((b - b0) << 8) | np.int64(sum_values[i]))
+                    cnt[c] = r + 1
+            for j in range(k):
+                cnt[cs[j]] = 0
         comp_offsets[t + 1] = nc
         entry_offsets[t + 1] = hi
     return comp_offsets, dir_[:nc].copy(), entry_offsets, entries

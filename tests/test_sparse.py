@@ -835,3 +835,57 @@ def test_scipy_matrix_taken_at_its_value():
         csr_batch(neg, 100)
     with pytest.raises(QueryError, match="duplicate"):
         csr_batch([([5, 5], [1.0, 2.0])], 100)
+
+
+def _reference_summary(docs: list[int], fwd_offsets: np.ndarray, fwd_terms: np.ndarray, fwd_values: np.ndarray,
+                       energy: float) -> tuple[dict[int, int], float]:
+    """Pure-Python summary of one block: coordinate-wise max, shortest prefix of the values sorted
+    descending (ties in first-touched order: documents ascending, terms ascending) holding
+    ``energy`` of the L1 mass, uint8 with ceil rounding. Returns ({term: u8}, block scale)."""
+    mx: dict[int, float] = {}
+    for d in sorted(docs):
+        for p in range(int(fwd_offsets[d]), int(fwd_offsets[d + 1])):
+            t = int(fwd_terms[p])
+            mx[t] = max(mx.get(t, 0.0), float(fwd_values[p]))  # dict keeps first-touch order
+    items = sorted(mx.items(), key=lambda kv: -kv[1])  # stable
+    target = energy * sum(mx.values())
+    kept, mass = [], 0.0
+    for t, v in items:
+        if kept and mass >= target:
+            break
+        kept.append((t, v))
+        mass += v
+    bscale = float(np.float32(max(mx.values()))) / 255.0
+    return {t: int(min(255.0, max(1.0, np.ceil(v / bscale - 1e-6)))) for t, v in kept}, bscale
+
+
+@pytest.mark.parametrize("energy", [0.1, 0.4, 1.0])
+def test_block_summaries_match_reference(energy: float) -> None:
+    """Every block's summary (decoded from the inverted layout) equals the pure-Python rule; values
+    with many ties (a few distinct weights) exercise the first-touched tie order."""
+    rng = np.random.default_rng(7)
+    n, vocab = 120, 60
+    lens = rng.integers(1, 25, n)
+    indptr = np.zeros(n + 1, np.int64)
+    indptr[1:] = np.cumsum(lens)
+    terms = np.concatenate([np.sort(rng.choice(vocab, k, replace=False)) for k in lens]).astype(np.uint32)
+    weights = rng.choice(np.array([0.5, 1.0, 2.0, 3.0], np.float32), int(indptr[-1]))
+    scale = impact_scale(float(weights.max()))
+    ix = build_sparse_index(indptr, terms, weights, n_terms=vocab, scale=scale, n_postings=30, block_size=4,
+                            summary_energy=energy)
+    tb, bo = ix["term_blocks"].astype(np.int64), ix["block_docs_offsets"].astype(np.int64)
+    decoded: list[dict[int, int]] = [{} for _ in range(len(bo) - 1)]
+    co, eo = ix["summary_comp_offsets"].astype(np.int64), ix["summary_entry_offsets"].astype(np.int64)
+    for t in range(vocab):
+        dirs = ix["summary_dir"][co[t]:co[t + 1]].astype(np.int64)
+        ents = ix["summary_entries"][eo[t]:eo[t + 1]].astype(np.int64)
+        starts = list(dirs & 0xFFFFFFFF) + [len(ents)]
+        for k, c in enumerate(dirs >> 32):
+            for e in ents[starts[k]:starts[k + 1]]:
+                decoded[tb[t] + (e >> 8)][int(c)] = int(e & 255)
+    assert len(bo) - 1 > vocab  # several blocks per term
+    for b in range(len(bo) - 1):
+        docs = ix["block_docs"][bo[b]:bo[b + 1]].astype(np.int64).tolist()
+        want, bscale = _reference_summary(docs, ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], energy)
+        assert decoded[b] == want
+        assert ix["summary_scale"][b] == np.float32(float(np.float32(bscale)) * scale)
