@@ -217,10 +217,8 @@ class Engine:
 
         total = n_threads if n_threads > 0 else (os.cpu_count() or 1)
         if len(names) > 1 and total > 1 and CONCURRENT_LEGS:
-            # Legs side by side (every leg kernel releases the GIL): the legs are split into
-            # min(threads, legs) groups by their running cost estimates; the calling thread runs
-            # the first group, pooled workers the others; each leg's kernels (and FAISS's OpenMP
-            # team) get threads // groups threads, so the total stays n_threads.
+            # Legs side by side (every leg kernel releases the GIL); each leg's kernels (and FAISS's
+            # OpenMP team) get threads // min(threads, legs) threads, so the total stays n_threads.
             # Dynamic list scheduling: the legs in decreasing estimated cost (the order of
             # plan_legs with one group) form a queue; the calling thread and min(threads, legs) - 1
             # pooled workers each take the next leg when they finish their previous one. The costs
