@@ -123,6 +123,7 @@ class _VectorFeed:
         return np.asarray(rows, dtype=np.float32)
 
     def exhausted(self) -> bool:
+        """True when no record is left to read."""
         return len(self._pull(1)) == 0
 
 

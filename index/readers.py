@@ -225,6 +225,7 @@ def read_iterable(records: Iterable[Mapping[str, Any]]) -> Iterator[Document]:
 
 
 def find_beir_file(folder: Path, names: tuple[str, ...]) -> Path | None:
+    """The first of ``names`` that is a file in ``folder`` (BEIR layout), or None."""
     for n in names:
         p = folder / n
         if p.is_file():

@@ -118,6 +118,7 @@ class SparseBuilder:
 
     @property
     def scale(self) -> float:
+        """Corpus-wide impact scale (weight per uint16 impact unit) from the largest weight seen so far."""
         return impact_scale(self.max_weight)
 
     def stats(self) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class Retriever:
 
     @property
     def legs(self) -> tuple[str, ...]:
+        """Names of the legs this index holds (e.g. ``("bm25", "dense", "sparse")``)."""
         return self.reader.legs
 
     def info(self) -> dict[str, Any]:

@@ -55,6 +55,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``retriever`` argument parser (sub-commands index build / info / verify, search, eval, bench)."""
     ap = argparse.ArgumentParser(prog="retriever", description="Hybrid BM25 + dense + learned-sparse retrieval.")
     ap.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     sub = ap.add_subparsers(dest="command", required=True)
@@ -144,6 +145,7 @@ def _fusion(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
+    """``retriever index build``: :func:`index.pipeline.build_index` over a corpus file or BEIR folder; returns the exit status."""
     from index.matryoshka import check_dims
     from index.pipeline import build_index
 
@@ -167,6 +169,7 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    """``retriever index info``: print the index's manifest summary as JSON; returns the exit status."""
     from .shards import IndexReader
 
     print(json.dumps(IndexReader(args.dir).info(), indent=2))
@@ -174,6 +177,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """``retriever index verify``: open the index checking every file's checksum; returns the exit status."""
     from .shards import IndexReader
 
     r = IndexReader(args.dir, verify=True)
@@ -187,6 +191,7 @@ def _hit_dict(h) -> dict[str, Any]:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
+    """``retriever search``: top-k hits of one query string, as a table or (``--json``) one JSON object; returns the exit status."""
     from .api import Retriever
 
     r = Retriever.open(args.dir, n_threads=args.threads)
@@ -206,6 +211,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    """``retriever eval``: search every query of a file and report trec_eval measures (pytrec_eval) against qrels; returns the exit status."""
     from index.readers import read_qrels, read_queries
 
     from .api import Retriever
@@ -256,6 +262,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    """``retriever bench``: QPS, latency percentiles (ms), recall against exact search, RSS and index size (see :mod:`retriever.bench`); returns the exit status."""
     from index.readers import read_queries
 
     from .api import Retriever
@@ -294,6 +301,7 @@ COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point: parse ``argv`` (default ``sys.argv[1:]``), run the sub-command; returns the exit status (a library error or OSError prints one ``error:`` line and returns 1; Ctrl-C returns 130)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")

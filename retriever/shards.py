@@ -72,6 +72,7 @@ class IndexReader:
 
     @property
     def legs(self) -> tuple[str, ...]:
+        """Names of the legs the manifest lists."""
         return self.config.legs
 
     def doc_ids(self) -> np.ndarray:
@@ -105,6 +106,7 @@ class IndexReader:
         return out
 
     def shard_arrays(self, shard: Shard, name: str, expected: dict[str, Any]) -> dict[str, np.ndarray]:
+        """Arrays of one Arrow file of ``shard`` (zero-copy read-only views, see :func:`index.format.read_arrays`), checked against ``expected`` (column name -> dtype); raises IndexFormatError naming the file and column."""
         return read_arrays(shard.dir / name, expected)
 
     def info(self) -> dict[str, Any]:

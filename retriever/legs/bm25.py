@@ -401,4 +401,5 @@ def _fmt_error(path, msg):
 
 
 def default_threads() -> int:
+    """Default worker threads for batches: the machine's CPU count (1 when unknown)."""
     return os.cpu_count() or 1

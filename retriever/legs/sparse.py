@@ -259,6 +259,7 @@ class SparseLeg:
 
     @property
     def encoder(self):
+        """The query encoder (:class:`index.encoders.sparse.SparseEncoder`), loaded on first use."""
         if self._encoder is None:
             from index.encoders.sparse import SparseEncoder
 
