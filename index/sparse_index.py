@@ -177,288 +177,428 @@ def invert(indptr: np.ndarray, terms: np.ndarray, values: np.ndarray, n_terms: i
     return {"offsets": offsets, "doc_ids": doc_ids, "impacts": impacts}
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _lcg(state):
     return (state * 1103515245 + 12345) % 2147483648
 
 
-@nb.njit(cache=True)
-def _blocks_for_term(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values,
-                     block_size, energy,
-                     dense, acc, cstart, ccount, centroid_of, blk_docs_out, sum_terms_out,
-                     sum_vals_out, sum_scale_out, blk_sizes_out, sum_sizes_out, seed):
-    """Blocks of one term's (pruned) list; returns the number of blocks written."""
+@nb.njit(cache=True, nogil=True)
+def _assign_to_centroids(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values, nc,
+                         seed, acc, cstart, ccount, touched, pos, assign):
+    """One round of "random k-means" over a term's list: ``nc`` >= 2 random distinct documents of
+    ``docs`` (int64 (n,)) are the centroids, each document joins the centroid with the largest
+    inner product between the centroid's vector and the document's ``doc_cut`` largest entries
+    (ties: the smaller centroid). Writes ``assign[:n]`` (centroid per document, int64).
+
+    Scratch (left as found): ``acc`` float32 (>= nc,) zero; ``cstart``/``ccount`` int64
+    (n_terms_total,), ``ccount`` zero; ``touched`` int64 (n_terms_total,); ``pos`` int64 (>= n,)."""
     n = docs.shape[0]
-    nc = (n + block_size - 1) // block_size
-    hist_hi = np.empty(256, dtype=np.int64)
-    hist_lo = np.empty(256, dtype=np.int64)
-    if nc <= 1:
-        assign = np.zeros(n, dtype=np.int64)
-        nc = 1
-    else:
-        # random distinct centroids (partial Fisher-Yates over positions, seeded by term id)
-        pos = np.arange(n)
-        state = (np.int64(seed) * 7919 + np.int64(t) * 104729 + 1) % 2147483648
-        for i in range(nc):
-            state = _lcg(_lcg(state))
-            j = i + (state >> 4) % (n - i)
-            tmp = pos[i]
-            pos[i] = pos[j]
-            pos[j] = tmp
-        # mini inverted index over the centroids: term -> list of (centroid, value)
-        touched = []
-        for c in range(nc):
-            d = docs[pos[c]]
-            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
-                tt = fwd_terms[p]
-                if ccount[tt] == 0:
-                    touched.append(tt)
-                ccount[tt] += 1
-        total = 0
-        for tt in touched:
-            cstart[tt] = total
-            total += ccount[tt]
-            ccount[tt] = 0
-        c_ids = np.empty(total, dtype=np.int64)
-        c_vals = np.empty(total, dtype=np.float32)
-        for c in range(nc):
-            d = docs[pos[c]]
-            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
-                tt = fwd_terms[p]
-                j = cstart[tt] + ccount[tt]
-                c_ids[j] = c
-                c_vals[j] = np.float32(fwd_values[p])
-                ccount[tt] += 1
-        # assignment by the inner product of the document's doc_cut largest entries (Seismic's
-        # "RandomKmeansInvertedIndexApprox") with each centroid; only touched centroids scanned
-        assign = np.empty(n, dtype=np.int64)
-        tc = np.empty(nc, dtype=np.int64)
+    # random distinct centroids (partial Fisher-Yates over positions, seeded by term id)
+    for i in range(n):
+        pos[i] = i
+    state = (np.int64(seed) * 7919 + np.int64(t) * 104729 + 1) % 2147483648
+    for i in range(nc):
+        state = _lcg(_lcg(state))
+        j = i + (state >> 4) % (n - i)
+        tmp = pos[i]
+        pos[i] = pos[j]
+        pos[j] = tmp
+    # mini inverted index over the centroids: term -> list of (centroid, value)
+    nt = 0
+    for c in range(nc):
+        d = docs[pos[c]]
+        for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+            tt = fwd_terms[p]
+            touched[nt] = tt
+            nt += ccount[tt] == 0
+            ccount[tt] += 1
+    total = 0
+    for k in range(nt):
+        tt = touched[k]
+        cstart[tt] = total
+        total += ccount[tt]
+        ccount[tt] = 0
+    c_ids = np.empty(total, dtype=np.int64)
+    c_vals = np.empty(total, dtype=np.float32)
+    for c in range(nc):
+        d = docs[pos[c]]
+        for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+            tt = fwd_terms[p]
+            j = cstart[tt] + ccount[tt]
+            c_ids[j] = c
+            c_vals[j] = np.float32(fwd_values[p])
+            ccount[tt] += 1
+    # assignment by the inner product of the document's doc_cut largest entries (Seismic's
+    # "RandomKmeansInvertedIndexApprox") with each centroid; only touched centroids scanned
+    # (float32 sums in the order: cut entries by value, centroids by index)
+    tc = pos  # positions are no longer needed: reused for the touched centroids
+    for i in range(n):
+        d = docs[i]
+        ntc = 0
+        for p in range(cut_offsets[d], cut_offsets[d + 1]):
+            tt = cut_terms[p]
+            cnt = ccount[tt]
+            if cnt == 0:
+                continue
+            v = cut_values[p]
+            s0 = cstart[tt]
+            for j in range(s0, s0 + cnt):
+                c = c_ids[j]
+                if acc[c] == 0.0:
+                    tc[ntc] = c
+                    ntc += 1
+                acc[c] += v * c_vals[j]
+        best = 0
+        bv = 0.0
+        for j in range(ntc):
+            c = tc[j]
+            a = acc[c]
+            if a > bv or (a == bv and c < best):
+                bv = a
+                best = c
+            acc[c] = 0.0
+        assign[i] = best
+    for k in range(nt):
+        ccount[touched[k]] = 0
+
+
+@nb.njit(cache=True, nogil=True)
+def _sort_keys(keys, n, tmp, key_bits):
+    """Sort ``keys[:n]`` (int64 >= 0, distinct, below ``2**key_bits``) ascending in place: LSD
+    radix sort on bytes from bit 16 up (the low 16 bits are a value, the rest a distinct term id);
+    ``tmp`` int64 (>= n,) scratch. Already-sorted input (one-document blocks) returns at once."""
+    unsorted = False
+    for i in range(1, n):
+        if keys[i] < keys[i - 1]:
+            unsorted = True
+            break
+    if not unsorted:
+        return
+    if n <= 16:
+        for i in range(1, n):
+            k = keys[i]
+            j = i - 1
+            while j >= 0 and keys[j] > k:
+                keys[j + 1] = keys[j]
+                j -= 1
+            keys[j + 1] = k
+        return
+    cnt = np.empty(256, dtype=np.int64)
+    shift = 16
+    in_tmp = False
+    while shift < key_bits:
+        src = tmp if in_tmp else keys
+        dst = keys if in_tmp else tmp
+        cnt[:] = 0
         for i in range(n):
-            d = docs[i]
-            ntc = 0
-            for p in range(cut_offsets[d], cut_offsets[d + 1]):
-                tt = cut_terms[p]
-                cnt = ccount[tt]
-                if cnt == 0:
-                    continue
-                v = cut_values[p]
-                s0 = cstart[tt]
-                for j in range(s0, s0 + cnt):
-                    c = c_ids[j]
-                    if acc[c] == 0.0:
-                        tc[ntc] = c
-                        ntc += 1
-                    acc[c] += v * c_vals[j]
-            best = 0
-            bv = 0.0
-            for j in range(ntc):
-                c = tc[j]
-                a = acc[c]
-                if a > bv or (a == bv and c < best):
-                    bv = a
-                    best = c
-                acc[c] = 0.0
-            assign[i] = best
-        for tt in touched:
-            ccount[tt] = 0
-    # group documents by block; empty clusters are dropped
-    counts = np.zeros(nc + 1, dtype=np.int64)
-    for i in range(n):
-        counts[assign[i] + 1] += 1
-    for c in range(nc):
-        counts[c + 1] += counts[c]
-    order = np.empty(n, dtype=np.int64)
-    fill = counts[:-1].copy()
-    for i in range(n):
-        order[fill[assign[i]]] = i
-        fill[assign[i]] += 1
-    nb_out = 0
-    n_docs_w = 0
-    n_sum_w = 0
-    for c in range(nc):
-        lo = counts[c]
-        hi = counts[c + 1]
-        if hi == lo:
-            continue
-        # block documents ascending (memory order of the forward index)
-        bd = np.sort(docs[order[lo:hi]])
-        for i in range(bd.shape[0]):
-            blk_docs_out[n_docs_w + i] = bd[i]
-        n_docs_w += bd.shape[0]
-        blk_sizes_out[nb_out] = bd.shape[0]
-        # summary: coordinate-wise max
-        tot = 0
-        for d in bd:
-            tot += fwd_offsets[d + 1] - fwd_offsets[d]
-        touched2 = np.empty(tot, dtype=np.int64)
-        m = 0
-        for d in bd:
-            for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
-                tt = fwd_terms[p]
-                v = np.float32(fwd_values[p])
-                if dense[tt] == 0.0:
-                    touched2[m] = tt
-                    m += 1
-                if v > dense[tt]:
-                    dense[tt] = v
-        terms_arr = touched2[:m]
-        # values are uint16 impacts (exact integers in float32 and in every partial sum)
-        ivals = np.empty(m, dtype=np.int64)
-        l1 = 0.0
-        vmax = np.float32(0.0)
-        hist_hi[:] = 0
+            cnt[(src[i] >> shift) & 255] += 1
+        s = 0
+        for b in range(256):
+            c = cnt[b]
+            cnt[b] = s
+            s += c
+        for i in range(n):
+            b = (src[i] >> shift) & 255
+            dst[cnt[b]] = src[i]
+            cnt[b] += 1
+        in_tmp = not in_tmp
+        shift += 8
+    if in_tmp:
+        for i in range(n):
+            keys[i] = tmp[i]
+
+
+@nb.njit(cache=True, nogil=True)
+def _block_summary(bd, fwd_offsets, fwd_terms, fwd_values, energy, dense, touched, ivals, keys, tmp, hist_hi,
+                   hist_lo, key_bits, sum_terms_out, sum_vals_out, out_at):
+    """Summary of one block (documents ``bd`` int64, ascending): coordinate-wise max, the shortest
+    prefix of its values sorted descending (stable: ties in first-touched order, i.e. documents
+    ascending, then terms ascending) holding ``energy`` of the L1 mass, kept entries by term id,
+    values as uint8 with ``ceil(v / block_scale - 1e-6)`` clipped to [1, 255], block_scale =
+    max / 255. Writes ``sum_terms_out``/``sum_vals_out`` from ``out_at``; returns (entries, block_scale).
+
+    Scratch: ``dense`` uint16 (n_terms_total,) zero (left zero); ``touched``, ``ivals``, ``keys``,
+    ``tmp`` int64 (n_terms_total,); ``hist_hi``, ``hist_lo`` int64 (256,)."""
+    # coordinate-wise max; the touched terms in first-touched order (branch-free: values are >= 1,
+    # so a zero marks a term not yet seen in this block)
+    m = 0
+    for d in bd:
+        for p in range(fwd_offsets[d], fwd_offsets[d + 1]):
+            tt = fwd_terms[p]
+            v = fwd_values[p]
+            old = dense[tt]
+            touched[m] = tt
+            m += old == 0
+            dense[tt] = max(old, v)
+    # values are uint16 impacts: L1 mass and maximum as exact integers
+    l1i = 0
+    vmax_i = 0
+    hist_hi[:] = 0
+    for i in range(m):
+        tt = touched[i]
+        iv = np.int64(dense[tt])
+        ivals[i] = iv
+        hist_hi[iv >> 8] += iv
+        l1i += iv
+        vmax_i = max(vmax_i, iv)
+        dense[tt] = 0
+    l1 = float(l1i)
+    # kept entries: the shortest prefix of the values sorted descending (stable) holding
+    # energy * l1. As the values are 16-bit integers the prefix is found without sorting: v* = the
+    # largest value whose entries >= v* hold the target (a two-pass histogram, high byte then low
+    # byte); every entry > v* is kept, then the first entries equal to v* (first-touched order)
+    # until the mass reaches the target.
+    target = energy * l1
+    cum = 0
+    hb = -1
+    for b in range(255, -1, -1):
+        if float(cum + hist_hi[b]) >= target:
+            hb = b
+            break
+        cum += hist_hi[b]
+    keep = 0
+    if hb < 0:  # target above the whole mass (energy > 1): everything is kept
         for i in range(m):
-            v = dense[terms_arr[i]]
-            iv = np.int64(v)
-            ivals[i] = iv
-            hist_hi[iv >> 8] += iv
-            l1 += v
-            vmax = max(vmax, v)
-            dense[terms_arr[i]] = 0.0
-        # kept entries: the shortest prefix of the values sorted descending (stable: ties in
-        # first-touched order) holding energy * l1. As the values are 16-bit integers the prefix is
-        # found without sorting: v* = the largest value whose entries >= v* hold the target (a
-        # two-pass histogram, high byte then low byte); every entry > v* is kept, then the first
-        # entries equal to v* until the mass reaches the target.
-        target = energy * l1
-        cum = 0
-        hb = -1
+            keys[i] = (touched[i] << 16) | ivals[i]
+        keep = m
+    else:
+        hist_lo[:] = 0
+        for i in range(m):
+            iv = ivals[i]
+            hist_lo[iv & 255] += iv if (iv >> 8) == hb else 0
+        vstar = 0
         for b in range(255, -1, -1):
-            if float(cum + hist_hi[b]) >= target:
-                hb = b
+            if float(cum + hist_lo[b]) >= target:
+                vstar = (hb << 8) | b
                 break
-            cum += hist_hi[b]
-        keys = np.empty(m, dtype=np.int64)
-        keep = 0
-        if hb < 0:  # target above the whole mass (energy > 1): everything is kept
+            cum += hist_lo[b]
+        for i in range(m):
+            iv = ivals[i]
+            keys[keep] = (touched[i] << 16) | iv
+            keep += iv > vstar
+        mass = float(cum)  # mass of the entries > v*, below the target
+        if mass < target:
             for i in range(m):
-                keys[keep] = (terms_arr[i] << 16) | ivals[i]
-                keep += 1
-        else:
-            hist_lo[:] = 0
-            for i in range(m):
-                if (ivals[i] >> 8) == hb:
-                    hist_lo[ivals[i] & 255] += ivals[i]
-            vstar = 0
-            for b in range(255, -1, -1):
-                if float(cum + hist_lo[b]) >= target:
-                    vstar = (hb << 8) | b
-                    break
-                cum += hist_lo[b]
-            mass = float(cum)  # mass of the entries > v*, below the target
-            for i in range(m):
-                iv = ivals[i]
-                if iv > vstar:
-                    keys[keep] = (terms_arr[i] << 16) | iv
+                if ivals[i] == vstar:
+                    keys[keep] = (touched[i] << 16) | vstar
                     keep += 1
-                elif iv == vstar and mass < target:
-                    keys[keep] = (terms_arr[i] << 16) | iv
-                    keep += 1
-                    mass += float(iv)
-        # kept entries by term id (unique per block); already so when the block has one document
-        ks = keys[:keep]
-        for i in range(1, keep):
-            if ks[i] < ks[i - 1]:
-                ks = np.sort(ks)
-                break
-        bscale = vmax / 255.0
-        sum_scale_out[nb_out] = bscale
-        for i in range(keep):
-            tt = ks[i] >> 16
-            v = np.float32(ks[i] & 0xFFFF)
-            qv = np.ceil(v / bscale - 1e-6)
-            if qv < 1.0:
-                qv = 1.0
-            if qv > 255.0:
-                qv = 255.0
-            sum_terms_out[n_sum_w + i] = tt
-            sum_vals_out[n_sum_w + i] = np.uint8(qv)
-        n_sum_w += keep
-        sum_sizes_out[nb_out] = keep
-        nb_out += 1
-    return nb_out, n_docs_w, n_sum_w
+                    mass += float(vstar)
+                    if mass >= target:
+                        break
+    # kept entries by term id (unique per block)
+    _sort_keys(keys, keep, tmp, key_bits)
+    vmax = np.float32(vmax_i)
+    bscale = vmax / 255.0
+    for i in range(keep):
+        v = np.float32(keys[i] & 0xFFFF)
+        qv = np.ceil(v / bscale - 1e-6)
+        if qv < 1.0:
+            qv = 1.0
+        if qv > 255.0:
+            qv = 255.0
+        sum_terms_out[out_at + i] = keys[i] >> 16
+        sum_vals_out[out_at + i] = np.uint8(qv)
+    return keep, bscale
 
 
-@nb.njit(cache=True)
+@nb.njit(cache=True, nogil=True)
 def _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut):
-    """Each document's ``doc_cut`` largest entries (ties: smaller term first), for clustering."""
+    """Each document's ``doc_cut`` largest entries (ties: smaller term first), for clustering:
+    ``(offsets int64 (n_docs+1,), terms int64, values float32)``."""
     n = fwd_offsets.shape[0] - 1
     off = np.zeros(n + 1, dtype=np.int64)
     for d in range(n):
         off[d + 1] = off[d] + min(doc_cut, fwd_offsets[d + 1] - fwd_offsets[d])
     terms = np.empty(off[n], dtype=np.int64)
     vals = np.empty(off[n], dtype=np.float32)
+    # per document, the smallest keys (65535 - value) << 32 | position by insertion into a sorted
+    # buffer of doc_cut keys (most entries fail the first comparison)
+    best = np.empty(max(doc_cut, 1), dtype=np.int64)
     for d in range(n):
         lo = fwd_offsets[d]
         hi = fwd_offsets[d + 1]
-        o = np.argsort(-fwd_values[lo:hi].astype(np.int64), kind="mergesort")
-        for i in range(off[d + 1] - off[d]):
-            terms[off[d] + i] = fwd_terms[lo + o[i]]
-            vals[off[d] + i] = np.float32(fwd_values[lo + o[i]])
+        k = off[d + 1] - off[d]
+        nb_ = 0
+        for p in range(lo, hi):
+            key = ((65535 - np.int64(fwd_values[p])) << 32) | (p - lo)
+            if nb_ == k:
+                if key >= best[k - 1]:
+                    continue
+                j = k - 1
+            else:
+                j = nb_
+                nb_ += 1
+            while j > 0 and best[j - 1] > key:
+                best[j] = best[j - 1]
+                j -= 1
+            best[j] = key
+        for i in range(k):
+            q = lo + (best[i] & 0xFFFFFFFF)
+            terms[off[d] + i] = fwd_terms[q]
+            vals[off[d] + i] = np.float32(fwd_values[q])
     return off, terms, vals
 
 
-@nb.njit(cache=True)
-def _build_blocks(post_offsets, post_docs, post_imps, fwd_offsets, fwd_terms, fwd_values, n_postings,
-                  block_size, energy, seed, n_terms_total, doc_cut):
-    n_terms = post_offsets.shape[0] - 1
-    cut_offsets, cut_terms, cut_values = _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut)
+@nb.njit(cache=True, nogil=True)
+def _build_blocks_range(t0, t1, post_offsets, post_docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets,
+                        cut_terms, cut_values, n_postings, block_size, energy, seed, n_terms_total):
+    """Blocks and summaries of terms ``[t0, t1)`` (see :func:`_build_blocks`): returns
+    ``(blocks per term int64 (t1-t0,), block_docs uint32, block_sizes int64, summary_terms uint32,
+    summary_values uint8, summary_sizes int64, summary_scale float32)``, blocks in term order."""
     cap_docs = 0
-    for t in range(n_terms):
+    max_kept = 0
+    for t in range(t0, t1):
         ln = post_offsets[t + 1] - post_offsets[t]
-        cap_docs += ln if (n_postings <= 0 or ln < n_postings) else n_postings
-    term_blocks = np.zeros(n_terms + 1, dtype=np.uint64)
+        kept = ln if (n_postings <= 0 or ln < n_postings) else n_postings
+        cap_docs += kept
+        max_kept = max(max_kept, kept)
+    n_blocks = np.zeros(t1 - t0, dtype=np.int64)
     blk_docs = np.empty(cap_docs, dtype=np.uint32)
     blk_sizes = np.empty(cap_docs, dtype=np.int64)
     sum_sizes = np.empty(cap_docs, dtype=np.int64)
     sum_scale = np.empty(cap_docs, dtype=np.float32)
-    # summaries: at most sum of block nnz; grow geometrically
     sum_terms = np.empty(max(1024, cap_docs * 8), dtype=np.uint32)
     sum_vals = np.empty(max(1024, cap_docs * 8), dtype=np.uint8)
-    dense = np.zeros(n_terms_total, dtype=np.float32)
-    cstart = np.zeros(n_terms_total, dtype=np.int64)
-    ccount = np.zeros(n_terms_total, dtype=np.int64)
-    acc = np.zeros(max(1, (cap_docs + block_size - 1) // block_size + 1), dtype=np.float32)
-    centroid_of = np.zeros(1, dtype=np.int64)
+    # scratch
+    nt_all = max(n_terms_total, 1)
+    key_bits = 16
+    while (np.int64(1) << (key_bits - 16)) < nt_all:
+        key_bits += 8
+    dense = np.zeros(nt_all, dtype=np.uint16)
+    cstart = np.zeros(nt_all, dtype=np.int64)
+    ccount = np.zeros(nt_all, dtype=np.int64)
+    touched = np.empty(nt_all, dtype=np.int64)
+    ivals = np.empty(nt_all, dtype=np.int64)
+    keys = np.empty(nt_all, dtype=np.int64)
+    tmp = np.empty(nt_all, dtype=np.int64)
+    hist_hi = np.empty(256, dtype=np.int64)
+    hist_lo = np.empty(256, dtype=np.int64)
+    acc = np.zeros((max_kept + block_size - 1) // block_size + 1, dtype=np.float32)
+    docs = np.empty(max_kept, dtype=np.int64)
+    pos = np.empty(max_kept, dtype=np.int64)
+    assign = np.empty(max_kept, dtype=np.int64)
+    order = np.empty(max_kept, dtype=np.int64)
+    counts = np.empty(max_kept + 2, dtype=np.int64)
+    bd = np.empty(max_kept, dtype=np.int64)
     nb_total = 0
     nd_total = 0
     ns_total = 0
-    for t in range(n_terms):
+    for t in range(t0, t1):
         lo = post_offsets[t]
         hi = post_offsets[t + 1]
-        ln = hi - lo
-        if ln == 0:
-            term_blocks[t + 1] = nb_total
+        n = hi - lo
+        if n == 0:
             continue
         # lists are impact-ordered: the first n_postings are the kept ones
-        if n_postings > 0 and ln > n_postings:
-            docs = np.sort(post_docs[lo:lo + n_postings]).astype(np.int64)
-        else:
-            docs = np.sort(post_docs[lo:hi]).astype(np.int64)
-        need_sum = ns_total + docs.shape[0] * 1 + 4096
-        # worst case summary size: union of docs' terms; bound by total nnz of docs
+        if n_postings > 0 and n > n_postings:
+            n = n_postings
+        for i in range(n):
+            docs[i] = post_docs[lo + i]
+        docs[:n].sort()
+        dl = docs[:n]
+        # worst-case summary size of the term: the total nnz of its documents
         tot = 0
-        for d in docs:
-            tot += fwd_offsets[d + 1] - fwd_offsets[d]
-        need_sum = ns_total + tot
-        if need_sum > sum_terms.shape[0]:
-            new_cap = max(need_sum, sum_terms.shape[0] * 2)
+        for i in range(n):
+            tot += fwd_offsets[dl[i] + 1] - fwd_offsets[dl[i]]
+        if ns_total + tot > sum_terms.shape[0]:
+            new_cap = max(ns_total + tot, sum_terms.shape[0] * 2)
             st = np.empty(new_cap, dtype=np.uint32)
             sv = np.empty(new_cap, dtype=np.uint8)
             st[:ns_total] = sum_terms[:ns_total]
             sv[:ns_total] = sum_vals[:ns_total]
             sum_terms = st
             sum_vals = sv
-        nbk, ndw, nsw = _blocks_for_term(
-            t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values, block_size, energy, dense, acc, cstart, ccount,
-            centroid_of, blk_docs[nd_total:], sum_terms[ns_total:], sum_vals[ns_total:],
-            sum_scale[nb_total:], blk_sizes[nb_total:], sum_sizes[nb_total:], seed)
-        nb_total += nbk
-        nd_total += ndw
-        ns_total += nsw
-        term_blocks[t + 1] = nb_total
-    return (term_blocks, blk_docs[:nd_total], blk_sizes[:nb_total], sum_terms[:ns_total],
-            sum_vals[:ns_total], sum_sizes[:nb_total], sum_scale[:nb_total])
+        nc = (n + block_size - 1) // block_size
+        if nc <= 1:
+            nc = 1
+            assign[:n] = 0
+        else:
+            _assign_to_centroids(t, dl, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values,
+                                 nc, seed, acc, cstart, ccount, touched, pos, assign)
+        # group documents by block (a stable counting sort: each block's documents stay
+        # ascending); empty clusters are dropped
+        counts[:nc + 1] = 0
+        for i in range(n):
+            counts[assign[i] + 1] += 1
+        for c in range(nc):
+            counts[c + 1] += counts[c]
+        for i in range(n):
+            a = assign[i]
+            order[counts[a]] = i
+            counts[a] += 1
+        start = 0
+        nbk = 0
+        for c in range(nc):
+            end = counts[c]
+            if end == start:
+                continue
+            k = end - start
+            for i in range(k):
+                d = dl[order[start + i]]
+                bd[i] = d
+                blk_docs[nd_total + i] = d
+            nd_total += k
+            blk_sizes[nb_total] = k
+            keep, bscale = _block_summary(bd[:k], fwd_offsets, fwd_terms, fwd_values, energy, dense, touched,
+                                          ivals, keys, tmp, hist_hi, hist_lo, key_bits, sum_terms, sum_vals,
+                                          ns_total)
+            sum_scale[nb_total] = bscale
+            sum_sizes[nb_total] = keep
+            ns_total += keep
+            nb_total += 1
+            nbk += 1
+            start = end
+        n_blocks[t - t0] = nbk
+    return (n_blocks, blk_docs[:nd_total], blk_sizes[:nb_total], sum_terms[:ns_total], sum_vals[:ns_total],
+            sum_sizes[:nb_total], sum_scale[:nb_total])
+
+
+def _build_blocks(post_offsets: np.ndarray, post_docs: np.ndarray, post_imps: np.ndarray, fwd_offsets: np.ndarray,
+                  fwd_terms: np.ndarray, fwd_values: np.ndarray, n_postings: int, block_size: int, energy: float,
+                  seed: int, n_terms_total: int, doc_cut: int, n_threads: int = 1) -> tuple[np.ndarray, ...]:
+    """Seismic blocks and (not yet inverted) summaries of every term.
+
+    Args:
+        post_offsets int64 (n_terms+1,), post_docs uint32 (impact-ordered lists; ``post_imps`` is
+        unused), fwd_offsets int64 (n_docs+1,), fwd_terms uint32, fwd_values uint16 (>= 1): the
+        postings and the forward index; n_postings: kept postings per term (<= 0: all);
+        block_size >= 1; energy: the summary's L1 fraction; seed: clustering seed;
+        n_terms_total: vocabulary size; doc_cut: entries per document used to assign it;
+        n_threads: threads over contiguous term ranges (the result does not depend on it).
+
+    Returns:
+        ``(term_blocks uint64 (n_terms+1,), block_docs uint32, block_sizes int64 (n_blocks,),
+        summary_terms uint32, summary_values uint8, summary_sizes int64 (n_blocks,),
+        summary_scale float32 (n_blocks,))`` (scale in impact units).
+    """
+    n_terms = post_offsets.shape[0] - 1
+    cut_offsets, cut_terms, cut_values = _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut)
+    lens = np.diff(post_offsets)
+    kept = np.minimum(lens, n_postings) if n_postings > 0 else lens
+    n_threads = max(1, int(n_threads))
+    if n_threads == 1 or n_terms < 2:
+        bounds = [0, n_terms]
+    else:
+        # contiguous term ranges of about equal work (each kept posting costs its document's
+        # non-zeros in the summaries), several per thread so that uneven ranges even out
+        n_chunks = min(n_terms, 8 * n_threads)
+        work = np.cumsum(kept.astype(np.float64) * (1.0 + kept / (8.0 * block_size)))
+        cuts = np.searchsorted(work, work[-1] * np.arange(1, n_chunks) / n_chunks, side="right") if len(work) else []
+        bounds = sorted({0, n_terms, *(int(c) for c in cuts)})
+    args = (post_offsets, post_docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values,
+            int(n_postings), int(block_size), float(energy), int(seed), int(n_terms_total))
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+    if len(ranges) == 1:
+        parts = [_build_blocks_range(ranges[0][0], ranges[0][1], *args)]
+    else:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(n_threads, len(ranges)), thread_name_prefix="sparse-blocks") as pool:
+            parts = list(pool.map(lambda r: _build_blocks_range(r[0], r[1], *args), ranges))
+    term_blocks = np.zeros(n_terms + 1, dtype=np.uint64)
+    np.cumsum(np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64), out=term_blocks[1:])
+    cat = [np.concatenate([p[i] for p in parts]) for i in range(1, 7)]
+    return (term_blocks, *cat)
 
 
 @nb.njit(cache=True)
