@@ -29,6 +29,7 @@ the packed copy gives the same float32 scores.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numba as nb
@@ -263,10 +264,11 @@ def _assign_to_centroids(t, docs, fwd_offsets, fwd_terms, fwd_values, cut_offset
 
 
 @nb.njit(cache=True, nogil=True)
-def _sort_keys(keys, n, tmp, key_bits):
-    """Sort ``keys[:n]`` (int64 >= 0, distinct, below ``2**key_bits``) ascending in place: LSD
-    radix sort on bytes from bit 16 up (the low 16 bits are a value, the rest a distinct term id);
-    ``tmp`` int64 (>= n,) scratch. Already-sorted input (one-document blocks) returns at once."""
+def _sort_keys(keys, n, tmp, shift0, key_bits):
+    """Sort ``keys[:n]`` (int64 >= 0, below ``2**key_bits``, distinct in their bits from ``shift0``
+    up) ascending in place: LSD radix sort on bytes from bit ``shift0`` up (summary keys: the low 16
+    bits are a value, the rest a distinct term id); ``tmp`` int64 (>= n,) scratch. Already-sorted
+    input (one-document blocks) returns at once, 16 keys or fewer are insertion-sorted."""
     unsorted = False
     for i in range(1, n):
         if keys[i] < keys[i - 1]:
@@ -284,7 +286,7 @@ def _sort_keys(keys, n, tmp, key_bits):
             keys[j + 1] = k
         return
     cnt = np.empty(256, dtype=np.int64)
-    shift = 16
+    shift = shift0
     in_tmp = False
     while shift < key_bits:
         src = tmp if in_tmp else keys
@@ -386,7 +388,7 @@ def _block_summary(bd, fwd_offsets, fwd_terms, fwd_values, energy, dense, touche
                     if mass >= target:
                         break
     # kept entries by term id (unique per block)
-    _sort_keys(keys, keep, tmp, key_bits)
+    _sort_keys(keys, keep, tmp, 16, key_bits)
     vmax = np.float32(vmax_i)
     bscale = vmax / 255.0
     for i in range(keep):
@@ -555,7 +557,8 @@ def _build_blocks_range(t0, t1, post_offsets, post_docs, fwd_offsets, fwd_terms,
 
 def _build_blocks(post_offsets: np.ndarray, post_docs: np.ndarray, post_imps: np.ndarray, fwd_offsets: np.ndarray,
                   fwd_terms: np.ndarray, fwd_values: np.ndarray, n_postings: int, block_size: int, energy: float,
-                  seed: int, n_terms_total: int, doc_cut: int, n_threads: int = 1) -> tuple[np.ndarray, ...]:
+                  seed: int, n_terms_total: int, doc_cut: int, n_threads: int | None = 1
+                  ) -> tuple[np.ndarray, ...]:
     """Seismic blocks and (not yet inverted) summaries of every term.
 
     Args:
@@ -564,7 +567,8 @@ def _build_blocks(post_offsets: np.ndarray, post_docs: np.ndarray, post_imps: np
         postings and the forward index; n_postings: kept postings per term (<= 0: all);
         block_size >= 1; energy: the summary's L1 fraction; seed: clustering seed;
         n_terms_total: vocabulary size; doc_cut: entries per document used to assign it;
-        n_threads: threads over contiguous term ranges (the result does not depend on it).
+        n_threads: threads over contiguous term ranges (None: all cores); the result does not
+        depend on it.
 
     Returns:
         ``(term_blocks uint64 (n_terms+1,), block_docs uint32, block_sizes int64 (n_blocks,),
@@ -574,53 +578,39 @@ def _build_blocks(post_offsets: np.ndarray, post_docs: np.ndarray, post_imps: np
     n_terms = post_offsets.shape[0] - 1
     cut_offsets, cut_terms, cut_values = _doc_cut(fwd_offsets, fwd_terms, fwd_values, doc_cut)
     lens = np.diff(post_offsets)
-    kept = np.minimum(lens, n_postings) if n_postings > 0 else lens
-    n_threads = max(1, int(n_threads))
-    if n_threads == 1 or n_terms < 2:
-        bounds = [0, n_terms]
-    else:
-        # contiguous term ranges of about equal work (each kept posting costs its document's
-        # non-zeros in the summaries), several per thread so that uneven ranges even out
-        n_chunks = min(n_terms, 8 * n_threads)
-        work = np.cumsum(kept.astype(np.float64) * (1.0 + kept / (8.0 * block_size)))
-        cuts = np.searchsorted(work, work[-1] * np.arange(1, n_chunks) / n_chunks, side="right") if len(work) else []
-        bounds = sorted({0, n_terms, *(int(c) for c in cuts)})
-    args = (post_offsets, post_docs, fwd_offsets, fwd_terms, fwd_values, cut_offsets, cut_terms, cut_values,
-            int(n_postings), int(block_size), float(energy), int(seed), int(n_terms_total))
-    ranges = list(zip(bounds[:-1], bounds[1:]))
-    if len(ranges) == 1:
-        parts = [_build_blocks_range(ranges[0][0], ranges[0][1], *args)]
-    else:
-        from concurrent.futures import ThreadPoolExecutor
-
-        with ThreadPoolExecutor(min(n_threads, len(ranges)), thread_name_prefix="sparse-blocks") as pool:
-            parts = list(pool.map(lambda r: _build_blocks_range(r[0], r[1], *args), ranges))
+    kept = (np.minimum(lens, n_postings) if n_postings > 0 else lens).astype(np.float64)
+    # each kept posting costs its document's non-zeros in the summaries; clustering grows with
+    # the square of the list's length
+    n_threads = _threads(n_threads)
+    ranges = _term_ranges(kept * (1.0 + kept / (8.0 * block_size)), n_threads)
+    parts = _run_ranges(_build_blocks_range, ranges, n_threads, post_offsets, post_docs, fwd_offsets, fwd_terms,
+                        fwd_values, cut_offsets, cut_terms, cut_values, int(n_postings), int(block_size),
+                        float(energy), int(seed), int(n_terms_total))
     term_blocks = np.zeros(n_terms + 1, dtype=np.uint64)
     np.cumsum(np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.int64), out=term_blocks[1:])
     cat = [np.concatenate([p[i] for p in parts]) for i in range(1, 7)]
     return (term_blocks, *cat)
 
 
-@nb.njit(cache=True)
-def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
-    """Per term, its blocks' summaries regrouped by component: (comp_offsets, dir, entry_offsets,
-    entries) as in :func:`invert_summaries`. Entries of a component keep block order (ascending j)."""
-    n_terms = term_blocks.shape[0] - 1
-    n = sum_terms.shape[0]
-    comp_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
-    entry_offsets = np.zeros(n_terms + 1, dtype=np.uint64)
-    dir_ = np.empty(n, dtype=np.uint64)
-    entries = np.empty(n, dtype=np.uint32)
-    # a stable counting sort by component per term (entries keep block order): per-component
-    # counts in a dense array, only the term's distinct components sorted
-    n_comp = 1
-    for i in range(n):
-        if np.int64(sum_terms[i]) + 1 > n_comp:
-            n_comp = np.int64(sum_terms[i]) + 1
+@nb.njit(cache=True, nogil=True)
+def _invert_summaries_range(t0, t1, term_blocks, sum_offsets, sum_terms, sum_values, n_comp, entries):
+    """Terms ``[t0, t1)`` of :func:`invert_summaries`: writes their ``entries`` (uint32, at the
+    global positions ``sum_offsets[term_blocks[t]]`` on) and returns ``(components per term
+    int64 (t1-t0,), directory uint64)``. Entries of a component keep block order (ascending j):
+    a stable counting sort by component per term (counts in a dense array of ``n_comp``, only the
+    term's distinct components sorted)."""
+    lo0 = sum_offsets[term_blocks[t0]]
+    hi0 = sum_offsets[term_blocks[t1]]
+    n_dirs = np.zeros(t1 - t0, dtype=np.int64)
+    dir_ = np.empty(hi0 - lo0, dtype=np.uint64)
     cnt = np.zeros(n_comp, dtype=np.int64)
     comps = np.empty(n_comp, dtype=np.int64)
+    tmp = np.empty(n_comp, dtype=np.int64)
+    key_bits = 0
+    while (np.int64(1) << key_bits) < n_comp:
+        key_bits += 8
     nc = 0
-    for t in range(n_terms):
+    for t in range(t0, t1):
         b0 = term_blocks[t]
         b1 = term_blocks[t + 1]
         lo = sum_offsets[b0]
@@ -629,14 +619,13 @@ def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
             k = 0
             for i in range(lo, hi):
                 c = np.int64(sum_terms[i])
-                if cnt[c] == 0:
-                    comps[k] = c
-                    k += 1
+                comps[k] = c
+                k += cnt[c] == 0
                 cnt[c] += 1
-            cs = np.sort(comps[:k])
+            _sort_keys(comps, k, tmp, 0, key_bits)
             r = 0
             for j in range(k):
-                c = cs[j]
+                c = comps[j]
                 dir_[nc] = np.uint64((c << 32) | r)
                 nc += 1
                 n_c = cnt[c]
@@ -649,14 +638,51 @@ def _invert_summaries(term_blocks, sum_offsets, sum_terms, sum_values):
                     entries[lo + r] = np.uint32(((b - b0) << 8) | np.int64(sum_values[i]))
                     cnt[c] = r + 1
             for j in range(k):
-                cnt[cs[j]] = 0
-        comp_offsets[t + 1] = nc
-        entry_offsets[t + 1] = hi
-    return comp_offsets, dir_[:nc].copy(), entry_offsets, entries
+                cnt[comps[j]] = 0
+            n_dirs[t - t0] = k
+    return n_dirs, dir_[:nc].copy()
+
+
+def _threads(n_threads: int | None) -> int:
+    """Thread count for the build kernels: ``None`` = all cores; else an integer >= 1.
+
+    Raises:
+        ValueError: ``n_threads`` is not None nor an integer >= 1 (names it).
+    """
+    if n_threads is None:
+        return os.cpu_count() or 1
+    if isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer)) or n_threads < 1:
+        raise ValueError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
+    return int(n_threads)
+
+
+def _term_ranges(work: np.ndarray, n_threads: int) -> list[tuple[int, int]]:
+    """Contiguous ranges ``[t0, t1)`` covering ``len(work)`` terms with about equal summed ``work``
+    (float64 (n_terms,), >= 0): one range for one thread, else 8 per thread so that uneven ranges
+    even out over a pool."""
+    n = len(work)
+    if n_threads <= 1 or n < 2:
+        return [(0, n)]
+    n_chunks = min(n, 8 * n_threads)
+    cum = np.cumsum(work)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_chunks) / n_chunks, side="right")
+    bounds = sorted({0, n, *(int(c) for c in cuts)})
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _run_ranges(kernel: Any, ranges: list[tuple[int, int]], n_threads: int, *args: Any) -> list[Any]:
+    """``kernel(t0, t1, *args)`` per range, in order; on a pool of ``n_threads`` threads when there
+    are several ranges (the kernels release the GIL)."""
+    if len(ranges) == 1 or n_threads <= 1:
+        return [kernel(t0, t1, *args) for t0, t1 in ranges]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(n_threads, len(ranges)), thread_name_prefix="sparse-blocks") as pool:
+        return list(pool.map(lambda r: kernel(r[0], r[1], *args), ranges))
 
 
 def invert_summaries(term_blocks: np.ndarray, summary_offsets: np.ndarray, summary_terms: np.ndarray,
-                     summary_values: np.ndarray) -> dict[str, np.ndarray]:
+                     summary_values: np.ndarray, n_threads: int | None = 1) -> dict[str, np.ndarray]:
     """Block summaries (per block: ascending ``summary_terms`` uint32 with ``summary_values`` uint8,
     rows ``summary_offsets`` uint64 (n_blocks+1,); a term's blocks contiguous, as ``term_blocks``
     says) regrouped per term by component: the layout the query kernel reads, where only the
@@ -673,6 +699,8 @@ def invert_summaries(term_blocks: np.ndarray, summary_offsets: np.ndarray, summa
         ``summary_entries`` uint32: ``(j << 8) | v``, j the block's index among the term's blocks
         (ascending within a component), v the uint8 value.
 
+    ``n_threads`` (None: all cores) work on contiguous term ranges; the result does not depend on it.
+
     Raises:
         ValueError: a term with 2**24 blocks or 2**32 summary entries or more.
     """
@@ -684,15 +712,26 @@ def invert_summaries(term_blocks: np.ndarray, summary_offsets: np.ndarray, summa
         per_term = so[tb[1:]] - so[tb[:-1]]
         if int(per_term.max()) >= 1 << 32:
             raise ValueError(f"a term has {int(per_term.max())} summary entries; at most 2**32 - 1 are supported")
-    co, dir_, eo, en = _invert_summaries(tb, so, np.asarray(summary_terms, dtype=np.uint32),
-                                         np.asarray(summary_values, dtype=np.uint8))
+    st = np.ascontiguousarray(summary_terms, dtype=np.uint32)
+    sv = np.ascontiguousarray(summary_values, dtype=np.uint8)
+    n_terms = len(tb) - 1
+    n_comp = int(st.max()) + 1 if len(st) else 1
+    entries = np.empty(len(st), dtype=np.uint32)
+    eo = so[tb].astype(np.uint64) if len(tb) else np.zeros(1, np.uint64)
+    work = np.diff(eo).astype(np.float64) + 1.0
+    parts = _run_ranges(_invert_summaries_range, _term_ranges(work, _threads(n_threads)), _threads(n_threads),
+                        tb, so, st, sv, n_comp, entries)
+    co = np.zeros(n_terms + 1, dtype=np.uint64)
+    if n_terms:
+        np.cumsum(np.concatenate([p[0] for p in parts]), out=co[1:])
+    dir_ = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint64)
     return {"summary_comp_offsets": co, "summary_dir": dir_, "summary_entry_offsets": eo,
-            "summary_entries": en}
+            "summary_entries": entries}
 
 
 def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_terms: np.ndarray,
                  fwd_values: np.ndarray, *, n_postings: int, block_size: int, summary_energy: float,
-                 scale: float, n_terms: int, seed: int = 0) -> dict[str, np.ndarray]:
+                 scale: float, n_terms: int, seed: int = 0, n_threads: int | None = None) -> dict[str, np.ndarray]:
     """Seismic blocked index of one shard (see the module docstring).
 
     Args:
@@ -700,7 +739,8 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
         fwd_offsets uint64 (n_docs+1,), fwd_terms uint32, fwd_values uint16: the forward index.
         n_postings: postings kept per term (0 = all); block_size: mean docs per block (>= 1);
         summary_energy: in (0, 1]; scale: the global impact scale (summary values are in weight
-        units: ``u8 · block_scale``); n_terms: vocabulary size.
+        units: ``u8 · block_scale``); n_terms: vocabulary size; n_threads: threads over contiguous
+        term ranges (None: all cores; the arrays do not depend on it).
 
     Returns:
         ``term_blocks`` uint64 (n_terms+1,) (term t owns blocks [term_blocks[t], term_blocks[t+1])),
@@ -714,13 +754,13 @@ def build_blocks(postings: dict[str, np.ndarray], fwd_offsets: np.ndarray, fwd_t
     tb, bdocs, bsizes, sterms, svals, ssizes, sscale = _build_blocks(
         postings["offsets"].astype(np.int64), postings["doc_ids"], postings["impacts"],
         fwd_offsets.astype(np.int64), fwd_terms, fwd_values, int(n_postings), int(block_size),
-        float(summary_energy), int(seed), int(n_terms), DOC_CUT)
+        float(summary_energy), int(seed), int(n_terms), DOC_CUT, n_threads)
     bo = np.zeros(len(bsizes) + 1, dtype=np.uint64)
     np.cumsum(bsizes, out=bo[1:])
     so = np.zeros(len(ssizes) + 1, dtype=np.uint64)
     np.cumsum(ssizes, out=so[1:])
     return {"term_blocks": tb, "block_docs_offsets": bo, "block_docs": bdocs,
-            **invert_summaries(tb, so, sterms, svals),
+            **invert_summaries(tb, so, sterms, svals, n_threads),
             "summary_scale": (sscale.astype(np.float64) * scale).astype(np.float32),
             **pack_forward(fwd_terms, fwd_values, n_terms)}
 
@@ -755,12 +795,13 @@ def pack_forward(fwd_terms: np.ndarray, fwd_values: np.ndarray, n_terms: int) ->
 
 def build_sparse_index(indptr: np.ndarray, terms: np.ndarray, weights: np.ndarray, *, n_terms: int,
                        scale: float, n_postings: int, block_size: int, summary_energy: float,
-                       blocks: bool = True) -> dict[str, Any]:
+                       blocks: bool = True, n_threads: int | None = None) -> dict[str, Any]:
     """All query-time arrays of one shard from its float vectors.
 
     Args:
         indptr int64 (n_docs+1,), terms int/uint32 (nnz,) in [0, n_terms), weights float32 (nnz,)
-        > 0, term ids ascending within a row; scale: the global impact scale.
+        > 0, term ids ascending within a row; scale: the global impact scale; n_threads: threads
+        of the block build (None: all cores; the arrays do not depend on it).
 
     Returns:
         ``fwd_offsets`` uint64, ``fwd_terms`` uint32, ``fwd_values`` uint16 (the forward index),
@@ -775,5 +816,5 @@ def build_sparse_index(indptr: np.ndarray, terms: np.ndarray, weights: np.ndarra
     if blocks:
         out.update(build_blocks(post, fwd_offsets, fwd_terms, fwd_values, n_postings=n_postings,
                                 block_size=block_size, summary_energy=summary_energy, scale=scale,
-                                n_terms=n_terms))
+                                n_terms=n_terms, n_threads=n_threads))
     return out
