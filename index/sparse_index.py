@@ -656,15 +656,16 @@ def _threads(n_threads: int | None) -> int:
     return int(n_threads)
 
 
-def _term_ranges(work: np.ndarray, n_threads: int) -> list[tuple[int, int]]:
+def _term_ranges(work: np.ndarray, n_threads: int, min_work: float = 16384.0) -> list[tuple[int, int]]:
     """Contiguous ranges ``[t0, t1)`` covering ``len(work)`` terms with about equal summed ``work``
-    (float64 (n_terms,), >= 0): one range for one thread, else 8 per thread so that uneven ranges
-    even out over a pool."""
+    (float64 (n_terms,), >= 0, about one unit per posting or summary entry): one range for one
+    thread or less than ``min_work`` in all (threads and per-range scratch would cost more than
+    they save), else 8 per thread so that uneven ranges even out over a pool."""
     n = len(work)
-    if n_threads <= 1 or n < 2:
+    cum = np.cumsum(work)
+    if n_threads <= 1 or n < 2 or cum[-1] < min_work:
         return [(0, n)]
     n_chunks = min(n, 8 * n_threads)
-    cum = np.cumsum(work)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_chunks) / n_chunks, side="right")
     bounds = sorted({0, n, *(int(c) for c in cuts)})
     return list(zip(bounds[:-1], bounds[1:]))
