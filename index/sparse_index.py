@@ -25,6 +25,11 @@ for Approximate Retrieval over Learned Sparse Representations", SIGIR 2024):
      uint32 per posting, the term's rank by document frequency and the uint16 impact).
 The forward index (each document's quantised vector) is what kept blocks are scored against;
 the packed copy gives the same float32 scores.
+
+Build threads: steps 2-4 run over contiguous term ranges on ``n_threads`` threads (numba kernels
+that release the GIL, each range with its own scratch, results concatenated in term order). A
+term's blocks depend only on its list, the forward index and the seed, so the arrays are the same
+for any thread count.
 """
 
 from __future__ import annotations
