@@ -889,3 +889,89 @@ def test_block_summaries_match_reference(energy: float) -> None:
         want, bscale = _reference_summary(docs, ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], energy)
         assert decoded[b] == want
         assert ix["summary_scale"][b] == np.float32(float(np.float32(bscale)) * scale)
+
+
+# -- block build: the faster term-range kernels vs the frozen first implementation ----------------
+def _splade_like(n_docs: int, vocab: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SPLADE-like CSR: Zipf-popular terms, 0-160 entries per document (some empty rows), log-normal
+    weights rounded to a coarse grid so that summaries have many tied values."""
+    rng = np.random.default_rng(seed)
+    pop = 1.0 / (np.arange(vocab) + 5.0) ** 1.1
+    pop /= pop.sum()
+    rows = []
+    for i in range(n_docs):
+        k = 0 if i % 97 == 5 else int(rng.integers(1, 160))
+        t = np.unique(rng.choice(vocab, size=k, p=pop)) if k else np.zeros(0, np.int64)
+        w = np.round(rng.lognormal(-0.5, 0.8, len(t)) * 8) / 8 + 0.125
+        rows.append((t, w.astype(np.float32)))
+    return to_csr(rows, vocab)
+
+
+@pytest.mark.parametrize("vocab,n_postings,block_size,energy", [
+    (3000, 0, 10, 0.4), (3000, 40, 4, 0.1), (3000, 0, 1, 1.0), (70_000, 25, 7, 0.4)])
+def test_block_build_matches_first_implementation(vocab, n_postings, block_size, energy):
+    """Blocks, raw summaries and the inverted summaries are byte-identical to the first (serial,
+    allocating, sorting) implementation, with 1, 2 and 3 threads; a vocabulary above 2**16 takes a
+    third radix pass over the term ids."""
+    from index import sparse_index as S
+    from tests import _blocks_reference as R
+
+    indptr, terms, weights = _splade_like(700, vocab, seed=vocab + n_postings)
+    if vocab > 1 << 16:  # spread the ids over the whole range
+        terms = (terms.astype(np.int64) * 23 % vocab).astype(np.uint32)
+        for d in range(len(indptr) - 1):
+            lo, hi = indptr[d], indptr[d + 1]
+            o = np.argsort(terms[lo:hi])
+            terms[lo:hi], weights[lo:hi] = terms[lo:hi][o], weights[lo:hi][o]
+    scale = impact_scale(float(weights.max()))
+    fo = indptr.astype(np.int64)
+    fv = S.quantise(weights, scale)
+    post = S.invert(fo.astype(np.uint64), terms, fv, vocab)
+    args = (post["offsets"].astype(np.int64), post["doc_ids"], post["impacts"], fo, terms, fv, n_postings,
+            block_size, energy, 0, vocab, S.DOC_CUT)
+    want = R._build_blocks(*args)
+    assert len(want[2]) > vocab // 10 and (want[2] > 1).any()  # many blocks, some with several documents
+    so = np.zeros(len(want[5]) + 1, np.int64)
+    np.cumsum(want[5], out=so[1:])
+    want_inv = R._invert_summaries(want[0].astype(np.int64), so, want[3], want[4])
+    kept = np.minimum(np.diff(args[0]), n_postings) if n_postings else np.diff(args[0])
+    assert len(S._term_ranges(kept.astype(np.float64), 2)) > 2  # the threaded path really splits
+    for n_threads in (1, 2, 3):
+        got = S._build_blocks(*args, n_threads=n_threads)
+        for name, g, w in zip(("term_blocks", "block_docs", "block_sizes", "summary_terms", "summary_values",
+                               "summary_sizes", "summary_scale"), got, want):
+            assert g.dtype == w.dtype and np.array_equal(g, w), (name, n_threads)
+        inv = S.invert_summaries(got[0], so, got[3], got[4], n_threads=n_threads)
+        for name, w in zip(("summary_comp_offsets", "summary_dir", "summary_entry_offsets", "summary_entries"),
+                           want_inv):
+            assert inv[name].dtype == w.dtype and np.array_equal(inv[name], w), (name, n_threads)
+
+
+def test_doc_cut_matches_stable_sort():
+    """Each document's cut: its DOC_CUT largest impacts, ties by smaller term (a stable sort)."""
+    from index.sparse_index import _doc_cut
+
+    indptr, terms, weights = _splade_like(300, 500, seed=3)
+    vals = np.minimum(np.round(weights * 4), 9).astype(np.uint16)  # few distinct values: many ties
+    off, ct, cv = _doc_cut(indptr.astype(np.int64), terms, vals, 15)
+    for d in range(len(indptr) - 1):
+        lo, hi = indptr[d], indptr[d + 1]
+        o = np.argsort(-vals[lo:hi].astype(np.int64), kind="stable")[:15]
+        assert ct[off[d]:off[d + 1]].tolist() == terms[lo:hi][o].tolist()
+        assert cv[off[d]:off[d + 1]].tolist() == vals[lo:hi][o].astype(np.float32).tolist()
+
+
+def test_build_sparse_index_threads():
+    """The whole index is the same for any thread count; a bad count is named."""
+    indptr, terms, weights = _splade_like(400, 2000, seed=11)
+    scale = impact_scale(float(weights.max()))
+    kw = dict(n_terms=2000, scale=scale, n_postings=50, block_size=5, summary_energy=0.4)
+    one = build_sparse_index(indptr, terms, weights, n_threads=1, **kw)
+    for n_threads in (2, 4, None):
+        other = build_sparse_index(indptr, terms, weights, n_threads=n_threads, **kw)
+        assert set(other) == set(one)
+        for k in one:
+            assert np.array_equal(other[k], one[k]) and other[k].dtype == one[k].dtype, k
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"n_threads must be .* got {bad!r}"):
+            build_sparse_index(indptr, terms, weights, n_threads=bad, **kw)
