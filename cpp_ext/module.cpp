@@ -747,6 +747,9 @@ void register_sparse_kernels(py::module_& m) {
           py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
+    m.def("_set_bm25_scatter_impl", &set_bm25_scatter_impl, py::arg("impl"),
+          "Test hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best\n"
+          "available, AVX-512 where the CPU has it; 1 = scalar; bit-identical). Returns the previous value.");
     m.def("_set_forward_score_impl", &set_forward_score_impl, py::arg("impl"),
           "Test hook: forward-index score implementation of the sparse kernels (0 = best available,\n"
           "1 = scalar, 2 = SSE2; all bit-identical). Returns the previous value.");

@@ -34,6 +34,7 @@
 #include "postings_topk.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -48,6 +49,10 @@
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
+#endif
+#if defined(__GNUC__) && defined(__x86_64__)
+#include <immintrin.h>
+#define RETRIEVER_AVX512_SCATTER 1
 #endif
 
 #include "parallel.hpp"
@@ -325,6 +330,73 @@ constexpr size_t kScanBlock = 16;
 /// kth_largest() keeps a sorted run up to this k, else uses nth_element.
 constexpr size_t kSmallK = 64;
 
+/// Which scatter exhaustive_dense uses for precomputed impacts: 0 = best
+/// available (AVX-512 where the CPU has it), 1 = scalar (tests). Both add the
+/// same float32 products in the same order (bit-identical accumulators).
+std::atomic<int> g_scatter_impl{0};
+
+/// Scalar scatter of one term's list: acc[docs[p]] += w * imp[p] for p < n.
+/// Returns n, or the first position whose doc id is >= n_docs (nothing at or
+/// after it is added). Four postings per iteration: a list's doc ids are
+/// distinct, so the four loads may run ahead of the four stores.
+inline size_t scatter_impacts_scalar(float* acc, const uint32_t* docs, const float* imp, float w,
+                                     size_t n, size_t n_docs) {
+    size_t p = 0;
+    for (; p + 4 <= n; p += 4) {
+        const uint32_t d0 = docs[p], d1 = docs[p + 1], d2 = docs[p + 2], d3 = docs[p + 3];
+        if (std::max(std::max(d0, d1), std::max(d2, d3)) >= n_docs) break;
+        const float v0 = acc[d0] + w * imp[p], v1 = acc[d1] + w * imp[p + 1];
+        const float v2 = acc[d2] + w * imp[p + 2], v3 = acc[d3] + w * imp[p + 3];
+        acc[d0] = v0;
+        acc[d1] = v1;
+        acc[d2] = v2;
+        acc[d3] = v3;
+    }
+    for (; p < n; ++p) {
+        const uint32_t d = docs[p];
+        if (d >= n_docs) return p;
+        acc[d] += w * imp[p];
+    }
+    return n;
+}
+
+#if defined(RETRIEVER_AVX512_SCATTER)
+const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+
+/// scatter_impacts_scalar with AVX-512 gathers / scatters, 16 postings at a
+/// time. Requires distinct doc ids within docs[0..n) (a CSR list: strictly
+/// increasing), so no two lanes of one scatter hit the same entry. Each lane
+/// computes fl(acc[d] + fl(w * imp[p])), the scalar expression (no FMA).
+__attribute__((target("avx512f"))) size_t scatter_impacts_avx512(float* acc, const uint32_t* docs,
+                                                                const float* imp, float w, size_t n,
+                                                                size_t n_docs) {
+    const __m512 wv = _mm512_set1_ps(w);
+    const __m512i lim = _mm512_set1_epi32(static_cast<int>(std::min<size_t>(n_docs, 0xFFFFFFFFu)));
+    size_t p = 0;
+    for (; p + 16 <= n; p += 16) {
+        const __m512i d = _mm512_loadu_si512(docs + p);
+        if (_mm512_cmpge_epu32_mask(d, lim)) break;  // the scalar tail finds the bad one
+        const __m512 c = _mm512_mul_ps(wv, _mm512_loadu_ps(imp + p));
+        _mm512_i32scatter_ps(acc, d, _mm512_add_ps(_mm512_mask_i32gather_ps(_mm512_setzero_ps(), 0xFFFF, d, acc, 4), c), 4);
+    }
+    return p + scatter_impacts_scalar(acc, docs + p, imp + p, w, n - p, n_docs);
+}
+#endif
+
+/// acc[docs[p]] += w * imp[p] for p < n in order (distinct doc ids); returns
+/// n, or the first position whose doc id is >= n_docs.
+inline size_t scatter_impacts(float* acc, const uint32_t* docs, const float* imp, float w, size_t n,
+                              size_t n_docs) {
+#if defined(RETRIEVER_AVX512_SCATTER)
+    // n_docs < 2^31: the gather's signed 32-bit indices (scale 4) cover every id
+    if (kHaveAvx512 && n >= 16 && n_docs < (size_t{1} << 31) &&
+        g_scatter_impl.load(std::memory_order_relaxed) == 0) {
+        return scatter_impacts_avx512(acc, docs, imp, w, n, n_docs);
+    }
+#endif
+    return scatter_impacts_scalar(acc, docs, imp, w, n, n_docs);
+}
+
 inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
     if (c.pos + kPrefetch < c.end) __builtin_prefetch(doc_norm + c.docs[c.pos + kPrefetch]);
 }
@@ -474,11 +546,17 @@ class bm25_worker {
         for (uint64_t i = b; i < e; ++i) {
             const uint32_t t = m_q.q_terms[i];
             const float w = m_q.q_weights[i];
-            const uint64_t pe = offsets[t + 1];
-            for (uint64_t p = offsets[t]; p < pe; ++p) {
+            const uint64_t pb = offsets[t], pe = offsets[t + 1];
+            if (kImp) {
+                const size_t n = static_cast<size_t>(pe - pb);
+                const size_t done = scatter_impacts(acc, doc_ids + pb, imp + pb, w, n, n_docs);
+                if (done < n) check_doc(doc_ids[pb + done]);
+                continue;
+            }
+            for (uint64_t p = pb; p < pe; ++p) {
                 const uint32_t d = doc_ids[p];
                 if (d >= n_docs) check_doc(d);
-                acc[d] += kImp ? w * imp[p] : bm25_contribution(w, tfs[p], norm[d]);
+                acc[d] += bm25_contribution(w, tfs[p], norm[d]);
             }
         }
         const size_t nb = (n_docs + kScanBlock - 1) / kScanBlock;
@@ -508,8 +586,14 @@ class bm25_worker {
         for (size_t j = 0; j < nb; ++j) {
             if (bmax[j] >= thr) {
                 const size_t lo = j * kScanBlock, hi = std::min(n_docs, lo + kScanBlock);
-                const float ht = seen ? select_range<true>(acc, seen, lo, hi, thr)
-                                      : select_range<false>(acc, seen, lo, hi, thr);
+                float ht;
+                if (seen) {
+                    ht = select_range<true>(acc, seen, lo, hi, thr);
+                } else if (m_allow == nullptr && hi - lo == kScanBlock) {
+                    ht = select_block(acc, lo, thr);
+                } else {
+                    ht = select_range<false>(acc, seen, lo, hi, thr);
+                }
                 thr = std::max(thr, ht);
             }
         }
@@ -520,7 +604,52 @@ class bm25_worker {
 
     /// The k-th largest of v[0..n) (1 <= k <= n, no NaN).
     float kth_largest(const float* v, size_t n, size_t k) {
-        if (k <= kSmallK) {
+        if (k <= kSmallK && n >= 4 * k) {
+            // Cut the input first: the smallest of the maxima of k disjoint
+            // groups is <= the k-th largest (k distinct values reach it), so
+            // the k-th largest of the values >= lb is the answer. Few survive.
+            float lb = std::numeric_limits<float>::infinity();
+            for (size_t g = 0; g < k; ++g) {
+                const float m = group_max(v + g * n / k, (g + 1) * n / k - g * n / k);
+                lb = m < lb ? m : lb;
+            }
+            m_block_tmp.resize(n);
+            float* buf = m_block_tmp.data();
+            size_t c = 0;
+            for (size_t i = 0; i < n; ++i) {  // branch-free compaction
+                buf[c] = v[i];
+                c += (v[i] >= lb);
+            }
+            return kth_largest_run(buf, c, k);
+        }
+        if (k <= kSmallK) return kth_largest_run(v, n, k);
+        m_block_tmp.assign(v, v + n);
+        std::nth_element(m_block_tmp.begin(), m_block_tmp.begin() + (k - 1), m_block_tmp.end(),
+                         std::greater<float>());
+        return m_block_tmp[k - 1];
+    }
+
+    /// Largest of a[0..n) (n >= 1, no NaN).
+    static float group_max(const float* a, size_t n) {
+        size_t i = 0;
+        float m = -std::numeric_limits<float>::infinity();
+#if defined(__SSE2__)
+        if (n >= 4) {
+            __m128 mv = _mm_loadu_ps(a);
+            for (i = 4; i + 4 <= n; i += 4) mv = _mm_max_ps(_mm_loadu_ps(a + i), mv);
+            mv = _mm_max_ps(mv, _mm_movehl_ps(mv, mv));
+            mv = _mm_max_ps(mv, _mm_shuffle_ps(mv, mv, 0x55));
+            m = _mm_cvtss_f32(mv);
+        }
+#endif
+        for (; i < n; ++i) m = a[i] > m ? a[i] : m;
+        return m;
+    }
+
+    /// The k-th largest of v[0..n) (1 <= k <= min(n, kSmallK), no NaN), by a
+    /// sorted run of the k largest so far.
+    static float kth_largest_run(const float* v, size_t n, size_t k) {
+        {
             // a descending run of the k largest so far; most values fail the first test
             float top[kSmallK];
             size_t m = 0;
@@ -536,10 +665,31 @@ class bm25_worker {
             }
             return top[k - 1];
         }
-        m_block_tmp.assign(v, v + n);
-        std::nth_element(m_block_tmp.begin(), m_block_tmp.begin() + (k - 1), m_block_tmp.end(),
-                         std::greater<float>());
-        return m_block_tmp[k - 1];
+    }
+
+    /// select_range<false> over the full block [lo, lo + kScanBlock) without
+    /// an allow filter: one vector compare against thr finds the documents
+    /// to offer (in increasing id order; the heap re-checks each against its
+    /// current threshold, so offering one that no longer qualifies is a no-op).
+    float select_block(const float* acc, size_t lo, float thr) {
+#if defined(__SSE2__)
+        static_assert(kScanBlock == 16, "select_block handles 16 scores");
+        const __m128 t = _mm_set1_ps(thr);
+        const float* a = acc + lo;
+        // _mm_cmpge_ps is false for NaN, like `acc[d] >= thr`
+        unsigned mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(a), t))) |
+                        static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(a + 4), t))) << 4 |
+                        static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(a + 8), t))) << 8 |
+                        static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(a + 12), t))) << 12;
+        while (mask != 0) {
+            const size_t d = lo + static_cast<size_t>(__builtin_ctz(mask));
+            mask &= mask - 1;
+            m_heap.push(acc[d], static_cast<uint32_t>(d));
+        }
+        return m_heap.threshold();
+#else
+        return select_range<false>(acc, nullptr, lo, lo + kScanBlock, thr);
+#endif
     }
 
     /// Largest non-NaN value of a[0..n) (-inf when there is none).
@@ -1707,6 +1857,11 @@ void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const 
         };
     };
     parallel_for_items(n, n_threads, 16, make_worker);
+}
+
+int set_bm25_scatter_impl(int impl) {
+    if (impl < 0 || impl > 1) fail("impl must be 0 (best available) or 1 (scalar), got " + std::to_string(impl));
+    return g_scatter_impl.exchange(impl);
 }
 
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,

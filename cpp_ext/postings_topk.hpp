@@ -146,6 +146,13 @@ void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
 void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
                    size_t n, size_t depth, int n_threads, float* out);
 
+/// Test hook: the scatter of exhaustive scoring with precomputed impacts on
+/// small collections (0 = best available: AVX-512 gather/scatter where the CPU
+/// has it; 1 = scalar). Both compute the same float32 sums in the same order
+/// (bit-identical results). Returns the previous value; throws
+/// std::invalid_argument for another value.
+int set_bm25_scatter_impl(int impl);
+
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
 /// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.
 /// With bounds->term_kth (and no allow filter, non-negative weights), the

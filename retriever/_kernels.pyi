@@ -364,3 +364,8 @@ def int8_scan_has_vnni() -> bool:
 # sparse_seismic_topk) are documented in their pybind11 docstrings and
 # cpp_ext/blocked_topk.hpp; this stub leaves them untyped.
 def __getattr__(name: str) -> Any: ...
+
+def _set_bm25_scatter_impl(impl: int) -> int:
+    """Test hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best available,
+    AVX-512 where the CPU has it; 1 = scalar; bit-identical). Returns the previous value."""
+    ...

@@ -36,6 +36,15 @@ def _search_options(leg_type: type) -> tuple[str, ...] | None:
     return tuple(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
+def _encodes(qs: list[str]) -> bool:
+    """True when every string of ``qs`` encodes to UTF-8 (no lone surrogate); one encode call."""
+    try:
+        "".join(qs).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class Retriever:
     """A searchable index (thread-safe for concurrent searches: all parameters are per call).
 
@@ -112,7 +121,7 @@ class Retriever:
             for i, q in enumerate(qs):
                 if not isinstance(q, str):
                     raise QueryError(f"query #{i} is {type(q).__name__}, expected str")
-        if not all(map(str.isascii, qs)):
+        if not all(map(str.isascii, qs)) and not _encodes(qs):
             for i, q in enumerate(qs):
                 try:
                     q.encode("utf-8")

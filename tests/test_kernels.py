@@ -295,6 +295,64 @@ def test_bm25_dense_scan_large_collection():
         check_all_bm25(c, q, k, make_allow(rng, n_docs, allow_mode), 128, threads=(1, 2))
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("ties", [False, True])
+def test_bm25_dense_scatter_implementations(seed, ties):
+    """The dense exhaustive path with impacts: the runtime-dispatched scatter (AVX-512 gathers /
+    scatters of 16 postings where the CPU has them) and the scalar one (4 postings a step) must
+    both equal the float32 oracle bit for bit, on lists of every length mod 16 (the vector body
+    and the scalar tail), odd collection sizes (a partial last selection block), ties, k around
+    the number of blocks (the k-th block maximum's pre-filter), one and three threads."""
+    rng = np.random.default_rng(900 + seed)
+    n_docs = (331, 1601, 5183)[seed]
+    n_terms = 48
+    c = make_corpus(rng, n_docs, n_terms, density=0.9, ties=ties)
+    lens = np.diff(c["offsets"].astype(np.int64))
+    assert {int(x) % 16 for x in lens if x >= 16} and lens.max() >= 32  # vector body and tails
+    q = make_queries(rng, n_terms, 40, 9, ties=ties)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    nb = (n_docs + 15) // 16
+    for k in sorted({1, 10, max(1, nb // 4), max(1, nb // 4) + 1, 64, 65}):
+        ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, None)
+        for impl in (0, 1):
+            prev = K._set_bm25_scatter_impl(impl)
+            try:
+                for n_threads in (1, 3):
+                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
+            finally:
+                K._set_bm25_scatter_impl(prev)
+    with pytest.raises(ValueError, match="impl must be 0"):
+        K._set_bm25_scatter_impl(2)
+
+
+@pytest.mark.parametrize("impl", [0, 1])
+@pytest.mark.parametrize("bad_at", [0, 5, 16, 31, 37])
+def test_bm25_dense_scatter_rejects_a_bad_doc_id(impl, bad_at):
+    """A doc id >= n_docs anywhere in a long list (inside a 16-posting vector or in the tail)
+    raises on either scatter, and later calls still score from a clean accumulator."""
+    n_docs = 40
+    doc_ids = np.arange(40, dtype=np.uint32)
+    doc_ids[bad_at] = 1000 + bad_at
+    offsets = np.array([0, 40], np.uint64)
+    tfs = np.ones(40, np.uint32)
+    norm = np.ones(n_docs, np.float32)
+    impacts = np.full(40, 0.5, np.float32)
+    q = (np.array([0, 1], np.uint64), np.zeros(1, np.uint32), np.ones(1, np.float32))
+    rng = np.random.default_rng(7)
+    c = make_corpus(rng, n_docs, 6, density=0.9)
+    qs = make_queries(rng, 6, 16, 4)
+    ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *qs, 5, None)
+    imp_c = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    prev = K._set_bm25_scatter_impl(impl)
+    try:
+        with pytest.raises(ValueError, match=f"doc id {1000 + bad_at}"):
+            K.bm25_topk(offsets, doc_ids, tfs, norm, *q, 3, n_threads=1, algorithm="exhaustive",
+                        impacts=impacts)
+        assert_same(run_bm25(c, qs, 5, "exhaustive", impacts=imp_c), ref)
+    finally:
+        K._set_bm25_scatter_impl(prev)
+
+
 def test_bm25_long_queries_and_many_windows():
     """Queries with more essential lists than the windowed MaxScore handles (DAAT
     fallback), and a corpus spanning many doc-id windows."""

@@ -353,7 +353,8 @@ class BM25Leg:
                 n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algorithm,
                 term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0)
-            ids = np.where(ids >= 0, ids + ks["base"], -1)
+            if ks["base"]:  # the kernel pads with -1; shard ordinals to global ones
+                ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
         return parts
 
