@@ -357,7 +357,8 @@ topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_
 }
 
 topk_result py_rescore_topk(const carray<float>& queries, const py::array& vectors,
-                            const carray<int64_t>& candidates, int64_t k, int64_t base, int n_threads) {
+                            const carray<int64_t>& candidates, int64_t k, int64_t base, int n_threads,
+                            const std::string& impl) {
     if (queries.ndim() != 2) fail("queries must be 2-dimensional (nq, d), got ndim = " + std::to_string(queries.ndim()));
     if (vectors.ndim() != 2) fail("vectors must be 2-dimensional (n, d), got ndim = " + std::to_string(vectors.ndim()));
     if (candidates.ndim() != 2) {
@@ -385,12 +386,23 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
     c.cand = candidates.data();
     c.nq = nq;
     c.kk = static_cast<size_t>(candidates.shape(1));
+    rescore_impl which;
+    if (impl == "auto") {
+        which = rescore_impl::automatic;
+    } else if (impl == "portable") {
+        which = rescore_impl::portable;
+    } else if (impl == "avx512") {
+        which = rescore_impl::avx512;
+        if (!rescore_has_avx512()) fail("impl = 'avx512' but this CPU has no AVX-512F / F16C");
+    } else {
+        fail("impl must be 'auto', 'portable' or 'avx512', got '" + impl + "'");
+    }
     const float* qp = queries.data();
     topk_arrays res(nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_candidates(c, m.n);
-        rescore_topk(qp, m, c, base, n_threads, res.out);
+        rescore_topk(qp, m, c, base, n_threads, res.out, which);
     }
     return res.result();
 }
@@ -542,11 +554,15 @@ PYBIND11_MODULE(_kernels, m) {
           "of q_weights[i] * impacts[p] in float32. Returns (ids, scores, n_found).");
     m.def("rescore_topk", &py_rescore_topk, py::arg("queries").noconvert(), py::arg("vectors"),
           py::arg("candidates").noconvert(), py::arg("k"), py::arg("base") = 0, py::arg("n_threads") = 0,
+          py::arg("impl") = "auto",
           "Exact full-dimension re-scoring of funnel shortlists: for query i, the inner products\n"
           "of queries[i] (float32) with vectors[candidates[i, j]] (float16 or float32 rows; -1 =\n"
           "no candidate), accumulated in float64 in a fixed order (8 lanes over i % 8, combined\n"
           "pairwise) and rounded to float32, so scores never depend on the batch. Returns the\n"
-          "top-k (ids = candidate + base, scores, n_found); ties by smaller id.");
+          "top-k (ids = candidate + base, scores, n_found); ties by smaller id. impl: 'auto',\n"
+          "'portable' or 'avx512' (AVX-512F + F16C; bit-identical scores on every path).");
+    m.def("rescore_has_avx512", &rescore_has_avx512,
+          "True when rescore_topk's AVX-512 path is available on this CPU.");
     m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
           py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,
           "Running top-k' of a blocked exact scan (Matryoshka prefix candidate generation): row i\n"

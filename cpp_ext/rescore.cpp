@@ -128,13 +128,151 @@ float dense_dot(const float* q, const dense_matrix_view& m, size_t row, float* s
     return dot_clone(q, m.f32 + row * d, d);
 }
 
+#if defined(__GNUC__) && defined(__x86_64__)
+#define RETRIEVER_HAVE_AVX512_RESCORE 1
+namespace {
+
+constexpr size_t kRows = 4;  // candidate rows scored together (independent accumulators)
+
+/// 8 stored coordinates [i, i + 8) of a row as float64 (exact).
+__attribute__((target("avx512f,f16c"))) inline __m512d load8_pd(const dense_matrix_view& m, size_t row,
+                                                                size_t i) {
+    if (m.f16 != nullptr) {
+        return _mm512_cvtps_pd(
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(m.f16 + row * m.d + i))));
+    }
+    return _mm512_cvtps_pd(_mm256_loadu_ps(m.f32 + row * m.d + i));
+}
+
+/// Lane sums ((0+1)+(2+3))+((4+5)+(6+7)) rounded to float32 (the order of dot_fixed).
+__attribute__((target("avx512f"))) inline float combine_lanes(__m512d acc) {
+    alignas(64) double l[8];
+    _mm512_store_pd(l, acc);
+    return static_cast<float>(((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7])));
+}
+
+/// Scores of nr <= kRows candidate rows against one query, bit-identical to dot_fixed: lane j of
+/// one zmm register accumulates coordinates i with i % 8 == j in increasing i, as dot_fixed's
+/// acc[j]. A fused multiply-add equals dot_fixed's separate multiply and add because the product
+/// of two float32 values is exact in float64. The last d % 8 coordinates are scored from
+/// zero-padded copies: the padding lanes add +0.0, which leaves a lane unchanged (a lane is never
+/// -0.0: it starts at +0.0 and a round-to-nearest sum is -0.0 only when both terms are).
+/// qd: the query as float64 (d values).
+__attribute__((target("avx512f,f16c"))) void dots_avx512(const double* qd, const dense_matrix_view& m,
+                                                        const size_t* rows, size_t nr, float* out) {
+    const size_t d = m.d, full = d / 8 * 8;
+    __m512d acc[kRows];
+    for (size_t r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_pd();
+    if (nr == kRows) {
+        const size_t r0 = rows[0], r1 = rows[1], r2 = rows[2], r3 = rows[3];
+        __m512d a0 = acc[0], a1 = acc[1], a2 = acc[2], a3 = acc[3];
+        for (size_t i = 0; i < full; i += 8) {
+            const __m512d qv = _mm512_loadu_pd(qd + i);
+            a0 = _mm512_fmadd_pd(qv, load8_pd(m, r0, i), a0);
+            a1 = _mm512_fmadd_pd(qv, load8_pd(m, r1, i), a1);
+            a2 = _mm512_fmadd_pd(qv, load8_pd(m, r2, i), a2);
+            a3 = _mm512_fmadd_pd(qv, load8_pd(m, r3, i), a3);
+        }
+        acc[0] = a0, acc[1] = a1, acc[2] = a2, acc[3] = a3;
+    } else {
+        for (size_t r = 0; r < nr; ++r) {
+            __m512d a = acc[r];
+            for (size_t i = 0; i < full; i += 8) a = _mm512_fmadd_pd(_mm512_loadu_pd(qd + i), load8_pd(m, rows[r], i), a);
+            acc[r] = a;
+        }
+    }
+    if (full < d) {
+        alignas(64) double qt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (size_t i = full; i < d; ++i) qt[i - full] = qd[i];
+        const __m512d qv = _mm512_load_pd(qt);
+        for (size_t r = 0; r < nr; ++r) {
+            alignas(64) double vt[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+            for (size_t i = full; i < d; ++i) {
+                vt[i - full] = m.f16 != nullptr ? static_cast<double>(half_to_float(m.f16[rows[r] * d + i]))
+                                                : static_cast<double>(m.f32[rows[r] * d + i]);
+            }
+            acc[r] = _mm512_fmadd_pd(qv, _mm512_load_pd(vt), acc[r]);
+        }
+    }
+    for (size_t r = 0; r < nr; ++r) out[r] = combine_lanes(acc[r]);
+}
+
+bool cpu_has_avx512_rescore() {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("f16c");
+}
+
+}  // namespace
+#else
+#define RETRIEVER_HAVE_AVX512_RESCORE 0
+#endif
+
+bool rescore_has_avx512() {
+#if RETRIEVER_HAVE_AVX512_RESCORE
+    static const bool ok = cpu_has_avx512_rescore();
+    return ok;
+#else
+    return false;
+#endif
+}
+
 void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_view& c, int64_t base,
-                  int n_threads, const topk_out& out) {
+                  int n_threads, const topk_out& out, rescore_impl impl) {
     const size_t k = out.k;
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    if (impl == rescore_impl::avx512 && !rescore_has_avx512()) {
+        throw std::invalid_argument("impl = 'avx512' but this CPU has no AVX-512F / F16C");
+    }
+    // best k of a query's scored candidates, sorted (score desc, id asc), padded with -1 / -inf
+    auto finish = [&](size_t qi, std::vector<scored_doc>& buf) {
+        const size_t keep = std::min(k, buf.size());
+        std::partial_sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keep), buf.end(),
+                          ranks_before);
+        int64_t* ids = out.ids + qi * k;
+        float* sc = out.scores + qi * k;
+        for (size_t j = 0; j < keep; ++j) {
+            ids[j] = static_cast<int64_t>(buf[j].doc) + base;
+            sc[j] = buf[j].score;
+        }
+        for (size_t j = keep; j < k; ++j) {
+            ids[j] = -1;
+            sc[j] = neg_inf;
+        }
+        out.n_found[qi] = static_cast<int32_t>(keep);
+    };
+    const bool wide = impl == rescore_impl::avx512 || (impl == rescore_impl::automatic && rescore_has_avx512());
     parallel_for_items(c.nq, n_threads, 4, [&]() {
-        return [&, buf = std::vector<scored_doc>(), row_buf = std::vector<float>(m.d)](size_t qi) mutable {
+        return [&, buf = std::vector<scored_doc>(), row_buf = std::vector<float>(m.d),
+                qd = std::vector<double>(wide ? m.d : 0)](size_t qi) mutable {
             buf.clear();
+#if RETRIEVER_HAVE_AVX512_RESCORE
+            if (wide) {
+                const int64_t* cand = c.cand + qi * c.kk;
+                const float* qv = q + qi * m.d;
+                for (size_t t = 0; t < m.d; ++t) qd[t] = static_cast<double>(qv[t]);
+                size_t rows[kRows];
+                float sc[kRows];
+                size_t nr = 0;
+                const size_t row_bytes = m.d * (m.f16 != nullptr ? 2 : 4);
+                const char* base_ptr = m.f16 != nullptr ? reinterpret_cast<const char*>(m.f16)
+                                                        : reinterpret_cast<const char*>(m.f32);
+                for (size_t j = 0; j <= c.kk; ++j) {
+                    // candidates are scattered rows: fetch later ones while these are scored.
+                    if (j + 2 * kRows < c.kk && cand[j + 2 * kRows] >= 0) {
+                        const char* p = base_ptr + static_cast<size_t>(cand[j + 2 * kRows]) * row_bytes;
+                        for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off);
+                    }
+                    if (j < c.kk && cand[j] >= 0) rows[nr++] = static_cast<size_t>(cand[j]);
+                    if (nr == kRows || (j == c.kk && nr > 0)) {
+                        dots_avx512(qd.data(), m, rows, nr, sc);
+                        for (size_t r = 0; r < nr; ++r) buf.push_back({sc[r], static_cast<uint32_t>(rows[r])});
+                        nr = 0;
+                    }
+                }
+                finish(qi, buf);
+                return;
+            }
+#endif
             const int64_t* cand = c.cand + qi * c.kk;
             const float* qv = q + qi * m.d;
             const size_t row_bytes = m.d * (m.f16 != nullptr ? 2 : 4);
@@ -152,20 +290,7 @@ void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_vi
                 // is checked at the boundary.
                 buf.push_back({dense_dot(qv, m, row, row_buf.data()), static_cast<uint32_t>(row)});
             }
-            const size_t keep = std::min(k, buf.size());
-            std::partial_sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keep), buf.end(),
-                              ranks_before);
-            int64_t* ids = out.ids + qi * k;
-            float* sc = out.scores + qi * k;
-            for (size_t j = 0; j < keep; ++j) {
-                ids[j] = static_cast<int64_t>(buf[j].doc) + base;
-                sc[j] = buf[j].score;
-            }
-            for (size_t j = keep; j < k; ++j) {
-                ids[j] = -1;
-                sc[j] = neg_inf;
-            }
-            out.n_found[qi] = static_cast<int32_t>(keep);
+            finish(qi, buf);
         };
     });
 }

@@ -40,10 +40,18 @@ void check_candidates(const candidate_view& c, size_t n);
 /// `scratch` holds d floats (the row converted from float16).
 float dense_dot(const float* q, const dense_matrix_view& m, size_t row, float* scratch);
 
+/// Code path of rescore_topk: automatic = AVX-512 where available. Every path returns
+/// bit-identical scores (same lanes, same order; see rescore.cpp).
+enum class rescore_impl { automatic = 0, portable = 1, avx512 = 2 };
+
+/// True when the CPU (and OS) support rescore_topk's AVX-512F (+F16C) code path.
+bool rescore_has_avx512();
+
 /// Exact re-scoring + top-k. q: float32 (nq, d) queries; ids written are cand + base
 /// (global ordinals); rows padded with -1 / -inf after n_found. Candidates must be checked.
+/// Throws std::invalid_argument for impl = avx512 on a CPU without it.
 void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_view& c, int64_t base,
-                  int n_threads, const topk_out& out);
+                  int n_threads, const topk_out& out, rescore_impl impl = rescore_impl::automatic);
 
 }  // namespace retriever
 

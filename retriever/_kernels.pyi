@@ -281,6 +281,7 @@ def rescore_topk(
     k: int,
     base: int = 0,
     n_threads: int = 0,
+    impl: str = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact full-dimension re-scoring of Matryoshka funnel shortlists (AdANNS,
     Rege et al., NeurIPS 2023), cpp_ext/rescore.hpp.
@@ -292,7 +293,10 @@ def rescore_topk(
     float64 into 8 lanes (coordinate ``t`` goes to lane ``t % 8``, increasing
     ``t``), lanes combined ``((0+1)+(2+3))+((4+5)+(6+7))``, rounded to float32
     once, so scores never depend on the batch or thread count. Duplicated
-    candidates are scored twice.
+    candidates are scored twice. ``impl``: ``"auto"`` (AVX-512 where available),
+    ``"portable"`` or ``"avx512"`` (AVX-512F + F16C, four candidates at a time
+    with fused multiply-adds, exact because float32 products are exact in
+    float64): every path returns bit-identical scores.
 
     Returns:
         ``(ids int64 (nq, k) = candidate + base, scores float32 (nq, k),
@@ -300,7 +304,8 @@ def rescore_topk(
 
     Raises:
         ValueError: a candidate outside ``[-1, n)``; ``k < 1``; ``base < 0``;
-            mismatched shapes; more than 2**32 rows.
+            mismatched shapes; more than 2**32 rows; an unknown ``impl`` or
+            ``"avx512"`` on a CPU without it.
         TypeError: wrong dtype or non-contiguous array.
     """
 
@@ -355,6 +360,9 @@ def int8_scan_topk(
             CPU without AVX-512 VNNI.
         TypeError: wrong dtype or non-contiguous array.
     """
+
+def rescore_has_avx512() -> bool:
+    """True when :func:`rescore_topk` can use its AVX-512 path here."""
 
 def int8_scan_has_vnni() -> bool:
     """True when :func:`int8_scan_topk` can use its AVX-512 VNNI path here."""

@@ -31,7 +31,7 @@ KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impac
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
-           "rescore_topk", "heap_push_block", "int8_scan_topk", "int8_scan_has_vnni"}
+           "rescore_topk", "rescore_has_avx512", "heap_push_block", "int8_scan_topk", "int8_scan_has_vnni"}
 
 SMALL = st.integers(0, 12)
 U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
@@ -287,7 +287,9 @@ def test_fuzz_rescore_topk(data):
     q = rng.standard_normal((nq, data.draw(st.sampled_from([d, d, d + 1])))).astype(np.float32)
     cand = rng.integers(-3, n + 3, (nq, kk)).astype(np.int64)
     k = data.draw(st.sampled_from([1, 3, 10, 0, -1]))
-    res = _call(K.rescore_topk, q, vec, cand, k, data.draw(st.sampled_from([0, 5, -1])), data.draw(st.integers(0, 3)))
+    impl = data.draw(st.sampled_from(["auto", "portable", "avx512", "x"]))
+    res = _call(K.rescore_topk, q, vec, cand, k, data.draw(st.sampled_from([0, 5, -1])), data.draw(st.integers(0, 3)),
+                impl)
     if res is not None:
         _check_topk(res, nq, k)
 

@@ -44,7 +44,9 @@ def random_case(rng, n: int, d: int, nq: int):
 
 @pytest.mark.parametrize("impl", IMPLS)
 @pytest.mark.parametrize("n,d,nq,kk", [(1, 1, 1, 1), (15, 5, 3, 15), (17, 8, 9, 4), (100, 13, 20, 37),
-                                       (333, 64, 70, 100), (97, 130, 8, 97)])
+                                       (333, 64, 70, 100), (97, 130, 8, 97),
+                                       # reservoirs around the VNNI rank-select limit (160 keys)
+                                       (2000, 16, 9, 72), (2000, 16, 9, 73), (2000, 8, 9, 30)])
 def test_kernel_matches_int64_oracle(impl, n, d, nq, kk):
     rng = np.random.default_rng(n * 1000 + d)
     codes, packed, q8 = random_case(rng, n, d, nq)

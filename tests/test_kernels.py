@@ -985,6 +985,50 @@ def test_rescore_topk_matches_float64_oracle(dtype, d):
         np.testing.assert_array_equal(one[0][0], ids[i])
 
 
+@pytest.mark.skipif(not K.rescore_has_avx512(), reason="no AVX-512F on this CPU")
+@pytest.mark.parametrize("dtype", [np.float16, np.float32])
+def test_rescore_topk_avx512_path_is_bit_identical_to_portable(dtype):
+    # every d % 8 tail, groups of 4 candidates cut by -1 entries, zero / -0.0 queries, subnormals,
+    # wide dynamic range (float32 products that float32 accumulation would round)
+    rng = np.random.default_rng(7)
+    for d in (1, 3, 7, 8, 9, 15, 16, 17, 63, 100, 384, 385):
+        x = (rng.standard_normal((300, d)) * np.exp(rng.uniform(-6, 6, (300, 1)))).astype(dtype)
+        x[3] = 0
+        if dtype == np.float16:
+            x[4] = np.float16(3e-6)
+        q = (rng.standard_normal((30, d)) * np.exp(rng.uniform(-20, 20, (30, 1)))).astype(np.float32)
+        q[1] = 0
+        q[2] = -0.0
+        cand = np.stack([rng.permutation(300)[:37] for _ in range(30)]).astype(np.int64)
+        cand[5, 20:] = -1
+        cand[6] = -1
+        cand[7, ::3] = -1
+        cand[8, :] = 3
+        a = K.rescore_topk(q, x, cand, 13, 5, 1, "portable")
+        b = K.rescore_topk(q, x, cand, 13, 5, 1, "avx512")
+        c = K.rescore_topk(q, x, cand, 13, 5, 2)  # auto: the AVX-512 path here
+        for u, v, w in zip(a, b, c):
+            np.testing.assert_array_equal(u, v, err_msg=f"d={d}")
+            np.testing.assert_array_equal(u, w, err_msg=f"d={d}")
+        # and both are the float64 oracle of the documented lane order, bit for bit
+        lanes = np.zeros((30, 37, 8))
+        xf = x.astype(np.float64)
+        for t in range(d):
+            lanes[:, :, t % 8] += q[:, None, t].astype(np.float64) * xf[np.maximum(cand, 0), t]
+        ref = (((lanes[..., 0] + lanes[..., 1]) + (lanes[..., 2] + lanes[..., 3]))
+               + ((lanes[..., 4] + lanes[..., 5]) + (lanes[..., 6] + lanes[..., 7]))).astype(np.float32)
+        for i in range(30):
+            ok = b[0][i] >= 0
+            pos = [int(np.flatnonzero(cand[i] == j - 5)[0]) for j in b[0][i][ok]]
+            np.testing.assert_array_equal(b[1][i][ok], ref[i, pos], err_msg=f"d={d} query {i}")
+
+
+def test_rescore_topk_impl_argument():
+    x = np.ones((4, 8), np.float32)
+    with pytest.raises(ValueError, match="impl"):
+        K.rescore_topk(np.ones((1, 8), np.float32), x, np.zeros((1, 2), np.int64), 1, 0, 1, "fast")
+
+
 def test_rescore_topk_checks_its_arguments():
     x = np.ones((10, 4), np.float32)
     q = np.ones((2, 4), np.float32)

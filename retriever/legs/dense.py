@@ -163,6 +163,8 @@ class DenseLeg:
         self.use_gpu = bool(use_gpu) and faiss.get_num_gpus() > 0
         #: float32 (dim, dim) rotation applied to queries (documents were rotated at build), or None.
         self.rotation = load_rotation(reader.path, reader.manifest, self.dim)
+        #: the rotation widened to float64 once (the product in :meth:`rotate`), or None.
+        self._rotation64 = None if self.rotation is None else self.rotation.astype(np.float64)
         #: Matryoshka dims recorded at build time (informational; any prefix 1..dim is accepted).
         self.matryoshka_dims = tuple((reader.manifest.get("matryoshka") or {}).get("dims", ()))
         self.vectors: list[np.ndarray] = []
@@ -256,7 +258,7 @@ class DenseLeg:
         if self.rotation is None:
             return qv
         # float64 product rounded to float32: a query's rotated vector does not depend on its batch.
-        return np.ascontiguousarray((qv.astype(np.float64) @ self.rotation.astype(np.float64)).astype(np.float32))
+        return np.ascontiguousarray((qv.astype(np.float64) @ self._rotation64).astype(np.float32))
 
     # ------------------------------------------------------------------ FAISS helpers
     def _to_gpu(self, index: Any) -> Any:
