@@ -322,12 +322,16 @@ def dense_bench_markdown(out: Path = RESULTS) -> str:
 def budget_markdown(out: Path = RESULTS) -> list[str]:
     """The "Time budget" lines of SUMMARY.md from ``budget.json`` / ``budget_quick.json`` (written
     by ``benchmarks/run.py`` at the end of every invocation): the invocation's own wall time, per
-    section, against the limit (60 min full, 5 min quick), and the cache state at its start."""
+    section, against the limit (60 min full, 5 min quick), and the cache state at its start. The
+    latest partial invocation (``budget[_quick]_partial.json``, written by ``--only`` /
+    ``--hybrid-sizes`` runs) gets a line of its own after the complete run's, never in its place."""
     lines = []
-    for name, label in (("budget.json", "Full run"), ("budget_quick.json", "Quick run")):
+    for name, label in (("budget.json", "Full run"), ("budget_partial.json", "Latest partial run"),
+                        ("budget_quick.json", "Quick run"), ("budget_quick_partial.json", "Latest partial quick run")):
         p = Path(out) / name
         if not p.is_file():
-            lines.append(f"- {label}: no invocation recorded yet.")
+            if "partial" not in name:
+                lines.append(f"- {label}: no invocation recorded yet.")
             continue
         try:
             b = json.loads(p.read_text())

@@ -341,8 +341,14 @@ def test_budget_record_and_summary(tmp_path):
     assert "cold cache" in text and "all sections" in text
     run.write_budget(out, {**base, "complete": False, "sections_run": ["hybrid"], "wall_seconds": 4000.0,
                            "within_limit": False, "cache_at_start": st})
+    assert (out / "budget.json").is_file() and (out / "budget_partial.json").is_file()
     text = "\n".join(report.budget_markdown(out))
-    assert "NOT under 60 min" in text and "partial: only hybrid" in text and "warm cache (2 entries" in text
+    full, partial = [l for l in text.splitlines() if l.startswith("- Full run")], \
+        [l for l in text.splitlines() if l.startswith("- Latest partial run")]
+    # the partial invocation never replaces the complete run's record: both lines, each its own figures
+    assert len(full) == 1 and "50.0 min wall" in full[0] and "all sections" in full[0]
+    assert len(partial) == 1 and "NOT under 60 min" in partial[0] and "partial: only hybrid" in partial[0]
+    assert "warm cache (2 entries" in partial[0] and "66.7 min wall" in partial[0]
 
 
 def test_run_fresh_section_in_child_process(tmp_path):
