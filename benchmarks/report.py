@@ -324,11 +324,15 @@ def budget_markdown(out: Path = RESULTS) -> list[str]:
     by ``benchmarks/run.py`` at the end of every invocation): the invocation's own wall time, per
     section, against the limit (60 min full, 5 min quick), and the cache state at its start. The
     latest partial invocation (``budget[_quick]_partial.json``, written by ``--only`` /
-    ``--hybrid-sizes`` runs) gets a line of its own after the complete run's, never in its place."""
+    ``--hybrid-sizes`` runs) gets a line of its own after the complete run's, never in its place.
+    Quick records are read from ``out`` or, failing that, ``out/quick`` (the quick run's default
+    folder)."""
     lines = []
     for name, label in (("budget.json", "Full run"), ("budget_partial.json", "Latest partial run"),
                         ("budget_quick.json", "Quick run"), ("budget_quick_partial.json", "Latest partial quick run")):
         p = Path(out) / name
+        if not p.is_file() and "quick" in name:  # a quick run's default folder is results/quick
+            p = Path(out) / "quick" / name
         if not p.is_file():
             if "partial" not in name:
                 lines.append(f"- {label}: no invocation recorded yet.")

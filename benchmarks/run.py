@@ -28,7 +28,8 @@ files exist, so a section can be rerun alone):
 
 Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, < 5 minutes on 2
 cores: 100 s measured with warm caches; peers on small synthetic collections only, their JSON in
-the ``--out`` folder) asserts nothing about speed. Timing method: see ``retriever/bench.py`` and
+the ``--out`` folder, default ``benchmarks/results/quick``) asserts nothing about speed; the test
+suite runs it (``tests/test_bench.py::test_run_quick``) as CI's smoke test. Timing method: see ``retriever/bench.py`` and
 ``benchmarks/timing.py``.
 """
 
@@ -51,6 +52,8 @@ import numpy as np
 from benchmarks.timing import machine
 
 RESULTS = Path(__file__).resolve().parent / "results"
+#: default results folder of ``--quick`` runs (small sizes: their figures are no headline figures)
+QUICK_RESULTS = RESULTS / "quick"
 SECTIONS = ("hybrid", "encode", "indexing", "bm25", "dense", "sparse")
 
 
@@ -775,7 +778,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="small sizes (< 5 minutes on 2 cores)")
     ap.add_argument("--only", action="append", choices=SECTIONS, help="run only these sections (repeatable)")
-    ap.add_argument("--out", default=str(RESULTS), help="results folder")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results; with "
+                    "--quick benchmarks/results/quick, so a quick run never replaces the full run's figures)")
     ap.add_argument("--no-readme", action="store_true", help="do not regenerate README.md's bench section")
     ap.add_argument("--hybrid-sizes", default=None,
                     help="comma list of hybrid corpus sizes to run; merged into an existing run_hybrid.json")
@@ -803,7 +807,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--hybrid-sizes must be a comma list of integers, got {args.hybrid_sizes!r}")
         if min(HYBRID_SIZES) < 1:
             ap.error(f"--hybrid-sizes must be >= 1, got {args.hybrid_sizes!r}")
-    out = Path(args.out)
+    out = Path(args.out) if args.out else (QUICK_RESULTS if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
     cmd = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     t_start = time.perf_counter()

@@ -149,9 +149,8 @@ def test_run_pieces_tiny(tmp_path):
     assert readme.read_text().count(START) == 1
 
 
-@pytest.mark.slow
 def test_run_quick(tmp_path):
-    """The whole quick run (several minutes on 2 cores); asserts nothing about speed."""
+    """The whole quick run (CI's smoke test, about 2 minutes on 2 cores); asserts nothing about speed."""
     from benchmarks import run
 
     assert run.main(["--quick", "--out", str(tmp_path), "--no-readme"]) == 0
