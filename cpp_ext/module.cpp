@@ -764,8 +764,10 @@ void register_sparse_kernels(py::module_& m) {
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
     m.def("_set_bm25_scatter_impl", &set_bm25_scatter_impl, py::arg("impl"),
-          "Test hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best\n"
-          "available, AVX-512 where the CPU has it; 1 = scalar; bit-identical). Returns the previous value.");
+          "Test / benchmark hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best for\n"
+          "this CPU: AVX-512 on Intel, else AVX2, else scalar; 1 = scalar; 2 = AVX2; 3 = AVX-512;\n"
+          "bit-identical). Returns the previous value. Raises ValueError for an impl outside 0-3 or\n"
+          "one this CPU lacks.");
     m.def("_set_forward_score_impl", &set_forward_score_impl, py::arg("impl"),
           "Test hook: forward-index score implementation of the sparse kernels (0 = best available,\n"
           "1 = scalar, 2 = SSE2; all bit-identical). Returns the previous value.");

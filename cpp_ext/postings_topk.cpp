@@ -331,8 +331,10 @@ constexpr size_t kScanBlock = 16;
 constexpr size_t kSmallK = 64;
 
 /// Which scatter exhaustive_dense uses for precomputed impacts: 0 = best
-/// available (AVX-512 where the CPU has it), 1 = scalar (tests). Both add the
-/// same float32 products in the same order (bit-identical accumulators).
+/// for this CPU (see scatter_impacts), 1 = scalar, 2 = AVX2 products,
+/// 3 = AVX-512 gathers / scatters (tests and benchmarks pick one; 2 and 3
+/// only where the CPU has the instructions). All add the same float32
+/// products in the same order (bit-identical accumulators).
 std::atomic<int> g_scatter_impl{0};
 
 /// Scalar scatter of one term's list: acc[docs[p]] += w * imp[p] for p < n.
@@ -362,6 +364,12 @@ inline size_t scatter_impacts_scalar(float* acc, const uint32_t* docs, const flo
 
 #if defined(RETRIEVER_AVX512_SCATTER)
 const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
+const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+/// AVX-512 scatters are fast on Intel cores; on AMD Zen 4 they are
+/// microcoded and the scatter of 16 postings ran ~15% slower than 16 scalar
+/// stores on SciFact (benchmarks/bench_bm25.py, kernel `exhaustive`), so the
+/// default takes them on Intel only.
+const bool kIntel = __builtin_cpu_is("intel");
 
 /// scatter_impacts_scalar with AVX-512 gathers / scatters, 16 postings at a
 /// time. Requires distinct doc ids within docs[0..n) (a CSR list: strictly
@@ -381,17 +389,53 @@ __attribute__((target("avx512f"))) size_t scatter_impacts_avx512(float* acc, con
     }
     return p + scatter_impacts_scalar(acc, docs + p, imp + p, w, n - p, n_docs);
 }
+
+/// scatter_impacts_scalar with the 16 products fl(w * imp[p]) and the
+/// bounds check of 16 doc ids done in AVX2 registers; the 16 read-add-writes
+/// of the accumulator stay scalar (no gather / scatter), each computing the
+/// scalar expression fl(acc[d] + fl(w * imp[p])).
+__attribute__((target("avx2"))) size_t scatter_impacts_avx2(float* acc, const uint32_t* docs,
+                                                            const float* imp, float w, size_t n,
+                                                            size_t n_docs) {
+    const __m256 wv = _mm256_set1_ps(w);
+    const __m256i lim = _mm256_set1_epi32(static_cast<int>(std::min<size_t>(n_docs, 0xFFFFFFFFu)));
+    alignas(32) float prod[16];
+    size_t p = 0;
+    for (; p + 16 <= n; p += 16) {
+        const __m256i mx = _mm256_max_epu32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(docs + p)),
+                                            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(docs + p + 8)));
+        // lanes with mx >= lim: max(mx, lim) == mx
+        const __m256i ge = _mm256_cmpeq_epi32(_mm256_max_epu32(mx, lim), mx);
+        if (!_mm256_testz_si256(ge, ge)) break;  // the scalar tail finds the bad one
+        _mm256_store_ps(prod, _mm256_mul_ps(wv, _mm256_loadu_ps(imp + p)));
+        _mm256_store_ps(prod + 8, _mm256_mul_ps(wv, _mm256_loadu_ps(imp + p + 8)));
+        const uint32_t* d = docs + p;
+        for (int j = 0; j < 16; j += 4) {
+            const uint32_t d0 = d[j], d1 = d[j + 1], d2 = d[j + 2], d3 = d[j + 3];
+            const float v0 = acc[d0] + prod[j], v1 = acc[d1] + prod[j + 1];
+            const float v2 = acc[d2] + prod[j + 2], v3 = acc[d3] + prod[j + 3];
+            acc[d0] = v0;
+            acc[d1] = v1;
+            acc[d2] = v2;
+            acc[d3] = v3;
+        }
+    }
+    return p + scatter_impacts_scalar(acc, docs + p, imp + p, w, n - p, n_docs);
+}
 #endif
 
 /// acc[docs[p]] += w * imp[p] for p < n in order (distinct doc ids); returns
-/// n, or the first position whose doc id is >= n_docs.
+/// n, or the first position whose doc id is >= n_docs. Default (impl 0):
+/// AVX-512 on Intel CPUs that have it, else AVX2 products, else scalar.
 inline size_t scatter_impacts(float* acc, const uint32_t* docs, const float* imp, float w, size_t n,
                               size_t n_docs) {
 #if defined(RETRIEVER_AVX512_SCATTER)
-    // n_docs < 2^31: the gather's signed 32-bit indices (scale 4) cover every id
-    if (kHaveAvx512 && n >= 16 && n_docs < (size_t{1} << 31) &&
-        g_scatter_impl.load(std::memory_order_relaxed) == 0) {
-        return scatter_impacts_avx512(acc, docs, imp, w, n, n_docs);
+    if (n >= 16) {
+        int impl = g_scatter_impl.load(std::memory_order_relaxed);
+        if (impl == 0) impl = (kHaveAvx512 && kIntel) ? 3 : kHaveAvx2 ? 2 : 1;
+        // n_docs < 2^31: the gather's signed 32-bit indices (scale 4) cover every id
+        if (impl == 3 && n_docs < (size_t{1} << 31)) return scatter_impacts_avx512(acc, docs, imp, w, n, n_docs);
+        if (impl >= 2) return scatter_impacts_avx2(acc, docs, imp, w, n, n_docs);
     }
 #endif
     return scatter_impacts_scalar(acc, docs, imp, w, n, n_docs);
@@ -583,18 +627,36 @@ class bm25_worker {
                 for (uint64_t p = offsets[t], pe = offsets[t + 1]; p < pe; ++p) seen[doc_ids[p]] = 1;
             }
         }
-        for (size_t j = 0; j < nb; ++j) {
-            if (bmax[j] >= thr) {
-                const size_t lo = j * kScanBlock, hi = std::min(n_docs, lo + kScanBlock);
-                float ht;
-                if (seen) {
-                    ht = select_range<true>(acc, seen, lo, hi, thr);
-                } else if (m_allow == nullptr && hi - lo == kScanBlock) {
-                    ht = select_block(acc, lo, thr);
-                } else {
-                    ht = select_range<false>(acc, seen, lo, hi, thr);
+        // Blocks whose maximum reaches thr, found 8 at a time with vector compares (thr is
+        // refreshed between groups; a stale, lower thr only offers more documents, which the
+        // heap re-checks). bmax is never NaN, and a compare with NaN thr is false, like `>=`.
+        for (size_t j0 = 0; j0 < nb; j0 += 8) {
+            unsigned mask = 0;
+#if defined(__SSE2__)
+            if (j0 + 8 <= nb) {
+                const __m128 tv = _mm_set1_ps(thr);
+                mask = static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(bmax + j0), tv))) |
+                       static_cast<unsigned>(_mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(bmax + j0 + 4), tv))) << 4;
+            } else
+#endif
+            {
+                for (size_t j = j0; j < std::min(nb, j0 + 8); ++j) mask |= unsigned(bmax[j] >= thr) << (j - j0);
+            }
+            while (mask != 0) {
+                const size_t j = j0 + static_cast<size_t>(__builtin_ctz(mask));
+                mask &= mask - 1;
+                {
+                    const size_t lo = j * kScanBlock, hi = std::min(n_docs, lo + kScanBlock);
+                    float ht;
+                    if (seen) {
+                        ht = select_range<true>(acc, seen, lo, hi, thr);
+                    } else if (m_allow == nullptr && hi - lo == kScanBlock) {
+                        ht = select_block(acc, lo, thr);
+                    } else {
+                        ht = select_range<false>(acc, seen, lo, hi, thr);
+                    }
+                    thr = std::max(thr, ht);
                 }
-                thr = std::max(thr, ht);
             }
         }
         std::memset(acc, 0, n_docs * sizeof(float));
@@ -1860,7 +1922,15 @@ void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const 
 }
 
 int set_bm25_scatter_impl(int impl) {
-    if (impl < 0 || impl > 1) fail("impl must be 0 (best available) or 1 (scalar), got " + std::to_string(impl));
+    if (impl < 0 || impl > 3) {
+        fail("impl must be 0 (best for this CPU), 1 (scalar), 2 (AVX2) or 3 (AVX-512), got " + std::to_string(impl));
+    }
+#if defined(RETRIEVER_AVX512_SCATTER)
+    const bool ok = impl < 2 || (impl == 2 ? kHaveAvx2 : kHaveAvx512);
+#else
+    const bool ok = impl < 2;
+#endif
+    if (!ok) fail("scatter impl " + std::to_string(impl) + " is not supported on this CPU");
     return g_scatter_impl.exchange(impl);
 }
 

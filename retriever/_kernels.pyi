@@ -374,6 +374,11 @@ def int8_scan_has_vnni() -> bool:
 def __getattr__(name: str) -> Any: ...
 
 def _set_bm25_scatter_impl(impl: int) -> int:
-    """Test hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best available,
-    AVX-512 where the CPU has it; 1 = scalar; bit-identical). Returns the previous value."""
+    """Test / benchmark hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best
+    for this CPU: AVX-512 gathers/scatters on Intel, else AVX2 products with scalar stores, else
+    scalar; 1 = scalar; 2 = AVX2; 3 = AVX-512; all bit-identical). Returns the previous value.
+
+    Raises:
+        ValueError: impl outside 0-3, or an instruction set this CPU lacks.
+    """
     ...

@@ -298,9 +298,9 @@ def test_bm25_dense_scan_large_collection():
 @pytest.mark.parametrize("seed", [0, 1, 2])
 @pytest.mark.parametrize("ties", [False, True])
 def test_bm25_dense_scatter_implementations(seed, ties):
-    """The dense exhaustive path with impacts: the runtime-dispatched scatter (AVX-512 gathers /
-    scatters of 16 postings where the CPU has them) and the scalar one (4 postings a step) must
-    both equal the float32 oracle bit for bit, on lists of every length mod 16 (the vector body
+    """The dense exhaustive path with impacts: every scatter this CPU runs (the default for the
+    CPU, scalar with 4 postings a step, AVX2 products with scalar stores, AVX-512 gathers /
+    scatters of 16 postings) must each equal the float32 oracle bit for bit, on lists of every length mod 16 (the vector body
     and the scalar tail), odd collection sizes (a partial last selection block), ties, k around
     the number of blocks (the k-th block maximum's pre-filter), one and three threads."""
     rng = np.random.default_rng(900 + seed)
@@ -314,18 +314,36 @@ def test_bm25_dense_scatter_implementations(seed, ties):
     nb = (n_docs + 15) // 16
     for k in sorted({1, 10, max(1, nb // 4), max(1, nb // 4) + 1, 64, 65}):
         ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, None)
-        for impl in (0, 1):
+        for impl in SCATTER_IMPLS:
             prev = K._set_bm25_scatter_impl(impl)
             try:
                 for n_threads in (1, 3):
                     assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
             finally:
                 K._set_bm25_scatter_impl(prev)
-    with pytest.raises(ValueError, match="impl must be 0"):
-        K._set_bm25_scatter_impl(2)
+    for bad in (-1, 4):
+        with pytest.raises(ValueError, match="impl must be 0"):
+            K._set_bm25_scatter_impl(bad)
 
 
-@pytest.mark.parametrize("impl", [0, 1])
+def _scatter_impls() -> list[int]:
+    """The scatter implementations this CPU runs (0 = default, 1 = scalar, 2 = AVX2, 3 = AVX-512)."""
+    ok = []
+    for impl in (0, 1, 2, 3):
+        try:
+            prev = K._set_bm25_scatter_impl(impl)
+        except ValueError as e:
+            assert "not supported on this CPU" in str(e) and impl >= 2
+            continue
+        K._set_bm25_scatter_impl(prev)
+        ok.append(impl)
+    return ok
+
+
+SCATTER_IMPLS = _scatter_impls()
+
+
+@pytest.mark.parametrize("impl", SCATTER_IMPLS)
 @pytest.mark.parametrize("bad_at", [0, 5, 16, 31, 37])
 def test_bm25_dense_scatter_rejects_a_bad_doc_id(impl, bad_at):
     """A doc id >= n_docs anywhere in a long list (inside a 16-posting vector or in the tail)
