@@ -134,6 +134,13 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
                 out.append(f"| {leg}: sentence-transformers `encode()` (same model, texts, max length, batch) | "
                            f"{d['n_docs']:,} | {d['sentence_transformers_docs_per_s']:,.1f} | pipeline/ST = "
                            f"{d['pipeline_vs_sentence_transformers']:.2f} (≥ 1.0) |")
+            bf = d.get("bfloat16")
+            if bf:
+                vs_st = (f"; {bf['vs_sentence_transformers']:.2f}× ST" if "vs_sentence_transformers" in bf else "")
+                out.append(f"| {leg}: `build_index` with `DenseConfig(precision=\"bfloat16\")` (cosine to float32 "
+                           f"≥ {bf['cosine_to_float32_min']:.5f}, mean {bf['cosine_to_float32_mean']:.6f}) | "
+                           f"{d['n_docs']:,} | {bf['pipeline_docs_per_s']:,.1f} | "
+                           f"{bf['vs_float32_pipeline']:.2f}× the float32 pipeline{vs_st} |")
         out.append("")
         for key in ("non_model_synthetic", "non_model_scifact"):
             e = r[key]

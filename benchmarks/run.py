@@ -474,16 +474,17 @@ def section_indexing(quick: bool) -> dict[str, Any]:
     return out
 
 
-def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...]) -> dict[str, float]:
+def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...], **overrides: Any) -> dict[str, float]:
     """One ``build_index`` of ``docs`` (one pipeline batch: ``batch_size`` ≥ len(docs), so the
-    encoders length-sort the same set of texts as the raw loops): wall seconds, and wall seconds
-    minus the model loading measured inside that call (``stats.model_load_seconds``)."""
+    encoders length-sort the same set of texts as the raw loops; ``overrides`` go to
+    ``build_index``, e.g. ``dense=DenseConfig(precision="bfloat16")``): wall seconds, and wall
+    seconds minus the model loading measured inside that call (``stats.model_load_seconds``)."""
     import shutil
 
     from retriever import build_index
 
     t0 = time.perf_counter()
-    m = build_index(docs, out, legs=legs, show_progress=False, batch_size=max(1024, len(docs)))
+    m = build_index(docs, out, legs=legs, show_progress=False, batch_size=max(1024, len(docs)), **overrides)
     wall = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
     st = m["stats"]
@@ -492,18 +493,20 @@ def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...]) -> dict[st
 
 
 def _raw_dense(tokenizer, model, texts: list[str], batch_size: int, max_length: int) -> np.ndarray:
-    """The raw encoder: length-sorted batches (longest first, as the pipeline and
-    sentence-transformers do), tokenise with padding/truncation at ``max_length``, forward pass,
-    mean pooling, L2 normalisation; nothing else (no truncation counting, checks, storage)."""
+    """The raw encoder, batched as the pipeline batches (``DenseEncoder.encode``): tokenise once
+    with truncation at ``max_length``, batches by token count (longest first), each padded to its
+    longest text, forward pass, mean pooling, L2 normalisation; nothing else (no truncation
+    counting, checks, storage)."""
     import torch
 
-    order = np.argsort([-len(t) for t in texts], kind="stable")
+    tok = tokenizer(texts, truncation=True, max_length=max_length, padding=False)
+    keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in tok]
+    order = np.argsort([-len(x) for x in tok["input_ids"]], kind="stable")
     out = np.empty((len(texts), model.config.hidden_size), np.float32)
     with torch.inference_mode():
         for s in range(0, len(texts), batch_size):
             idx = order[s:s + batch_size]
-            enc = tokenizer([texts[i] for i in idx], padding=True, truncation=True, max_length=max_length,
-                            return_tensors="pt")
+            enc = tokenizer.pad({k: [tok[k][i] for i in idx] for k in keys}, padding=True, return_tensors="pt")
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
             emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
@@ -578,12 +581,15 @@ def _encoder_indexing(kind: str, n: int, tmp: Path, repeats: int = 3) -> dict[st
     _pipeline_run(docs[:16], tmp / f"{kind}-warm", ("bm25", kind))
     if st is not None:
         st.encode(texts[:16], batch_size=bs)
-    raw_s, pipe, st_s = [], [], []
+    bf16 = {"dense": DenseConfig(precision="bfloat16")} if kind == "dense" else None
+    raw_s, pipe, pipe_bf16, st_s = [], [], [], []
     for r in range(repeats):
         t0 = time.perf_counter()
         raw()
         raw_s.append(time.perf_counter() - t0)
         pipe.append(_pipeline_run(docs, tmp / f"{kind}-{r}", ("bm25", kind)))
+        if bf16:
+            pipe_bf16.append(_pipeline_run(docs, tmp / f"{kind}-bf16-{r}", ("bm25", kind), **bf16))
         if st is not None:
             t0 = time.perf_counter()
             st_vecs = st.encode(texts, batch_size=bs, normalize_embeddings=True, convert_to_numpy=True)
@@ -604,11 +610,19 @@ def _encoder_indexing(kind: str, n: int, tmp: Path, repeats: int = 3) -> dict[st
         ours = enc.encode(texts)
         ref = _raw_dense(tokenizer, model, texts, bs, max_len)
         res["max_abs_diff_vs_raw"] = float(np.abs(ours - ref).max())
+        # the bfloat16 forward pass (DenseConfig.precision): speed, and how far its vectors are
+        bf_dps = len(texts) / med(p["excl_load_s"] for p in pipe_bf16)
+        bf_vecs = DenseEncoder(None, max_length=max_len, batch_size=bs, precision="bfloat16").encode(texts)
+        cos = (ours * bf_vecs).sum(1)
+        res["bfloat16"] = {"pipeline_runs": pipe_bf16, "pipeline_docs_per_s": bf_dps,
+                           "vs_float32_pipeline": bf_dps / pipe_dps,
+                           "cosine_to_float32_min": float(cos.min()), "cosine_to_float32_mean": float(cos.mean())}
         if st is not None:
             res["sentence_transformers_seconds_runs"] = st_s
             res["sentence_transformers_docs_per_s"] = len(texts) / med(st_s)
             res["pipeline_vs_sentence_transformers"] = pipe_dps / res["sentence_transformers_docs_per_s"]
             res["max_abs_diff_vs_sentence_transformers"] = float(np.abs(ours - st_vecs).max())
+            res["bfloat16"]["vs_sentence_transformers"] = bf_dps / res["sentence_transformers_docs_per_s"]
             res["targets"]["pipeline_vs_sentence_transformers"] = 1.0
     else:
         res["raw_encoder_nnz"] = raw()

@@ -250,7 +250,7 @@ bool int8_scan_has_vnni() {
     static const bool ok = [] {
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vnni");
+               __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("popcnt");
     }();
     return ok;
 #else

@@ -369,6 +369,9 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
     dense_matrix_view m;
     m.n = static_cast<size_t>(vectors.shape(0));
     m.d = static_cast<size_t>(vectors.shape(1));
+    if (dt.byteorder() == '>') {  // kind/itemsize alone would let a big-endian array through
+        throw py::type_error("vectors must be in native byte order, got " + std::string(py::str(dt)));
+    }
     if (dt.kind() == 'f' && dt.itemsize() == 2) {
         m.f16 = static_cast<const uint16_t*>(vectors.data());
     } else if (dt.kind() == 'f' && dt.itemsize() == 4) {

@@ -363,13 +363,23 @@ inline size_t scatter_impacts_scalar(float* acc, const uint32_t* docs, const flo
 }
 
 #if defined(RETRIEVER_AVX512_SCATTER)
-const bool kHaveAvx512 = __builtin_cpu_supports("avx512f");
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
+/// CPU features, read once after __builtin_cpu_init() (this file's statics may
+/// be initialised before libgcc's own detection has run).
+struct cpu_features {
+    bool avx512, avx2, intel;
+};
+const cpu_features kCpu = [] {
+    __builtin_cpu_init();
+    return cpu_features{__builtin_cpu_supports("avx512f") != 0, __builtin_cpu_supports("avx2") != 0,
+                        __builtin_cpu_is("intel") != 0};
+}();
+const bool kHaveAvx512 = kCpu.avx512;
+const bool kHaveAvx2 = kCpu.avx2;
 /// AVX-512 scatters are fast on Intel cores; on AMD Zen 4 they are
 /// microcoded and the scatter of 16 postings ran ~15% slower than 16 scalar
 /// stores on SciFact (benchmarks/bench_bm25.py, kernel `exhaustive`), so the
 /// default takes them on Intel only.
-const bool kIntel = __builtin_cpu_is("intel");
+const bool kIntel = kCpu.intel;
 
 /// scatter_impacts_scalar with AVX-512 gathers / scatters, 16 postings at a
 /// time. Requires distinct doc ids within docs[0..n) (a CSR list: strictly

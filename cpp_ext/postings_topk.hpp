@@ -146,11 +146,12 @@ void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
 void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
                    size_t n, size_t depth, int n_threads, float* out);
 
-/// Test hook: the scatter of exhaustive scoring with precomputed impacts on
-/// small collections (0 = best available: AVX-512 gather/scatter where the CPU
-/// has it; 1 = scalar). Both compute the same float32 sums in the same order
-/// (bit-identical results). Returns the previous value; throws
-/// std::invalid_argument for another value.
+/// Test / benchmark hook: the scatter of exhaustive scoring with precomputed
+/// impacts on small collections (0 = best for this CPU: AVX-512 gathers /
+/// scatters on Intel, else AVX2 products with scalar stores, else scalar;
+/// 1 = scalar; 2 = AVX2; 3 = AVX-512). All compute the same float32 sums in
+/// the same order (bit-identical results). Returns the previous value; throws
+/// std::invalid_argument for another value or one this CPU lacks.
 int set_bm25_scatter_impl(int impl);
 
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
@@ -158,6 +159,9 @@ int set_bm25_scatter_impl(int impl);
 /// With bounds->term_kth (and no allow filter, non-negative weights), the
 /// pruning algorithms start from the safe threshold max over the query's
 /// terms of weight * term_kth[t] (see bm25_worker::operator()).
+/// Precondition: doc ids strictly increasing within each list (check_csr);
+/// an id >= n_docs throws, a repeated id gives unspecified (memory-safe)
+/// scores.
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
                const query_batch_view& queries, const uint8_t* allow,
                bm25_algorithm algorithm, int n_threads, const topk_out& out);

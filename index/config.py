@@ -66,6 +66,10 @@ class AnalyzerConfig:
             raise ConfigError(f"analyzer max_token_length must be an integer >= 1, got {self.max_token_length!r}")
 
 
+#: forward-pass arithmetic of the dense document encoder (``DenseConfig.precision``)
+ENCODER_PRECISIONS = ("float32", "bfloat16")
+
+
 @dataclass(frozen=True)
 class DenseConfig:
     """Dense leg settings.
@@ -86,6 +90,11 @@ class DenseConfig:
             When False and ``matryoshka_dims`` is set, a PCA rotation is fitted at build time (see
             ``index/matryoshka.py``).
         rotation_sample: at most this many vectors (from the first shard) fit the rotation.
+        precision: arithmetic of the encoder's forward pass when documents are encoded at build
+            time: ``"float32"`` (default, sentence-transformers' numbers) or ``"bfloat16"``
+            (``torch.autocast``; on CPUs with native bf16 — AVX512_BF16 / AMX — about 2.3x faster,
+            vectors at cosine >= 0.9999 to float32 on SciFact; see the README's indexing
+            figures). Queries are always encoded in float32.
     """
 
     model: str | None = None
@@ -99,9 +108,13 @@ class DenseConfig:
     matryoshka_dims: tuple[int, ...] = ()
     mrl_trained: bool = False
     rotation_sample: int = 100_000
+    precision: str = "float32"
 
     def __post_init__(self) -> None:
         from .matryoshka import check_dims  # Matryoshka validation lives with its logic
+
+        if self.precision not in ENCODER_PRECISIONS:
+            raise ConfigError(f"dense precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {self.precision!r}")
 
         object.__setattr__(self, "matryoshka_dims", check_dims(self.matryoshka_dims))
         if isinstance(self.rotation_sample, bool) or not isinstance(self.rotation_sample, int) \

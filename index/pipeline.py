@@ -192,7 +192,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
 
         dc: DenseConfig = config.dense
         dense_enc = DenseEncoder(dc.model, max_length=dc.max_length, batch_size=dc.batch_size,
-                                 device=config.device, normalize=dc.normalize)
+                                 device=config.device, normalize=dc.normalize, precision=dc.precision)
         model_info["dense"] = {**_model_fingerprint(dense_enc.path), "dim": dense_enc.dim}
     mat = None
     if dense_enc is not None and config.dense.matryoshka_dims:

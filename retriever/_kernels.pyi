@@ -176,6 +176,12 @@ def bm25_topk(
     division, no random ``doc_norm`` read; bit-identical scores). Inconsistent
     impacts give wrong results, never a memory error.
 
+    Precondition: each term's doc ids strictly increasing, as :func:`check_csr`
+    verifies (the BM25 leg runs it once when an index is opened; this call does not,
+    it costs O(nnz)). A doc id ``>= n_docs`` raises ``ValueError``; a list with a
+    repeated doc id gives unspecified scores (the vector scatters read several
+    accumulator entries before writing them back), never a memory error.
+
     ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry
     ``t`` (for every query term) from :func:`bm25_term_kth` with ``depth = k`` and the
     same ``doc_norm``. The pruning algorithms then start from the safe threshold

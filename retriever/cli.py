@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--legs", type=_legs, default=("bm25", "dense"), help="comma list of bm25,dense,sparse (default bm25,dense)")
     b.add_argument("--dense-model", default=None, help="local Hugging Face checkpoint (default: bundled all-MiniLM-L6-v2)")
     b.add_argument("--dense-dtype", choices=("float16", "float32"), default="float16")
+    b.add_argument("--dense-precision", choices=("float32", "bfloat16"), default="float32",
+                   help="arithmetic of the document encoder's forward pass (bfloat16: ~2.3x faster on "
+                        "CPUs with native bf16, vectors at cosine >= 0.9999 to float32)")
     b.add_argument("--faiss-factory", default="Flat", help="FAISS index_factory string (default Flat)")
     b.add_argument("--sparse-model", default=None, help="local SPLADE checkpoint (default: bundled 2-layer SPLADE)")
     b.add_argument("--sparse-doc-max-length", type=_positive_int, default=256, help="SPLADE tokens per document")
@@ -150,7 +153,7 @@ def cmd_build(args: argparse.Namespace) -> int:
     from index.pipeline import build_index
 
     cfg = BuildConfig(legs=args.legs, shard_size=args.shard_size, batch_size=args.batch_size, device=args.device,
-                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, faiss_factory=args.faiss_factory,
+                      dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, precision=args.dense_precision, faiss_factory=args.faiss_factory,
                                         matryoshka_dims=check_dims(args.matryoshka_dims),
                                         mrl_trained=args.mrl_trained),
                       sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,

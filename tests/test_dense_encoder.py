@@ -59,3 +59,39 @@ def test_build_stats_split_model_time(tmp_path):
     assert set(st["encode_seconds"]) == {"dense"} and 0 < st["encode_seconds"]["dense"] <= st["build_seconds"]
     m2 = build_index(docs, tmp_path / "ix2", legs=("bm25",), show_progress=False)
     assert "model_load_seconds" not in m2["stats"] and "encode_seconds" not in m2["stats"]
+
+
+def test_bfloat16_precision_close_to_float32(enc):
+    """precision="bfloat16" runs the forward pass under autocast: float32 unit vectors in input
+    order, close to the float32 ones (same model, texts, batching); an unknown precision is refused."""
+    from index.encoders.dense import DenseEncoder
+    from index.errors import ModelError
+
+    bf = DenseEncoder(None, max_length=16, batch_size=3, precision="bfloat16")
+    a, b = enc.encode(TEXTS), bf.encode(TEXTS)
+    assert b.dtype == np.float32 and b.shape == a.shape
+    np.testing.assert_allclose(np.linalg.norm(b, axis=1), 1.0, atol=1e-5)
+    cos = (a * b).sum(1)
+    assert cos.min() > 0.99 and not np.array_equal(a, b)  # bf16 arithmetic really ran
+    with pytest.raises(ModelError, match="precision"):
+        DenseEncoder(None, precision="float16")
+
+
+def test_dense_precision_config_and_manifest(tmp_path):
+    from index.config import BuildConfig, DenseConfig
+    from index.errors import ConfigError, ModelError
+    from retriever import Retriever, build_index
+
+    with pytest.raises(ConfigError, match="dense precision"):
+        DenseConfig(precision="fp8")
+    cfg = BuildConfig(legs=("bm25", "dense"), dense=DenseConfig(precision="bfloat16"))
+    assert BuildConfig.from_dict(cfg.to_dict()) == cfg
+    docs = [{"_id": str(i), "text": t} for i, t in enumerate(TEXTS)]
+    try:
+        build_index(docs, tmp_path / "ix", config=cfg, show_progress=False)
+    except ModelError as e:
+        pytest.skip(f"bundled dense model not installed: {e}")
+    r = Retriever.open(tmp_path / "ix")
+    assert r.reader.config.dense.precision == "bfloat16"  # recorded in the manifest
+    hits = r.search(TEXTS[2], k=1, mode="dense")
+    assert hits[0].id == "2"  # a document is its own nearest neighbour

@@ -311,14 +311,20 @@ def test_bm25_dense_scatter_implementations(seed, ties):
     assert {int(x) % 16 for x in lens if x >= 16} and lens.max() >= 32  # vector body and tails
     q = make_queries(rng, n_terms, 40, 9, ties=ties)
     impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    bounds = bounds_for(c, 128)
     nb = (n_docs + 15) // 16
     for k in sorted({1, 10, max(1, nb // 4), max(1, nb // 4) + 1, 64, 65}):
         ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, None)
+        kth = term_kth_for(c, k, impacts, bounds, 128)
+        assert (kth > 0).any()  # a real single-term threshold reaches the kernel
         for impl in SCATTER_IMPLS:
             prev = K._set_bm25_scatter_impl(impl)
             try:
                 for n_threads in (1, 3):
                     assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
+                    # "auto" on a small collection: dense exhaustive, with the single-term threshold
+                    assert_same(run_bm25(c, q, k, "auto", n_threads, bounds=bounds, impacts=impacts,
+                                         term_kth=kth), ref)
             finally:
                 K._set_bm25_scatter_impl(prev)
     for bad in (-1, 4):
@@ -1061,6 +1067,9 @@ def test_rescore_topk_checks_its_arguments():
         K.rescore_topk(q, x.astype(np.float64), np.zeros((2, 3), np.int64), 5)
     with pytest.raises(TypeError):
         K.rescore_topk(q, np.ones((10, 8), np.float32)[:, ::2], np.zeros((2, 3), np.int64), 5)
+    for dt in (">f4", ">f2"):  # the right kind and size, the wrong byte order: refused, not misread
+        with pytest.raises(TypeError, match="native byte order"):
+            K.rescore_topk(q, x.astype(dt), np.zeros((2, 3), np.int64), 5)
 
 
 def test_heap_push_block_keeps_exact_topk_with_ties():

@@ -1,13 +1,14 @@
 """Dense sentence encoder: mean pooling over token embeddings, then L2 normalisation.
 
 This is the Sentence-BERT recipe (Reimers & Gurevych, EMNLP 2019) used by all-MiniLM-L6-v2.
-Batches are sorted by length (longest first) to minimise padding, as sentence-transformers does,
-and outputs are put back in input order. Models load from a local directory only, with plain
+Texts are tokenised once and batched by token count (longest first) to minimise padding
+(sentence-transformers sorts by character count), and outputs are put back in input order. Models load from a local directory only, with plain
 ``transformers`` and ``trust_remote_code=False``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -52,13 +53,15 @@ class DenseEncoder:
         batch_size: texts per forward pass.
         device: ``"cpu"`` or ``"cuda"``.
         normalize: L2-normalise outputs.
+        precision: ``"float32"`` or ``"bfloat16"`` (the forward pass under ``torch.autocast``;
+            pooling and normalisation in float32). Output is float32 either way.
 
     Raises:
-        ModelError: missing or unloadable model.
+        ModelError: missing or unloadable model, or an unknown precision.
     """
 
     def __init__(self, model: str | None = None, *, max_length: int = 256, batch_size: int = 64,
-                 device: str = "cpu", normalize: bool = True) -> None:
+                 device: str = "cpu", normalize: bool = True, precision: str = "float32") -> None:
         import torch
         import transformers
         from transformers import AutoModel, AutoTokenizer
@@ -68,6 +71,9 @@ class DenseEncoder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.normalize = normalize
+        if precision not in ("float32", "bfloat16"):
+            raise ModelError(f"precision must be 'float32' or 'bfloat16', got {precision!r}")
+        self.precision = precision
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelError(f"device {device!r} requested but CUDA is not available")
         self.device = torch.device(device)
@@ -117,22 +123,33 @@ class DenseEncoder:
         out = np.empty((n, self.dim), dtype=np.float32)
         if n == 0:
             return out
-        order = np.argsort([-len(t) for t in texts], kind="stable")
+        # Tokenise once, then batch by token count (longest first): a batch pads to its own
+        # longest text, and token counts order texts better than character counts do.
+        texts = list(texts)
+        tok = self.tokenizer(texts, truncation=True, max_length=self.max_length, padding=False)
+        lens = np.fromiter((len(ids) for ids in tok["input_ids"]), dtype=np.int64, count=n)
+        if int(lens.max()) >= self.max_length:
+            n_cut = self._n_overflowing(tok)
+            self.n_truncated += n_cut if n_cut >= 0 else self._count_truncated(texts)
+        keys = [k for k in ("input_ids", "token_type_ids", "attention_mask") if k in tok]
+        order = np.argsort(-lens, kind="stable")
         batches = range(0, n, self.batch_size)
         if show_progress:
             from tqdm import tqdm
             batches = tqdm(batches, desc="dense encode", unit="batch")
+        # bfloat16: matrix products in bf16 through autocast (weights stay float32; pooling and
+        # normalisation below run on the float32 copy of the hidden states)
+        autocast = (torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+                    if self.precision == "bfloat16" else contextlib.nullcontext())
         with torch.inference_mode():
             for start in batches:
                 idx = order[start:start + self.batch_size]
-                batch = [texts[i] for i in idx]
-                enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length,
-                                     return_tensors="pt", return_overflowing_tokens=False)
-                if enc["input_ids"].shape[1] >= self.max_length:
-                    n_cut = self._n_overflowing(enc)
-                    self.n_truncated += n_cut if n_cut >= 0 else self._count_truncated(batch)
+                enc = self.tokenizer.pad({k: [tok[k][i] for i in idx] for k in keys}, padding=True,
+                                         return_tensors="pt")
                 enc = {k: v.to(self.device) for k, v in enc.items()}
-                hidden = self.model(**enc).last_hidden_state
+                with autocast:
+                    hidden = self.model(**enc).last_hidden_state
+                hidden = hidden.float()
                 mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
                 emb = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
                 if self.normalize:
