@@ -385,6 +385,11 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
     require_eq(static_cast<size_t>(candidates.shape(0)), nq, "candidates.shape[0]", "queries.shape[0]");
     check_k(k);
     if (base < 0) fail("base must be >= 0, got " + std::to_string(base));
+    if (vectors.ndim() >= 1 && vectors.shape(0) > 0 &&
+        base > std::numeric_limits<int64_t>::max() - static_cast<int64_t>(vectors.shape(0) - 1)) {
+        fail("base = " + std::to_string(base) + " + " + std::to_string(vectors.shape(0)) +
+             " rows overflows int64 ids");
+    }
     candidate_view c;
     c.cand = candidates.data();
     c.nq = nq;

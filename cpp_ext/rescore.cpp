@@ -2,6 +2,7 @@
 #include "rescore.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -225,6 +226,10 @@ void rescore_topk(const float* q, const dense_matrix_view& m, const candidate_vi
     }
     // best k of a query's scored candidates, sorted (score desc, id asc), padded with -1 / -inf
     auto finish = [&](size_t qi, std::vector<scored_doc>& buf) {
+        // a NaN score (NaN in the query or the stored row) has no rank: dropped, so the
+        // ordering below (ranks_before needs no NaN) and n_found stay meaningful
+        buf.erase(std::remove_if(buf.begin(), buf.end(), [](const scored_doc& x) { return std::isnan(x.score); }),
+                  buf.end());
         const size_t keep = std::min(k, buf.size());
         std::partial_sort(buf.begin(), buf.begin() + static_cast<std::ptrdiff_t>(keep), buf.end(),
                           ranks_before);

@@ -113,7 +113,7 @@ class DenseConfig:
     def __post_init__(self) -> None:
         from .matryoshka import check_dims  # Matryoshka validation lives with its logic
 
-        if self.precision not in ENCODER_PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in ENCODER_PRECISIONS:
             raise ConfigError(f"dense precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {self.precision!r}")
 
         object.__setattr__(self, "matryoshka_dims", check_dims(self.matryoshka_dims))

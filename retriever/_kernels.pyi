@@ -299,7 +299,8 @@ def rescore_topk(
     float64 into 8 lanes (coordinate ``t`` goes to lane ``t % 8``, increasing
     ``t``), lanes combined ``((0+1)+(2+3))+((4+5)+(6+7))``, rounded to float32
     once, so scores never depend on the batch or thread count. Duplicated
-    candidates are scored twice. ``impl``: ``"auto"`` (AVX-512 where available),
+    candidates are scored twice; a candidate whose score is NaN (NaN in the query
+    or its row) is dropped (not counted in ``n_found``). ``impl``: ``"auto"`` (AVX-512 where available),
     ``"portable"`` or ``"avx512"`` (AVX-512F + F16C, four candidates at a time
     with fused multiply-adds, exact because float32 products are exact in
     float64): every path returns bit-identical scores.
@@ -309,7 +310,8 @@ def rescore_topk(
         n_found int32 (nq,))``, sorted by score descending then id.
 
     Raises:
-        ValueError: a candidate outside ``[-1, n)``; ``k < 1``; ``base < 0``;
+        ValueError: a candidate outside ``[-1, n)``; ``k < 1``; ``base < 0`` or
+            ``base + n - 1`` past int64;
             mismatched shapes; more than 2**32 rows; an unknown ``impl`` or
             ``"avx512"`` on a CPU without it.
         TypeError: wrong dtype or non-contiguous array.

@@ -1067,6 +1067,8 @@ def test_rescore_topk_checks_its_arguments():
         K.rescore_topk(q, x.astype(np.float64), np.zeros((2, 3), np.int64), 5)
     with pytest.raises(TypeError):
         K.rescore_topk(q, np.ones((10, 8), np.float32)[:, ::2], np.zeros((2, 3), np.int64), 5)
+    with pytest.raises(ValueError, match="overflows int64"):
+        K.rescore_topk(q, x, np.zeros((2, 3), np.int64), 5, base=2**63 - 5)
     for dt in (">f4", ">f2"):  # the right kind and size, the wrong byte order: refused, not misread
         with pytest.raises(TypeError, match="native byte order"):
             K.rescore_topk(q, x.astype(dt), np.zeros((2, 3), np.int64), 5)
@@ -1105,3 +1107,23 @@ def test_prefix_scan_matches_brute_force():
         for i in range(len(q)):
             assert set(I[i].tolist()) == set(truth[i].tolist())
             np.testing.assert_allclose(np.sort(D[i]), np.sort(s[i, truth[i]]), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("impl", ["portable", "avx512", "auto"])
+def test_rescore_topk_drops_nan_scores(impl):
+    """A NaN row (or query) has no rank: it is dropped, the rest stays sorted, whatever the
+    candidate order (it used to enter the sort and break it)."""
+    if impl == "avx512":
+        try:
+            K.rescore_topk(np.ones((1, 1), np.float32), np.ones((1, 1), np.float32), np.zeros((1, 1), np.int64), 1,
+                           0, 1, "avx512")
+        except ValueError:
+            pytest.skip("no AVX-512 on this CPU")
+    q = np.ones((1, 1), np.float32)
+    v = np.array([[np.nan], [1], [3], [2]], np.float32)
+    for order in ([0, 1, 2, 3], [1, 2, 3, 0], [3, 0, 2, 1]):
+        ids, scores, n = K.rescore_topk(q, v, np.array([order], np.int64), 4, 0, 1, impl)
+        assert n.tolist() == [3] and ids[0].tolist() == [2, 3, 1, -1]
+        assert scores[0, :3].tolist() == [3.0, 2.0, 1.0] and scores[0, 3] == -np.inf
+    ids, scores, n = K.rescore_topk(np.full((1, 1), np.nan, np.float32), v, np.array([[0, 1, 2]]), 2, 0, 1, impl)
+    assert n.tolist() == [0] and ids[0].tolist() == [-1, -1]
