@@ -823,7 +823,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--hybrid-sizes must be >= 1, got {args.hybrid_sizes!r}")
     out = Path(args.out) if args.out else (QUICK_RESULTS if args.quick else RESULTS)
     out.mkdir(parents=True, exist_ok=True)
-    cmd = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
+    cmd = ("python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])).rstrip()
     t_start = time.perf_counter()
     started = _machine()
     cache_at_start = cache_state()

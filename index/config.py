@@ -92,7 +92,7 @@ class DenseConfig:
         rotation_sample: at most this many vectors (from the first shard) fit the rotation.
         precision: arithmetic of the encoder's forward pass when documents are encoded at build
             time: ``"float32"`` (default, sentence-transformers' numbers) or ``"bfloat16"``
-            (``torch.autocast``; on CPUs with native bf16 — AVX512_BF16 / AMX — about 2.3x faster,
+            (``torch.autocast``; on CPUs with native bf16 — AVX512_BF16 / AMX — about 2.4x faster,
             vectors at cosine >= 0.9999 to float32 on SciFact; see the README's indexing
             figures). Queries are always encoded in float32.
     """
