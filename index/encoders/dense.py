@@ -2,8 +2,9 @@
 
 This is the Sentence-BERT recipe (Reimers & Gurevych, EMNLP 2019) used by all-MiniLM-L6-v2.
 Texts are tokenised once and batched by token count (longest first) to minimise padding
-(sentence-transformers sorts by character count), and outputs are put back in input order. Models load from a local directory only, with plain
-``transformers`` and ``trust_remote_code=False``.
+(sentence-transformers sorts by character count), and outputs are put back in input order.
+Models load from a local directory only, with plain ``transformers`` and
+``trust_remote_code=False``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..config import ENCODER_PRECISIONS
 from ..errors import ModelError
 from .checkpoint import LOAD_LOCK, resolve_checkpoint
 
@@ -71,8 +73,8 @@ class DenseEncoder:
         self.max_length = max_length
         self.batch_size = batch_size
         self.normalize = normalize
-        if precision not in ("float32", "bfloat16"):
-            raise ModelError(f"precision must be 'float32' or 'bfloat16', got {precision!r}")
+        if precision not in ENCODER_PRECISIONS:
+            raise ModelError(f"precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {precision!r}")
         self.precision = precision
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise ModelError(f"device {device!r} requested but CUDA is not available")
