@@ -44,6 +44,19 @@ def _leg_params(s: str) -> dict[str, Any]:
     return v
 
 
+class _HelpFormatter(argparse.HelpFormatter):
+    """``--help`` shows each option's default: "(default: X)" is appended to help text that does
+    not state its default already, for options whose default is a value (not None / False / "")."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        d = action.default
+        if "default" in text or d is None or d is False or d == "" or d is argparse.SUPPRESS or not action.option_strings:
+            return text
+        shown = ",".join(map(str, d)) if isinstance(d, (tuple, list)) else d
+        return f"{text} (default: {shown})"
+
+
 def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
     p.add_argument("--rrf-k", type=float, default=60.0, help="RRF constant k (default 60)")
@@ -56,17 +69,19 @@ def _search_options(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``retriever`` argument parser (sub-commands index build / info / verify, search, eval, bench)."""
-    ap = argparse.ArgumentParser(prog="retriever", description="Hybrid BM25 + dense + learned-sparse retrieval.")
+    ap = argparse.ArgumentParser(prog="retriever", description="Hybrid BM25 + dense + learned-sparse retrieval.",
+                                 formatter_class=_HelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    idx = sub.add_parser("index", help="build or inspect an index").add_subparsers(dest="index_command", required=True)
-    b = idx.add_parser("build", help="build an index from a corpus")
+    idx = sub.add_parser("index", help="build or inspect an index", formatter_class=_HelpFormatter).add_subparsers(dest="index_command", required=True)
+    b = idx.add_parser("build", help="build an index from a corpus", formatter_class=_HelpFormatter)
     b.add_argument("--corpus", required=True, help="BEIR folder, .jsonl[.gz], .parquet, .csv or .tsv")
     b.add_argument("--out", required=True, help="index directory to create")
     b.add_argument("--legs", type=_legs, default=("bm25", "dense"), help="comma list of bm25,dense,sparse (default bm25,dense)")
     b.add_argument("--dense-model", default=None, help="local Hugging Face checkpoint (default: bundled all-MiniLM-L6-v2)")
-    b.add_argument("--dense-dtype", choices=("float16", "float32"), default="float16")
+    b.add_argument("--dense-dtype", choices=("float16", "float32"), default="float16",
+                   help="storage type of the dense vectors")
     b.add_argument("--dense-precision", choices=("float32", "bfloat16"), default="float32",
                    help="arithmetic of the document encoder's forward pass (bfloat16: ~2.4x faster on "
                         "CPUs with native bf16, vectors at cosine >= 0.99997 to float32)")
@@ -84,21 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out (atomic swap)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    i = idx.add_parser("info", help="print an index summary")
-    i.add_argument("dir")
-    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest")
-    v.add_argument("dir")
+    i = idx.add_parser("info", help="print an index summary", formatter_class=_HelpFormatter)
+    i.add_argument("dir", help="index directory")
+    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest", formatter_class=_HelpFormatter)
+    v.add_argument("dir", help="index directory")
 
-    s = sub.add_parser("search", help="search an index")
-    s.add_argument("dir")
-    s.add_argument("query")
-    s.add_argument("-k", type=_positive_int, default=10)
-    s.add_argument("--mode", default="hybrid", choices=("hybrid", "bm25", "dense", "sparse"))
+    s = sub.add_parser("search", help="search an index", formatter_class=_HelpFormatter)
+    s.add_argument("dir", help="index directory")
+    s.add_argument("query", help="query text")
+    s.add_argument("-k", type=_positive_int, default=10, help="hits to print")
+    s.add_argument("--mode", default="hybrid", choices=("hybrid", "bm25", "dense", "sparse"), help="leg or fusion")
     s.add_argument("--json", action="store_true", help="print JSON")
     _search_options(s)
 
-    e = sub.add_parser("eval", help="evaluate against qrels (nDCG@10, Recall@100, MRR@10)")
-    e.add_argument("dir")
+    e = sub.add_parser("eval", help="evaluate against qrels (nDCG@10, Recall@100, MRR@10)", formatter_class=_HelpFormatter)
+    e.add_argument("dir", help="index directory")
     e.add_argument("--queries", required=True, help="queries.jsonl (BEIR) or qid<TAB>text .tsv")
     e.add_argument("--qrels", required=True, help="qrels .tsv (BEIR) or TREC qrels")
     e.add_argument("--mode", action="append", choices=("hybrid", "bm25", "dense", "sparse"),
@@ -108,8 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--json", action="store_true", help="one JSON object per mode")
     _search_options(e)
 
-    bn = sub.add_parser("bench", help="QPS, latency p50/p95/p99, recall@k vs exact search, peak RSS, index size")
-    bn.add_argument("dir")
+    bn = sub.add_parser("bench", help="QPS, latency p50/p95/p99, recall@k vs exact search, peak RSS, index size", formatter_class=_HelpFormatter)
+    bn.add_argument("dir", help="index directory")
     bn.add_argument("--queries", required=True, help="queries.jsonl (BEIR) or qid<TAB>text .tsv")
     bn.add_argument("--mode", action="append", choices=("hybrid", "bm25", "dense", "sparse"),
                     help="repeatable; default: every leg of the index and hybrid")

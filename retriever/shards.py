@@ -33,6 +33,10 @@ class Shard:
     entry: dict[str, Any] = field(default_factory=dict)
 
 
+#: build-config sections that belong to one leg (the analyzer is the BM25 leg's)
+_CONFIG_LEG = {"bm25": "bm25", "analyzer": "bm25", "dense": "dense", "sparse": "sparse"}
+
+
 class IndexReader:
     """A validated, memory-mapped index directory.
 
@@ -110,9 +114,14 @@ class IndexReader:
         return read_arrays(shard.dir / name, expected)
 
     def info(self) -> dict[str, Any]:
-        """Summary: path, legs, document count, shards, stats, build config, disk bytes."""
+        """Summary: path, legs, document count, shards, stats, build config, disk bytes.
+
+        ``build_config`` lists only the settings of the legs the index holds (the manifest keeps
+        the whole config): a BM25-only index shows no ``dense`` / ``sparse`` section."""
         m = self.manifest
+        cfg = {key: val for key, val in m["build_config"].items()
+               if key not in _CONFIG_LEG or _CONFIG_LEG[key] in self.legs}
         return {"path": str(self.path), "format_version": m["format_version"], "created": m.get("created"),
                 "legs": list(self.legs), "n_docs": self.n_docs, "n_shards": len(self.shards),
                 "bytes_on_disk": int(sum(f["bytes"] for f in m["files"].values())),
-                "stats": m["stats"], "models": m.get("models", {}), "build_config": m["build_config"]}
+                "stats": m["stats"], "models": m.get("models", {}), "build_config": cfg}

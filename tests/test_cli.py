@@ -17,6 +17,31 @@ def test_index_info(medline_index, capsys):
     assert main(["index", "verify", str(medline_index)]) == 0
 
 
+def test_index_info_shows_only_built_legs_config(medline_index, capsys):
+    """A BM25 + dense index's summary carries no sparse settings (the manifest keeps them all)."""
+    assert main(["index", "info", str(medline_index)]) == 0
+    cfg = json.loads(capsys.readouterr().out)["build_config"]
+    assert {"bm25", "analyzer", "dense"} <= set(cfg) and "sparse" not in cfg
+    m = json.loads((medline_index / "manifest.json").read_text())
+    assert "sparse" in m["build_config"]
+
+
+@pytest.mark.parametrize("argv, shown", [
+    (["index", "build"], ["(default: 100000)", "(default: 1024)", "(default: cpu)", "(default: float16)",
+                          "(default bm25,dense)"]),
+    (["search"], ["(default: 10)", "(default: hybrid)", "(default 60)"]),
+    (["bench"], ["(default 10)"]),
+])
+def test_help_shows_defaults(argv, shown, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*argv, "--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for s in shown:
+        assert s in out, s
+    assert "(default: None)" not in out and "(default: False)" not in out and "(default: )" not in out
+
+
 def test_search_json(medline_index, capsys):
     assert main(["search", str(medline_index), "cancer of the lung in smokers", "-k", "5", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
