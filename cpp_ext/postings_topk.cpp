@@ -187,6 +187,11 @@ struct bound_check {
 // Posting cursor with optional block-max data.
 // ---------------------------------------------------------------------------
 
+/// posting_cursor::seek interpolates when more than this many postings are
+/// left and the doc-id gap exceeds kInterpolateGap; shorter hops gallop.
+constexpr uint64_t kInterpolateMin = 64;
+constexpr uint32_t kInterpolateGap = 256;
+
 struct posting_cursor {
     const uint32_t* docs = nullptr;
     uint64_t beg = 0, end = 0, pos = 0;
@@ -205,18 +210,64 @@ struct posting_cursor {
         ++pos;
         refresh();
     }
-    /// Moves to the first posting with doc id >= target (galloping search).
+    /// Moves to the first posting with doc id >= target. Short hops gallop
+    /// from the current posting; long ones (more than kInterpolateMin
+    /// postings left and a doc-id gap of more than kInterpolateGap) first
+    /// guess the position by interpolation between the current posting and
+    /// the list's last one, then gallop from the guess in the direction it
+    /// missed (Bentley & Yao 1976 galloping; interpolation search, Perl,
+    /// Itai & Avni 1978). Both find the same posting (lower_bound); the guess
+    /// cuts the cache misses of a long hop in a dense list from ~log2(hop) to
+    /// a few.
     void seek(uint32_t target) {
         if (doc >= target) return;  // also when exhausted
         uint64_t lo = pos;          // docs[lo] < target
-        uint64_t step = 1;
-        uint64_t hi = lo + 1;
-        while (hi < end && docs[hi] < target) {
-            lo = hi;
-            step <<= 1;
-            hi = lo + step;
+        uint64_t hi = end;          // hi == end or docs[hi] >= target
+        if (end - pos > kInterpolateMin && target - doc > kInterpolateGap) {
+            const uint32_t last = docs[end - 1];
+            if (last < target) {
+                pos = end;
+                doc = kEndDoc;
+                return;
+            }
+            // doc < target <= last: the answer lies in (pos, end - 1]
+            const double frac = static_cast<double>(target - doc) / (static_cast<double>(last - doc) + 1.0);
+            uint64_t g = pos + 1 + static_cast<uint64_t>(frac * static_cast<double>(end - 2 - pos));
+            if (g > end - 1) g = end - 1;
+            uint64_t step = 1;
+            if (docs[g] < target) {
+                lo = g;
+                while (lo + step < hi) {
+                    const uint64_t probe = lo + step;
+                    if (docs[probe] >= target) {
+                        hi = probe;
+                        break;
+                    }
+                    lo = probe;
+                    step <<= 1;
+                }
+            } else {
+                hi = g;
+                while (hi - lo > step) {
+                    const uint64_t probe = hi - step;
+                    if (docs[probe] < target) {
+                        lo = probe;
+                        break;
+                    }
+                    hi = probe;
+                    step <<= 1;
+                }
+            }
+        } else {
+            uint64_t step = 1;
+            uint64_t h = lo + 1;
+            while (h < end && docs[h] < target) {
+                lo = h;
+                step <<= 1;
+                h = lo + step;
+            }
+            hi = h > end ? end : h;
         }
-        if (hi > end) hi = end;
         pos = static_cast<uint64_t>(std::lower_bound(docs + lo + 1, docs + hi, target) - docs);
         refresh();
     }
@@ -285,7 +336,12 @@ struct posting_cursor {
 
 /// Doc-id window of the window-at-a-time MaxScore, and the most query terms
 /// it handles (one bit each in a uint64 mask); longer queries run DAAT.
-constexpr uint32_t kWindow = 16384;
+/// A window's scratch (double sums, term masks, epochs, per-slot
+/// contributions) takes ~26 bytes per doc id plus 4 per essential list, so
+/// 8,192 keeps it within a 512 KiB L2 (AMD Zen 3); on the 2-core Zen 3 VM
+/// the 1M synthetic benchmark's MaxScore ran 5-10% faster than with 16,384
+/// (best of 9 passes, three interleaved rounds; 4,096 in between).
+constexpr uint32_t kWindow = 8192;
 constexpr size_t kMaxWindowLists = 64;
 /// Below this many essential postings per window (on average over the
 /// query), maxscore() runs document-at-a-time instead. With the safe initial

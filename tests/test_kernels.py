@@ -388,10 +388,38 @@ def test_bm25_long_queries_and_many_windows():
     for k in (1, 10, 200):
         check_all_bm25(c, q, k, None, 8, threads=(1, 3))
     rng = np.random.default_rng(301)
-    c = make_corpus(rng, 70000, 60, density=0.3, zipf=True)  # 5 windows of 16384 doc ids
+    c = make_corpus(rng, 70000, 60, density=0.3, zipf=True)  # 9 windows of 8192 doc ids
     q = make_queries(rng, 60, 30, 8, repeats=False)
     for k, allow_mode in [(10, "none"), (50, "random")]:
         check_all_bm25(c, q, k, make_allow(rng, 70000, allow_mode), 32, threads=(1, 2))
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bm25_clustered_lists_seek_exactly(seed):
+    """Long lists whose doc ids come in dense bursts separated by wide gaps, so the
+    interpolating seek of the pruning algorithms (posting_cursor::seek: guess from the doc-id
+    gap, then gallop) lands far before and far after its target; every algorithm must still
+    equal exhaustive scoring bit for bit."""
+    rng = np.random.default_rng(400 + seed)
+    n_docs, n_terms = 60000, 12
+    lists_d, lists_tf = [], []
+    for t in range(n_terms):
+        if t < 6:  # bursts: a few hundred consecutive-ish ids, then a long gap
+            starts = np.sort(rng.choice(n_docs - 600, size=8 + 6 * t, replace=False))
+            docs = np.unique(np.concatenate([s + np.flatnonzero(rng.random(600) < 0.7) for s in starts]))
+        elif t < 9:  # dense, uniform
+            docs = np.flatnonzero(rng.random(n_docs) < 0.4)
+        else:  # short, spread out
+            docs = np.sort(rng.choice(n_docs, size=40 + 30 * t, replace=False))
+        lists_d.append(docs.astype(np.uint32))
+        lists_tf.append(rng.geometric(0.4, size=len(docs)).astype(np.uint32))
+    offsets = np.zeros(n_terms + 1, np.uint64)
+    offsets[1:] = np.cumsum([len(d) for d in lists_d])
+    doc_norm = rng.uniform(0.4, 2.0, n_docs).astype(np.float32)
+    c = dict(offsets=offsets, doc_ids=np.concatenate(lists_d), tfs=np.concatenate(lists_tf), doc_norm=doc_norm)
+    q = make_queries(rng, n_terms, 40, 6, repeats=False)
+    for k, allow_mode in [(1, "none"), (10, "none"), (100, "random")]:
+        check_all_bm25(c, q, k, make_allow(rng, n_docs, allow_mode), 32, threads=(1, 2))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
