@@ -337,7 +337,7 @@ struct posting_cursor {
 /// Doc-id window of the window-at-a-time MaxScore, and the most query terms
 /// it handles (one bit each in a uint64 mask); longer queries run DAAT.
 /// A window's scratch (double sums, term masks, epochs, per-slot
-/// contributions) takes ~26 bytes per doc id plus 4 per essential list, so
+/// contributions, touched list) takes ~22 bytes per doc id plus 4 per list, so
 /// 8,192 keeps it within a 512 KiB L2 (AMD Zen 3); on the 2-core Zen 3 VM
 /// the 1M synthetic benchmark's MaxScore ran 5-10% faster than with 16,384
 /// (best of 9 passes, three interleaved rounds; 4,096 in between).
