@@ -125,7 +125,7 @@ def bench_bm25s(col: TextCollection, repeats: int) -> dict:
     model.index(tok, show_progress=False)
     build_s = time.perf_counter() - t0
     del texts
-    res = {"index_seconds": build_s, "index_docs_per_s": col.n_docs / build_s}
+    res = {"index_seconds": build_s, "index_docs_per_s": col.n_docs / build_s, "version": _version("bm25s")}
     qtok = bm25s.tokenize(col.queries, stopwords=stop, stemmer=stem, show_progress=False,
                           return_ids=False)
     qtok = [q if q else ["__empty__"] for q in qtok]
@@ -162,7 +162,18 @@ def bench_rank_bm25(col: TextCollection, n_sample: int) -> dict:
         np.argpartition(-s, min(10, len(s) - 1))[:10]
         times.append(time.perf_counter() - t)
     return {"index_seconds": build_s, "index_docs_per_s": col.n_docs / build_s, "queries_sampled": len(sample),
-            "qps_median": 1.0 / statistics.median(times)}
+            "qps_median": 1.0 / statistics.median(times), "version": _version("rank-bm25")}
+
+
+def _version(dist: str) -> str | None:
+    """Installed version of a peer package (recorded with its figures: peers' speed changes
+    between releases), or None when unknown."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
 
 
 def main(argv=None) -> int:
