@@ -221,7 +221,8 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
                          const opt_carray<float>& term_ub, const opt_carray<uint64_t>& block_offsets,
                          const opt_carray<float>& block_ub, int64_t block_size,
                          const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
-                         int64_t term_kth_depth) {
+                         int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
+                         const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank) {
     bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     if (impacts) {
         require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
@@ -251,6 +252,24 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
             }
             bounds.term_kth = term_kth->data();
         }
+        if (dense_slot || dense_bits || dense_rank) {
+            if (!dense_slot || !dense_bits || !dense_rank) {
+                fail("dense_slot, dense_bits and dense_rank go together (from bm25_dense_bitmaps)");
+            }
+            require_eq(len1d(*dense_slot, "dense_slot"), data.csr.n_terms, "len(dense_slot)", "n_terms");
+            const size_t words = (data.n_docs + 63) / 64;
+            const size_t nb = len1d(*dense_bits, "dense_bits");
+            require_eq(len1d(*dense_rank, "dense_rank"), nb, "len(dense_rank)", "len(dense_bits)");
+            if (words == 0 ? nb != 0 : nb % words != 0) {
+                fail("len(dense_bits) = " + std::to_string(nb) + " is not a multiple of ceil(n_docs / 64) = " +
+                     std::to_string(words));
+            }
+            bounds.dense_slot = dense_slot->data();
+            bounds.dense_bits = dense_bits->data();
+            bounds.dense_rank = dense_rank->data();
+            bounds.dense_words = words;
+            bounds.dense_rows = words == 0 ? 0 : nb / words;
+        }
     }
     if (need_blocks) {
         if (!block_offsets || !block_ub) {
@@ -276,6 +295,31 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         bm25_topk(data, need_ub ? &bounds : nullptr, queries, allow_p, algo, n_threads, res.out);
     }
     return res.result();
+}
+
+std::tuple<carray<int32_t>, carray<uint64_t>, carray<uint32_t>> py_bm25_dense_bitmaps(
+    const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids, int64_t n_docs, int64_t min_df,
+    int n_threads) {
+    const csr_view csr = make_csr(offsets, doc_ids);
+    check_offsets(csr);
+    if (n_docs < 0 || static_cast<uint64_t>(n_docs) > kMaxDocs) {
+        fail("n_docs must be in [0, " + std::to_string(kMaxDocs) + "], got " + std::to_string(n_docs));
+    }
+    if (min_df < 1) fail("min_df must be >= 1, got " + std::to_string(min_df));
+    carray<int32_t> slot(std::vector<py::ssize_t>{static_cast<py::ssize_t>(csr.n_terms)});
+    const size_t rows = bm25_dense_bitmaps(csr, static_cast<size_t>(n_docs), static_cast<uint64_t>(min_df),
+                                           slot.mutable_data(), nullptr, nullptr, 1);
+    const size_t words = (static_cast<size_t>(n_docs) + 63) / 64;
+    carray<uint64_t> bits(std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows * words)});
+    carray<uint32_t> rank(std::vector<py::ssize_t>{static_cast<py::ssize_t>(rows * words)});
+    int32_t* sp = slot.mutable_data();
+    uint64_t* bp = bits.mutable_data();
+    uint32_t* rp = rank.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_dense_bitmaps(csr, static_cast<size_t>(n_docs), static_cast<uint64_t>(min_df), sp, bp, rp, n_threads);
+    }
+    return {slot, bits, rank};
 }
 
 carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
@@ -525,6 +569,8 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("block_ub").noconvert() = py::none(), py::arg("block_size") = 128,
           py::arg("impacts").noconvert() = py::none(),
           py::arg("term_kth").noconvert() = py::none(), py::arg("term_kth_depth") = 0,
+          py::arg("dense_slot").noconvert() = py::none(), py::arg("dense_bits").noconvert() = py::none(),
+          py::arg("dense_rank").noconvert() = py::none(),
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
@@ -533,7 +579,18 @@ PYBIND11_MODULE(_kernels, m) {
           "a division or a doc_norm read per posting. term_kth: optional f32[n_terms] from\n"
           "bm25_term_kth with depth = k = term_kth_depth (same doc_norm): the pruning\n"
           "algorithms start from the safe threshold max_t q_weight * term_kth[t] (unused with\n"
-          "allow or negative weights); results are identical. Returns (ids, scores, n_found).");
+          "allow or negative weights); results are identical. dense_slot / dense_bits /\n"
+          "dense_rank: optional membership bitmaps of the long lists from bm25_dense_bitmaps\n"
+          "(same postings): MaxScore probes those lists without seeking; results are identical.\n"
+          "Returns (ids, scores, n_found).");
+
+    m.def("bm25_dense_bitmaps", &py_bm25_dense_bitmaps, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("n_docs"), py::arg("min_df"), py::arg("n_threads") = 0,
+          "Membership bitmaps of the lists with at least min_df postings, for bm25_topk's\n"
+          "dense_slot / dense_bits / dense_rank. Returns (slot i32[n_terms]: row or -1,\n"
+          "bits u64[rows * words], rank u32[rows * words]) with words = ceil(n_docs / 64):\n"
+          "bit d of a row is set iff d is in the list; rank[w] counts its postings below doc\n"
+          "64 * w. Memory: 12 bytes per 64 documents per row.");
 
     m.def("bm25_term_kth", &py_bm25_term_kth, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),

@@ -199,6 +199,9 @@ struct posting_cursor {
     uint32_t qpos = 0;       // position of the term in its query
     float weight = 0.0f;
     double ub = 0.0;         // (double)weight * term_ub[t]
+    // membership bitmap of a long list (bm25_bounds_view::dense_slot), or null
+    const uint64_t* bits = nullptr;
+    const uint32_t* rank = nullptr;
     // block-max
     const float* bub = nullptr;  // this term's block bounds
     uint64_t nb = 0;             // number of blocks of this term
@@ -338,7 +341,8 @@ struct posting_cursor {
 /// it handles (one bit each in a uint64 mask); longer queries run DAAT.
 /// A window's scratch (double sums, term masks, epochs, per-slot
 /// contributions, touched list) takes ~22 bytes per doc id plus 4 per list, so
-/// 8,192 keeps it within a 512 KiB L2 (AMD Zen 3); on the 2-core Zen 3 VM
+/// 8,192 keeps it within a 512 KiB L2 (AMD Zen 3) for queries of up to ~10
+/// terms (the synthetic benchmark's are 2-10); on the 2-core Zen 3 VM
 /// the 1M synthetic benchmark's MaxScore ran 5-10% faster than with 16,384
 /// (best of 9 passes, three interleaved rounds; 4,096 in between).
 constexpr uint32_t kWindow = 8192;
@@ -422,12 +426,12 @@ inline size_t scatter_impacts_scalar(float* acc, const uint32_t* docs, const flo
 /// CPU features, read once after __builtin_cpu_init() (this file's statics may
 /// be initialised before libgcc's own detection has run).
 struct cpu_features {
-    bool avx512, avx2, intel;
+    bool avx512, avx2, intel, popcnt;
 };
 const cpu_features kCpu = [] {
     __builtin_cpu_init();
     return cpu_features{__builtin_cpu_supports("avx512f") != 0, __builtin_cpu_supports("avx2") != 0,
-                        __builtin_cpu_is("intel") != 0};
+                        __builtin_cpu_is("intel") != 0, __builtin_cpu_supports("popcnt") != 0};
 }();
 const bool kHaveAvx512 = kCpu.avx512;
 const bool kHaveAvx2 = kCpu.avx2;
@@ -505,6 +509,63 @@ inline size_t scatter_impacts(float* acc, const uint32_t* docs, const float* imp
     }
 #endif
     return scatter_impacts_scalar(acc, docs, imp, w, n, n_docs);
+}
+
+/// "No posting" marker of a bitmap probe.
+constexpr uint64_t kNoPos = ~uint64_t{0};
+
+/// For each window offset cand[i] (doc ws + cand[i]), the posting of that doc
+/// in a list with a membership bitmap (bm25_bounds_view::dense_bits /
+/// dense_rank rows `bits` / `rank`, list starting at posting `beg`), or kNoPos
+/// when the list does not hold it; prefetches each found posting's
+/// `prefetch[p]`. Positions first, so the impact loads that follow do not wait
+/// on one another. Returns n, or the index of the first position at or past
+/// `end` (inconsistent bitmaps).
+__attribute__((always_inline)) inline size_t bitmap_positions_impl(const uint64_t* bits, const uint32_t* rank,
+                                                                   uint64_t beg, uint64_t end, const uint32_t* cand,
+                                                                   size_t n, uint32_t ws, const float* prefetch,
+                                                                   uint64_t* pos) {
+    for (size_t i = 0; i < n; ++i) {
+        const uint32_t d = ws + cand[i];
+        const uint64_t word = bits[d >> 6];
+        const uint32_t at = d & 63u;
+        if (((word >> at) & 1u) == 0) {
+            pos[i] = kNoPos;
+            continue;
+        }
+        const uint64_t p = beg + rank[d >> 6] +
+                           static_cast<uint64_t>(__builtin_popcountll(word & ((uint64_t{1} << at) - 1)));
+        if (p >= end) return i;
+        pos[i] = p;
+        __builtin_prefetch(prefetch + p);
+    }
+    return n;
+}
+
+size_t bitmap_positions_generic(const uint64_t* bits, const uint32_t* rank, uint64_t beg, uint64_t end,
+                                const uint32_t* cand, size_t n, uint32_t ws, const float* prefetch,
+                                uint64_t* pos) {
+    return bitmap_positions_impl(bits, rank, beg, end, cand, n, ws, prefetch, pos);
+}
+
+#if defined(RETRIEVER_AVX512_SCATTER)
+/// bitmap_positions_generic with the popcnt instruction (a library call
+/// per probe without it).
+__attribute__((target("popcnt"))) size_t bitmap_positions_popcnt(const uint64_t* bits, const uint32_t* rank,
+                                                                  uint64_t beg, uint64_t end, const uint32_t* cand,
+                                                                  size_t n, uint32_t ws, const float* prefetch,
+                                                                  uint64_t* pos) {
+    return bitmap_positions_impl(bits, rank, beg, end, cand, n, ws, prefetch, pos);
+}
+const bool kHavePopcnt = kCpu.popcnt;
+#endif
+
+inline size_t bitmap_positions(const uint64_t* bits, const uint32_t* rank, uint64_t beg, uint64_t end,
+                               const uint32_t* cand, size_t n, uint32_t ws, const float* prefetch, uint64_t* pos) {
+#if defined(RETRIEVER_AVX512_SCATTER)
+    if (kHavePopcnt) return bitmap_positions_popcnt(bits, rank, beg, end, cand, n, ws, prefetch, pos);
+#endif
+    return bitmap_positions_generic(bits, rank, beg, end, cand, n, ws, prefetch, pos);
 }
 
 inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
@@ -590,6 +651,11 @@ class bm25_worker {
             }
         }
         return theta;
+    }
+
+    [[noreturn]] static void bad_bitmap(uint32_t d) {
+        fail("dense_bits / dense_rank place doc id " + std::to_string(d) +
+             " past the end of its list (compute them with bm25_dense_bitmaps)");
     }
 
     void check_doc(uint32_t d) const {
@@ -924,6 +990,13 @@ class bm25_worker {
             c.qpos = static_cast<uint32_t>(j);
             c.weight = m_q.q_weights[b + j];
             c.ub = static_cast<double>(c.weight) * static_cast<double>(m_bounds->term_ub[t]);
+            c.bits = nullptr;
+            c.rank = nullptr;
+            if (m_bounds->dense_slot != nullptr && m_bounds->dense_slot[t] >= 0) {
+                const size_t row = static_cast<size_t>(m_bounds->dense_slot[t]) * m_bounds->dense_words;
+                c.bits = m_bounds->dense_bits + row;
+                c.rank = m_bounds->dense_rank + row;
+            }
             if (with_blocks) {
                 c.bs = m_bounds->block_size;
                 c.bub = m_bounds->block_ub + m_bounds->block_offsets[t];
@@ -1378,6 +1451,25 @@ class bm25_worker {
                 const uint64_t bit = uint64_t{1} << j;
                 float* cb = contrib + j * kWindow;
                 const float w = c.weight;
+                if (c.bits != nullptr) {
+                    // O(1) probes of the list's bitmap: no cursor state, so the
+                    // candidates' impact loads do not wait on one another
+                    const size_t nc = cand.size();
+                    m_probe_pos.resize(nc);
+                    uint64_t* pp = m_probe_pos.data();
+                    const size_t ok = bitmap_positions(c.bits, c.rank, c.beg, c.end, cand.data(), nc, ws,
+                                                       imp != nullptr ? imp : norm, pp);
+                    if (ok < nc) bad_bitmap(ws + cand[ok]);
+                    for (size_t i = 0; i < nc; ++i) {
+                        if (pp[i] == kNoPos) continue;
+                        const uint32_t off = cand[i];
+                        const float v = contribution_at(w, pp[i], ws + off);
+                        mask[off] |= bit;
+                        acc[off] += v;
+                        cb[off] = v;
+                    }
+                    continue;
+                }
                 const uint32_t first = ws + cand.front();
                 const uint32_t last = ws + cand.back();
                 c.seek(first);
@@ -1658,6 +1750,7 @@ class bm25_worker {
     std::vector<float> m_win_contrib;  // slot (position in m_sorted) * kWindow + offset
     std::vector<uint32_t> m_win_touched;
     std::vector<uint32_t> m_win_cand;
+    std::vector<uint64_t> m_probe_pos;  // bitmap probe positions of one window's candidates
     uint64_t m_cand_bits[kWindow / 64] = {};  // all zero between uses
     std::vector<uint32_t> m_slot_of_qpos;
     uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
@@ -1845,6 +1938,13 @@ void check_bounds_for_queries(const csr_view& csr, const bm25_bounds_view& b,
                      "] (compute it with bm25_term_kth)");
             }
         }
+        if (b.dense_slot != nullptr) {
+            const int32_t r = b.dense_slot[t];
+            if (r < -1 || (r >= 0 && static_cast<size_t>(r) >= b.dense_rows)) {
+                fail("dense_slot[" + std::to_string(t) + "] = " + std::to_string(r) + " is not -1 or a row of " +
+                     "dense_bits (" + std::to_string(b.dense_rows) + " rows; compute them with bm25_dense_bitmaps)");
+            }
+        }
         if (b.block_offsets == nullptr) continue;
         const uint64_t b0 = b.block_offsets[t], b1 = b.block_offsets[t + 1];
         const uint64_t len = csr.offsets[t + 1] - csr.offsets[t];
@@ -1857,6 +1957,48 @@ void check_bounds_for_queries(const csr_view& csr, const bm25_bounds_view& b,
                  std::to_string(b.n_blocks) + " (compute them with bm25_upper_bounds)");
         }
     }
+}
+
+size_t bm25_dense_bitmaps(const csr_view& csr, size_t n_docs, uint64_t min_df, int32_t* slot,
+                          uint64_t* bits, uint32_t* rank, int n_threads) {
+    if (min_df == 0) fail("min_df must be >= 1");
+    size_t rows = 0;
+    for (size_t t = 0; t < csr.n_terms; ++t) {
+        const bool dense = csr.offsets[t + 1] - csr.offsets[t] >= min_df;
+        if (dense && rows >= static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+            fail("more than 2**31 - 1 lists reach min_df = " + std::to_string(min_df));
+        }
+        slot[t] = dense ? static_cast<int32_t>(rows++) : -1;
+    }
+    if (bits == nullptr) return rows;
+    const size_t words = (n_docs + 63) / 64;
+    std::vector<uint32_t> terms;
+    terms.reserve(rows);
+    for (size_t t = 0; t < csr.n_terms; ++t) {
+        if (slot[t] >= 0) terms.push_back(static_cast<uint32_t>(t));
+    }
+    parallel_for_items(terms.size(), n_threads, 1, [&]() {
+        return [&](size_t i) {
+            const uint32_t t = terms[i];
+            uint64_t* b = bits + static_cast<size_t>(slot[t]) * words;
+            uint32_t* r = rank + static_cast<size_t>(slot[t]) * words;
+            std::memset(b, 0, words * sizeof(uint64_t));
+            for (uint64_t p = csr.offsets[t]; p < csr.offsets[t + 1]; ++p) {
+                const uint32_t d = csr.doc_ids[p];
+                if (d >= n_docs) {
+                    fail("doc_ids[" + std::to_string(p) + "] = " + std::to_string(d) + " >= n_docs = " +
+                         std::to_string(n_docs));
+                }
+                b[d >> 6] |= uint64_t{1} << (d & 63u);
+            }
+            uint32_t before = 0;
+            for (size_t w = 0; w < words; ++w) {
+                r[w] = before;
+                before += static_cast<uint32_t>(__builtin_popcountll(b[w]));
+            }
+        };
+    });
+    return rows;
 }
 
 uint64_t bm25_block_offsets(const csr_view& csr, uint32_t block_size, uint64_t* block_offsets) {

@@ -69,6 +69,18 @@ struct bm25_bounds_view {
     /// fewer than k postings; from bm25_term_kth with the same doc_norm and
     /// depth == k. Gives a safe initial threshold (see bm25_topk).
     const float* term_kth = nullptr;
+    /// Optional membership bitmaps of the long lists (from bm25_dense_bitmaps):
+    /// dense_slot[t] (n_terms) = row of term t, or -1 when t has none; row r
+    /// is dense_bits[r * dense_words ...] (bit d set iff d is in t's list) and
+    /// dense_rank[r * dense_words + w] = the number of t's postings with doc id
+    /// < 64 * w. MaxScore then probes a non-essential list for a candidate
+    /// with one bit test and a popcount instead of a seek; results are
+    /// identical.
+    const int32_t* dense_slot = nullptr;
+    const uint64_t* dense_bits = nullptr;
+    const uint32_t* dense_rank = nullptr;
+    size_t dense_words = 0;  // ceil(n_docs / 64)
+    size_t dense_rows = 0;
 };
 
 /// A ragged query batch: query q is q_terms/q_weights[q_offsets[q] : q_offsets[q+1]].
@@ -134,6 +146,15 @@ void bm25_upper_bounds(const bm25_view& data, uint32_t block_size,
 /// impacts[p] = bm25_tf_part(tfs[p], doc_norm[doc_ids[p]]) for every posting
 /// (nnz floats). Requires doc ids < n_docs (checked). Parallel over terms.
 void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
+
+/// Membership bitmaps of the lists with at least min_df postings, for
+/// bm25_bounds_view::dense_slot/dense_bits/dense_rank. slot (n_terms) is
+/// filled with each term's row or -1 and the number of rows is returned;
+/// with bits == nullptr only slot is filled (to size the rows). Otherwise bits
+/// and rank hold rows * words entries, words = ceil(n_docs / 64). Throws
+/// std::invalid_argument on a doc id >= n_docs.
+size_t bm25_dense_bitmaps(const csr_view& csr, size_t n_docs, uint64_t min_df, int32_t* slot,
+                          uint64_t* bits, uint32_t* rank, int n_threads);
 
 /// out[i] = the depth-th largest bm25_tf_part(tf, doc_norm[d]) over the
 /// postings of term terms[i] (from data.impacts when set; duplicates in a list

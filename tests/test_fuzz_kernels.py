@@ -28,6 +28,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
+           "bm25_dense_bitmaps",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -200,6 +201,21 @@ def test_fuzz_bm25_topk(data):
         if kth is not None:
             bounds["term_kth"] = kth
             bounds["term_kth_depth"] = depth
+    if data.draw(st.booleans()):  # membership bitmaps: exact, arbitrary words / ranks, or mismatched
+        how = data.draw(st.sampled_from(["exact", "exact", "random_rank", "random_bits", "short", "bad_slot"]))
+        dense = _call(K.bm25_dense_bitmaps, offsets, doc_ids, n_docs, data.draw(st.sampled_from([1, 2, 3, 0])),
+                      n_threads=data.draw(st.integers(0, 2)))
+        if dense is not None:
+            slot, bits, rank = (x.copy() for x in dense)
+            if how == "random_rank" and len(rank):
+                rank[data.draw(st.integers(0, len(rank) - 1))] = data.draw(U32_EDGE)
+            elif how == "random_bits" and len(bits):
+                bits[data.draw(st.integers(0, len(bits) - 1))] = data.draw(U64_EDGE)
+            elif how == "short":
+                bits, rank = bits[:-1], rank[:-1]
+            elif how == "bad_slot" and len(slot):
+                slot[data.draw(st.integers(0, len(slot) - 1))] = data.draw(st.sampled_from([-2, 5, 2**31 - 1]))
+            bounds.update(dense_slot=slot, dense_bits=bits, dense_rank=rank)
     allow = None
     if data.draw(st.integers(0, 3)) == 0:
         allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))

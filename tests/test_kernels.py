@@ -157,8 +157,10 @@ def term_kth_ref(c, depth):
 
 
 def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None,
-             term_kth=None):
+             term_kth=None, dense=None):
     kw = {} if impacts is None else {"impacts": impacts}
+    if algorithm != "exhaustive" and dense is not None:
+        kw.update(dense_slot=dense[0], dense_bits=dense[1], dense_rank=dense[2])
     if algorithm != "exhaustive":
         term_ub, block_offsets, block_ub = bounds
         kw.update(term_ub=term_ub, block_offsets=block_offsets, block_ub=block_ub,
@@ -184,11 +186,17 @@ def check_all_bm25(c, q, k, allow, block_size, threads=(1, 4), algorithms=ALGORI
     impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
     # the safe initial threshold (term_kth) must change nothing, ties included
     kth = term_kth_for(c, k, impacts, bounds, block_size)
+    # membership bitmaps of the long lists (MaxScore's O(1) probes), at two density cut-offs
+    n_docs = len(c["doc_norm"])
+    dense_sets = [K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], n_docs, m)
+                  for m in (max(1, n_docs // 32), 1)]
     first = None
-    for algorithm, n_threads, imp, tk in itertools.product(algorithms, threads, (None, impacts),
-                                                           (None, kth)):
+    for algorithm, n_threads, imp, tk, dense in itertools.product(algorithms, threads, (None, impacts),
+                                                                  (None, kth), (None, *dense_sets)):
+        if dense is not None and (algorithm not in ("maxscore", "auto") or n_threads != threads[0]):
+            continue
         if tk is None or algorithm != "exhaustive":
-            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size, imp, tk)
+            got = run_bm25(c, q, k, algorithm, n_threads, allow, bounds, block_size, imp, tk, dense)
             ids, scores, n_found = got
             assert ids.shape == (len(q[0]) - 1, k) and ids.dtype == np.int64
             assert scores.shape == ids.shape and scores.dtype == np.float32
@@ -392,6 +400,78 @@ def test_bm25_long_queries_and_many_windows():
     q = make_queries(rng, 60, 30, 8, repeats=False)
     for k, allow_mode in [(10, "none"), (50, "random")]:
         check_all_bm25(c, q, k, make_allow(rng, 70000, allow_mode), 32, threads=(1, 2))
+
+
+@pytest.mark.parametrize("n_docs", [1, 63, 64, 65, 1000, 4097])
+def test_dense_bitmaps_match_numpy(n_docs):
+    """bm25_dense_bitmaps: a row per list with >= min_df postings, bit d set iff d is in the
+    list, rank[w] = postings below doc 64 * w; -1 for the other lists."""
+    rng = np.random.default_rng(n_docs)
+    c = make_corpus(rng, n_docs, 30, density=0.5)
+    lens = np.diff(c["offsets"].astype(np.int64))
+    min_df = max(1, n_docs // 8)
+    slot, bits, rank = K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], n_docs, min_df)
+    words = (n_docs + 63) // 64
+    assert slot.dtype == np.int32 and bits.dtype == np.uint64 and rank.dtype == np.uint32
+    want = np.where(lens >= min_df, np.cumsum(lens >= min_df) - 1, -1)
+    np.testing.assert_array_equal(slot, want)
+    assert len(bits) == len(rank) == int((lens >= min_df).sum()) * words
+    for t in np.flatnonzero(lens >= min_df):
+        docs = c["doc_ids"][c["offsets"][t]:c["offsets"][t + 1]]
+        member = np.zeros(words * 64, bool)
+        member[docs] = True
+        row = slice(int(slot[t]) * words, (int(slot[t]) + 1) * words)
+        got = np.unpackbits(bits[row].view(np.uint8), bitorder="little").astype(bool)
+        np.testing.assert_array_equal(got, member)
+        np.testing.assert_array_equal(rank[row], np.searchsorted(docs, np.arange(words) * 64))
+
+
+def test_dense_bitmaps_argument_checks():
+    c = dict(offsets=np.array([0, 2, 3], np.uint64), doc_ids=np.array([0, 5, 2], np.uint32))
+    with pytest.raises(ValueError, match="min_df"):
+        K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], 6, 0)
+    with pytest.raises(ValueError, match="doc_ids\\[1\\] = 5 >= n_docs = 4"):
+        K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], 4, 1)
+    slot, bits, rank = K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], 6, 1)
+    norm = np.ones(6, np.float32)
+    tfs = np.ones(3, np.uint32)
+    q = (np.array([0, 2], np.uint64), np.array([0, 1], np.uint32), np.array([1.0, 1.0], np.float32))
+    ub, bo, bu = K.bm25_upper_bounds(c["offsets"], c["doc_ids"], tfs, norm)
+    kw = dict(term_ub=ub, algorithm="maxscore")
+    with pytest.raises(ValueError, match="go together"):
+        K.bm25_topk(c["offsets"], c["doc_ids"], tfs, norm, *q, 2, dense_slot=slot, **kw)
+    with pytest.raises(ValueError, match="len\\(dense_slot\\)"):
+        K.bm25_topk(c["offsets"], c["doc_ids"], tfs, norm, *q, 2, dense_slot=slot[:1], dense_bits=bits,
+                    dense_rank=rank, **kw)
+    with pytest.raises(ValueError, match="dense_slot\\[1\\] = 7"):
+        K.bm25_topk(c["offsets"], c["doc_ids"], tfs, norm, *q, 2, dense_slot=np.array([0, 7], np.int32),
+                    dense_bits=bits, dense_rank=rank, **kw)
+    with pytest.raises(ValueError, match="len\\(dense_rank\\)"):
+        K.bm25_topk(c["offsets"], c["doc_ids"], tfs, norm, *q, 2, dense_slot=slot, dense_bits=bits,
+                    dense_rank=rank[:1], **kw)
+    norm100 = np.ones(100, np.float32)  # 2 words per row
+    with pytest.raises(ValueError, match="multiple of ceil"):
+        K.bm25_topk(c["offsets"], c["doc_ids"], tfs, norm100, *q, 2, dense_slot=slot,
+                    dense_bits=np.zeros(3, np.uint64), dense_rank=np.zeros(3, np.uint32), **kw)
+
+
+def test_dense_bitmap_probe_refuses_a_rank_past_the_list():
+    """A corrupted rank row that would place a posting past its list's end raises instead of
+    reading out of bounds (the window MaxScore path, many documents)."""
+    rng = np.random.default_rng(5)
+    n_docs = 70000
+    c = make_corpus(rng, n_docs, 6, density=0.9)
+    slot, bits, rank = K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], n_docs, 1)
+    bad = rank.copy()
+    bad[:] = np.uint32(2**31)
+    bounds = bounds_for(c, 128)
+    q = (np.array([0, 6], np.uint64), np.arange(6, dtype=np.uint32),
+         np.array([0.1, 0.1, 0.1, 0.1, 0.1, 9.0], np.float32))
+    with pytest.raises(ValueError, match="past the end of its list"):
+        run_bm25(c, q, 10, "maxscore", 1, None, bounds, dense=(slot, bits, bad))
+    # the uncorrupted bitmaps give the exhaustive result
+    assert_same(run_bm25(c, q, 10, "maxscore", 1, None, bounds, dense=(slot, bits, rank)),
+                run_bm25(c, q, 10, "exhaustive", 1))
 
 
 @pytest.mark.parametrize("seed", [0, 1])
