@@ -1394,22 +1394,35 @@ class bm25_worker {
                 c.refresh();
             }
 
-            // Candidates in doc order: touched docs that can still reach thr
-            // with every non-essential list added (thr only rises, so this
-            // filter never drops a doc the later checks would keep). Few
-            // survivors are sorted; many are collected from the live bitmap.
+            // Candidates: touched docs that can still reach thr with every
+            // non-essential list added (thr only rises, so this filter never
+            // drops a doc the later checks would keep), with their running
+            // sums in ca[] beside them (dense, so the per-list filters below
+            // read no window array). Put in doc order only when a
+            // non-essential list will be probed by seeking or merging (its
+            // cursor only moves forward); bitmap probes take any order, and
+            // the heap's result does not depend on the order of pushes. Few
+            // survivors are sorted; many are collected from a window bitmap.
+            bool ordered_probes = false;
+            for (size_t j = 0; j < fe; ++j) ordered_probes |= m_sorted[j]->bits == nullptr;
+            std::vector<double>& cav = m_cand_acc;
             {
                 const double need0 = bc.cut(fe > 0 ? m_prefix[fe - 1] : 0.0, thr);
                 cand.resize(n_touched);
+                cav.resize(n_touched);
                 uint32_t* cp = cand.data();
+                double* ca = cav.data();
                 size_t nc = 0;
                 for (size_t i = 0; i < n_touched; ++i) {  // branch-free filter
                     const uint32_t off = touched_p[i];
+                    const double a = acc[off];
                     cp[nc] = off;
-                    nc += acc[off] >= need0;
+                    ca[nc] = a;
+                    nc += a >= need0;
                 }
                 cand.resize(nc);
-                if (n_ess > 1 && nc > 1) {
+                cav.resize(nc);
+                if (ordered_probes && n_ess > 1 && nc > 1) {
                     if (nc <= kSortSmall) {
                         std::sort(cand.begin(), cand.end());
                     } else {
@@ -1426,35 +1439,48 @@ class bm25_worker {
                             }
                         }
                     }
+                    for (size_t i = 0; i < nc; ++i) ca[i] = acc[cp[i]];
                 }
             }
             if (m_allow != nullptr) {
                 size_t keep = 0;
-                for (uint32_t off : cand) {
+                for (size_t i = 0; i < cand.size(); ++i) {
+                    const uint32_t off = cand[i];
                     cand[keep] = off;
+                    cav[keep] = cav[i];
                     keep += m_allow[ws + off] != 0;
                 }
                 cand.resize(keep);
+                cav.resize(keep);
             }
 
             // 2. non-essential lists, highest bound first
             for (size_t j = fe; j-- > 0 && !cand.empty();) {
                 const double need = bc.cut(m_prefix[j], thr);  // lists 0..j still to add
                 size_t keep = 0;
-                for (uint32_t off : cand) {  // branch-free compaction
-                    cand[keep] = off;
-                    keep += acc[off] >= need;
+                {
+                    uint32_t* cp = cand.data();
+                    double* ca = cav.data();
+                    const size_t nc = cand.size();
+                    for (size_t i = 0; i < nc; ++i) {  // branch-free compaction
+                        const double a = ca[i];
+                        cp[keep] = cp[i];
+                        ca[keep] = a;
+                        keep += a >= need;
+                    }
                 }
                 cand.resize(keep);
+                cav.resize(keep);
                 if (cand.empty()) break;
                 posting_cursor& c = *m_sorted[j];
                 const uint64_t bit = uint64_t{1} << j;
                 float* cb = contrib + j * kWindow;
                 const float w = c.weight;
+                double* ca = cav.data();
+                const size_t nc = cand.size();
                 if (c.bits != nullptr) {
                     // O(1) probes of the list's bitmap: no cursor state, so the
                     // candidates' impact loads do not wait on one another
-                    const size_t nc = cand.size();
                     m_probe_pos.resize(nc);
                     uint64_t* pp = m_probe_pos.data();
                     const size_t ok = bitmap_positions(c.bits, c.rank, c.beg, c.end, cand.data(), nc, ws,
@@ -1465,7 +1491,7 @@ class bm25_worker {
                         const uint32_t off = cand[i];
                         const float v = contribution_at(w, pp[i], ws + off);
                         mask[off] |= bit;
-                        acc[off] += v;
+                        ca[i] += v;
                         cb[off] = v;
                     }
                     continue;
@@ -1476,11 +1502,15 @@ class bm25_worker {
                 const double list_density =
                     static_cast<double>(c.end - c.beg) / static_cast<double>(n_docs);
                 const double in_span = list_density * static_cast<double>(last - first + 1);
-                if (in_span <= 8.0 * static_cast<double>(cand.size())) {
+                if (in_span <= 8.0 * static_cast<double>(nc)) {
                     // merge scan of the list's postings over the candidates' span;
-                    // candidates dropped above are skipped via live[]
+                    // candidates dropped above are skipped via live[]; sums
+                    // go through acc[] and back
                     const uint16_t mark = static_cast<uint16_t>(ep | kEpochMark);
-                    for (uint32_t off : cand) live[off] = mark;
+                    for (size_t i = 0; i < nc; ++i) {
+                        live[cand[i]] = mark;
+                        acc[cand[i]] = ca[i];
+                    }
                     uint64_t p = c.pos;
                     const uint64_t end = c.end;
                     for (; p < end; ++p) {
@@ -1493,17 +1523,21 @@ class bm25_worker {
                         acc[off] += v;
                         cb[off] = v;
                     }
-                    for (uint32_t off : cand) live[off] = ep;
+                    for (size_t i = 0; i < nc; ++i) {
+                        live[cand[i]] = ep;
+                        ca[i] = acc[cand[i]];
+                    }
                     c.pos = p;
                     c.refresh();
                 } else {
-                    for (uint32_t off : cand) {
+                    for (size_t i = 0; i < nc; ++i) {
+                        const uint32_t off = cand[i];
                         const uint32_t d = ws + off;
                         c.seek(d);
                         if (c.doc == d) {
                             const float v = contribution_at(w, c.pos, d);
                             mask[off] |= bit;
-                            acc[off] += v;
+                            ca[i] += v;
                             cb[off] = v;
                         }
                     }
@@ -1511,8 +1545,9 @@ class bm25_worker {
             }
 
             // 3. canonical scores of the survivors
-            for (uint32_t off : cand) {
-                if (acc[off] < bc.cut(0.0, thr)) continue;
+            for (size_t i = 0; i < cand.size(); ++i) {
+                if (cav[i] < bc.cut(0.0, thr)) continue;
+                const uint32_t off = cand[i];
                 const uint64_t mk = mask[off];
                 float score = 0.0f;
                 for (size_t q = 0; q < n; ++q) {
@@ -1751,6 +1786,7 @@ class bm25_worker {
     std::vector<uint32_t> m_win_touched;
     std::vector<uint32_t> m_win_cand;
     std::vector<uint64_t> m_probe_pos;  // bitmap probe positions of one window's candidates
+    std::vector<double> m_cand_acc;     // running sums beside m_win_cand (maxscore)
     uint64_t m_cand_bits[kWindow / 64] = {};  // all zero between uses
     std::vector<uint32_t> m_slot_of_qpos;
     uint8_t m_pass[kTfTable] = {};     // tf -> may reach thr (single essential list)
