@@ -517,8 +517,8 @@ constexpr uint64_t kNoPos = ~uint64_t{0};
 /// For each window offset cand[i] (doc ws + cand[i]), the posting of that doc
 /// in a list with a membership bitmap (bm25_bounds_view::dense_bits /
 /// dense_rank rows `bits` / `rank`, list starting at posting `beg`), or kNoPos
-/// when the list does not hold it; prefetches each found posting's
-/// `prefetch[p]`. Positions first, so the impact loads that follow do not wait
+/// when the list does not hold it; prefetches each found posting's 4-byte
+/// element `prefetch[p]` (its impact, or its tf). Positions first, so the impact loads that follow do not wait
 /// on one another. Returns n, or the index of the first position at or past
 /// `end` (inconsistent bitmaps).
 __attribute__((always_inline)) inline size_t bitmap_positions_impl(const uint64_t* bits, const uint32_t* rank,
@@ -1484,7 +1484,7 @@ class bm25_worker {
                     m_probe_pos.resize(nc);
                     uint64_t* pp = m_probe_pos.data();
                     const size_t ok = bitmap_positions(c.bits, c.rank, c.beg, c.end, cand.data(), nc, ws,
-                                                       imp != nullptr ? imp : norm, pp);
+                                                       imp != nullptr ? imp : reinterpret_cast<const float*>(tfs), pp);
                     if (ok < nc) bad_bitmap(ws + cand[ok]);
                     for (size_t i = 0; i < nc; ++i) {
                         if (pp[i] == kNoPos) continue;
