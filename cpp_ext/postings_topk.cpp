@@ -653,7 +653,13 @@ class bm25_worker {
         return theta;
     }
 
-    [[noreturn]] static void bad_bitmap(uint32_t d) {
+    /// A list's doc id below the current window: the list is not sorted.
+    [[noreturn]] __attribute__((noinline, cold)) static void bad_order(uint32_t d) {
+        fail("a posting list's doc ids are not strictly increasing (doc id " + std::to_string(d) +
+             " after a larger one); validate the postings with check_csr");
+    }
+
+    [[noreturn]] __attribute__((noinline, cold)) static void bad_bitmap(uint32_t d) {
         fail("dense_bits / dense_rank place doc id " + std::to_string(d) +
              " past the end of its list (compute them with bm25_dense_bitmaps)");
     }
@@ -1326,11 +1332,16 @@ class bm25_worker {
                 const uint64_t end = c.end;
                 if (imp != nullptr && j == fe) {
                     // The window's first list: every offset is fresh (doc ids
-                    // strictly increase within a list), so plain stores.
+                    // strictly increase within a list), so plain stores. A doc
+                    // id not above the previous one (an unsorted list) raises
+                    // before it could run past the window's buffers.
                     const double wd = w;
+                    int64_t prev = static_cast<int64_t>(ws) - 1;
                     for (; p < end; ++p) {
                         const uint32_t d = docs[p];
                         if (d >= we) break;
+                        if (__builtin_expect(static_cast<int64_t>(d) <= prev, 0)) bad_order(d);
+                        prev = d;
                         const float ip = imp[p];
                         if (wd * static_cast<double>(ip) < imp_cut) continue;
                         if (d >= n_docs) check_doc(d);
@@ -1356,6 +1367,7 @@ class bm25_worker {
                         if (d >= n_docs) check_doc(d);
                         const float v = w * ip;
                         const uint32_t off = d - ws;
+                        if (__builtin_expect(off >= kWindow, 0)) bad_order(d);
                         const bool fresh = live[off] != ep;
                         touched_p[n_touched] = off;  // branch-free first-sight append
                         n_touched += fresh;
@@ -1382,6 +1394,7 @@ class bm25_worker {
                     if (d >= n_docs) check_doc(d);
                     const float v = bm25_contribution(w, tf, norm[d]);
                     const uint32_t off = d - ws;
+                    if (__builtin_expect(off >= kWindow, 0)) bad_order(d);
                     const bool fresh = live[off] != ep;
                     touched_p[n_touched] = off;  // branch-free first-sight append
                     n_touched += fresh;
@@ -1517,6 +1530,7 @@ class bm25_worker {
                         const uint32_t d = docs[p];
                         if (d > last) break;
                         const uint32_t off = d - ws;
+                        if (__builtin_expect(off >= kWindow, 0)) bad_order(d);
                         if (live[off] != mark) continue;
                         const float v = contribution_at(w, p, d);
                         mask[off] |= bit;

@@ -474,6 +474,63 @@ def test_dense_bitmap_probe_refuses_a_rank_past_the_list():
                 run_bm25(c, q, 10, "exhaustive", 1))
 
 
+@pytest.mark.parametrize("how", ["repeated", "decreasing"])
+@pytest.mark.parametrize("algorithm", ["maxscore", "bmw", "bmm", "auto"])
+def test_bm25_unsorted_long_list_is_not_a_memory_error(how, algorithm):
+    """A list that breaks the strictly-increasing precondition (a doc id repeated more times
+    than a MaxScore window holds, or ids going down across windows) gives a ValueError or
+    unspecified scores, never a write past the window buffers (it used to abort the process)."""
+    n = 20000
+    if how == "repeated":
+        docs, n_docs = np.zeros(n, np.uint32), 1
+    else:
+        docs, n_docs = np.arange(n, dtype=np.uint32)[::-1].copy(), n
+    c = dict(offsets=np.array([0, n, n + 1], np.uint64), doc_ids=np.concatenate([docs, np.zeros(1, np.uint32)]),
+             tfs=np.ones(n + 1, np.uint32), doc_norm=np.ones(n_docs, np.float32))
+    imp = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    bounds = bounds_for(c, 128)
+    for terms in ([0], [0, 1], [1, 0]):
+        q = (np.array([0, len(terms)], np.uint64), np.array(terms, np.uint32), np.ones(len(terms), np.float32))
+        for impacts in (None, imp):
+            try:
+                ids, scores, n_found = run_bm25(c, q, 2, algorithm, 1, None, bounds, impacts=impacts)
+            except ValueError as e:
+                assert "strictly increasing" in str(e) or "check_csr" in str(e)
+            else:
+                assert ids.shape == (1, 2) and ((ids[0] >= -1) & (ids[0] < n_docs)).all()
+
+
+def test_dense_bitmaps_mixed_lists_are_probed_exactly():
+    """Queries whose non-essential lists are partly bitmap-probed (dense lists) and partly
+    sought (lists below min_df) equal exhaustive scoring; a rank past the lists proves the
+    bitmap probes were reached."""
+    rng = np.random.default_rng(11)
+    n_docs = 40000
+    dens = [0.6, 0.5, 0.4, 0.02, 0.015, 0.01, 0.0008, 0.0005]
+    lists = [np.flatnonzero(rng.random(n_docs) < p).astype(np.uint32) for p in dens]
+    offsets = np.zeros(len(lists) + 1, np.uint64)
+    offsets[1:] = np.cumsum([len(x) for x in lists])
+    c = dict(offsets=offsets, doc_ids=np.concatenate(lists),
+             tfs=np.concatenate([rng.geometric(0.4, len(x)).astype(np.uint32) for x in lists]),
+             doc_norm=rng.uniform(0.5, 1.5, n_docs).astype(np.float32))
+    min_df = n_docs // 32  # the three dense lists only
+    slot, bits, rank = K.bm25_dense_bitmaps(c["offsets"], c["doc_ids"], n_docs, min_df)
+    assert (slot >= 0).sum() == 3
+    idf = np.log1p((n_docs - np.diff(offsets) + 0.5) / (np.diff(offsets) + 0.5)).astype(np.float32)
+    qs = [[6, 0, 3], [7, 6, 0, 1, 2, 4], [3, 4, 5, 0, 1], [6, 7, 5, 2], [0, 1, 2, 3, 4, 5, 6, 7]]
+    q_terms = np.concatenate([np.array(t, np.uint32) for t in qs])
+    q = (np.array([0, *np.cumsum([len(t) for t in qs])], np.uint64), q_terms, idf[q_terms])
+    bounds = bounds_for(c, 128)
+    imp = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    for k in (1, 10, 100):
+        ref = run_bm25(c, q, k, "exhaustive", 1)
+        for impacts in (None, imp):
+            assert_same(run_bm25(c, q, k, "maxscore", 1, None, bounds, impacts=impacts, dense=(slot, bits, rank)), ref)
+    bad = np.full_like(rank, np.uint32(2**31))
+    with pytest.raises(ValueError, match="past the end of its list"):
+        run_bm25(c, q, 10, "maxscore", 1, None, bounds, impacts=imp, dense=(slot, bits, bad))
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_bm25_clustered_lists_seek_exactly(seed):
     """Long lists whose doc ids come in dense bursts separated by wide gaps, so the

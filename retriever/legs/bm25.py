@@ -127,9 +127,10 @@ class BM25Leg:
         """Membership bitmaps of a shard's lists with at least rows / :attr:`DENSE_BITMAP_RATIO`
         postings (``_kernels.bm25_dense_bitmaps``): MaxScore probes such a non-essential list for
         a candidate with a bit test and a popcount instead of a galloping seek (identical results).
-        Memory: 12 bytes per 64 documents per such list, at most 1.5x those lists' doc ids
-        (e.g. 1M documents: ~188 KB per list; the 1M synthetic benchmark corpus has 165 such lists, 35 MB,
-        built in 0.09 s). Built at open, O(their postings)."""
+        Memory: 12 bytes per 64 documents per such list, i.e. at most 1.5x those lists' doc ids
+        on shards of 64 or more documents (on smaller shards every list qualifies: at most 12
+        bytes per posting). E.g. 1M documents: ~188 KB per list; the 1M synthetic benchmark
+        corpus has 165 such lists, 35 MB, built in 0.09 s. Built at open, O(their postings)."""
         slot, bits, rank = _kernels.bm25_dense_bitmaps(a["offsets"], a["doc_ids"], rows,
                                                        max(1, rows // self.DENSE_BITMAP_RATIO), n_threads=0)
         return {"dense_slot": slot, "dense_bits": bits, "dense_rank": rank}
