@@ -210,7 +210,9 @@ def bm25_topk(
     verifies (the BM25 leg runs it once when an index is opened; this call does not,
     it costs O(nnz)). A doc id ``>= n_docs`` raises ``ValueError``; a list with a
     repeated doc id gives unspecified scores (the vector scatters read several
-    accumulator entries before writing them back), never a memory error.
+    accumulator entries before writing them back) or, where the window-at-a-time
+    MaxScore meets it (a repeated or decreasing doc id), a ``ValueError``; never a
+    memory error.
 
     ``dense_slot`` / ``dense_bits`` / ``dense_rank``: optional, all three together, from
     :func:`bm25_dense_bitmaps` over the same postings (``ValueError`` when their lengths
