@@ -152,13 +152,13 @@ class BM25Leg:
             return hit
         out = []
         avg = self.avgdl if self.avgdl > 0 else 1.0
-        for (s, a), dl in zip(self.shards, self._dl):
+        for (s, a), dl, dense in zip(self.shards, self._dl, self._dense):
             norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
             term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
                 a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
             out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
-                        "dense": self._dense[len(out)],
+                        "dense": dense,
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
                         "kth": OrderedDict(), "kth_ok": None})
