@@ -17,12 +17,14 @@
 #include <pybind11/stl.h>
 
 #include <cstdint>
+#include <cstring>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
 
 #include "postings_topk.hpp"
+#include "query_terms.hpp"
 #include "int8_scan.hpp"
 #include "rescore.hpp"
 
@@ -322,6 +324,55 @@ std::tuple<carray<int32_t>, carray<uint64_t>, carray<uint32_t>> py_bm25_dense_bi
     return {slot, bits, rank};
 }
 
+std::tuple<carray<uint64_t>, carray<uint32_t>, carray<float>, carray<uint8_t>> py_bm25_query_terms(
+    const carray<uint8_t>& data, const carray<int64_t>& offsets, const carray<int64_t>& slots,
+    const carray<int64_t>& entry_off, const carray<uint8_t>& blob, const carray<int64_t>& value,
+    int64_t n_entries, const carray<uint8_t>& flags, const carray<uint8_t>& fold_n,
+    const carray<uint32_t>& fold_cp, const carray<uint8_t>& ascii_fold, bool lowercase,
+    const carray<float>& idf, int n_threads) {
+    const size_t n_off = len1d(offsets, "offsets");
+    if (n_off == 0) fail("offsets must have length n_texts + 1 >= 1, got length 0");
+    const size_t n = n_off - 1;
+    token_table_view table;
+    table.slots = slots.data();
+    table.n_slots = len1d(slots, "slots");
+    table.entry_off = entry_off.data();
+    table.n_off = len1d(entry_off, "entry_off");
+    table.blob = blob.data();
+    table.blob_len = len1d(blob, "blob");
+    table.value = value.data();
+    if (n_entries < 0 || static_cast<size_t>(n_entries) > len1d(value, "value")) {
+        fail("n_entries = " + std::to_string(n_entries) + " must be in [0, len(value) = " +
+             std::to_string(len1d(value, "value")) + "]");
+    }
+    table.n_entries = static_cast<size_t>(n_entries);
+    require_eq(len1d(flags, "flags"), 0x10000, "len(flags)", "65536");
+    require_eq(len1d(fold_n, "fold_n"), 0x10000, "len(fold_n)", "65536");
+    require_eq(len1d(fold_cp, "fold_cp"), 3 * 0x10000, "len(fold_cp)", "196608");
+    require_eq(len1d(ascii_fold, "ascii_fold"), 128, "len(ascii_fold)", "128");
+    char_tables_view chars{flags.data(), fold_n.data(), fold_cp.data(), ascii_fold.data(), lowercase};
+    const size_t n_terms = len1d(idf, "idf");
+    const size_t data_len = len1d(data, "data");
+    carray<uint64_t> q_offsets(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n + 1)});
+    carray<uint8_t> status(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+    uint64_t* op = q_offsets.mutable_data();
+    uint8_t* sp = status.mutable_data();
+    std::vector<uint32_t> terms;
+    std::vector<float> weights;
+    {
+        py::gil_scoped_release nogil;
+        bm25_query_terms(data.data(), data_len, offsets.data(), n, table, chars, idf.data(), n_terms, n_threads,
+                         op, sp, terms, weights);
+    }
+    carray<uint32_t> q_terms(std::vector<py::ssize_t>{static_cast<py::ssize_t>(terms.size())});
+    carray<float> q_weights(std::vector<py::ssize_t>{static_cast<py::ssize_t>(weights.size())});
+    if (!terms.empty()) {
+        std::memcpy(q_terms.mutable_data(), terms.data(), terms.size() * sizeof(uint32_t));
+        std::memcpy(q_weights.mutable_data(), weights.data(), weights.size() * sizeof(float));
+    }
+    return {q_offsets, q_terms, q_weights, status};
+}
+
 carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
                                const carray<uint32_t>& tfs, const carray<float>& doc_norm,
                                const carray<uint32_t>& terms, int64_t depth,
@@ -591,6 +642,18 @@ PYBIND11_MODULE(_kernels, m) {
           "bits u64[rows * words], rank u32[rows * words]) with words = ceil(n_docs / 64):\n"
           "bit d of a row is set iff d is in the list; rank[w] counts its postings below doc\n"
           "64 * w. Memory: 12 bytes per 64 documents per row.");
+
+    m.def("bm25_query_terms", &py_bm25_query_terms, py::arg("data").noconvert(),
+          py::arg("offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),
+          py::arg("blob").noconvert(), py::arg("value").noconvert(), py::arg("n_entries"),
+          py::arg("flags").noconvert(), py::arg("fold_n").noconvert(), py::arg("fold_cp").noconvert(),
+          py::arg("ascii_fold").noconvert(), py::arg("lowercase"), py::arg("idf").noconvert(),
+          py::arg("n_threads") = 0,
+          "Query analysis with a read-only token table (index.analyzer_kernels.TokenTable): UTF-8\n"
+          "texts data[offsets[i]:offsets[i+1]] -> (q_offsets u64[n+1], q_terms u32[m], q_weights\n"
+          "f32[m], status u8[n]): each query's distinct known terms in first-occurrence order,\n"
+          "weight float32(count * idf[t]); status 1 = a token the table lacks or a code point above\n"
+          "U+FFFF (no terms: analyse that query in Python). Parallel over queries, GIL released.");
 
     m.def("bm25_term_kth", &py_bm25_term_kth, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),

@@ -201,7 +201,7 @@ class Engine:
             if prepared and name in prepared:
                 inp = prepared[name]  # covers all nq queries, blank text or not
             else:
-                inp = leg.prepare(live) if live else None
+                inp = leg.prepare(live, threads) if live else None
             t1 = time.perf_counter()
             if inp is None:
                 merged = _empty(len(live), leg_depth)

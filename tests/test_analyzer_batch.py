@@ -196,3 +196,90 @@ def test_failed_batch_fails_the_shard_and_later_batches(background):
             pb.add(["more"])
             pb.close()
         pb.close(raise_errors=False)
+
+
+def _utf8(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    enc = [t.encode("utf-8") for t in texts]
+    off = np.zeros(len(enc) + 1, np.int64)
+    np.cumsum([len(e) for e in enc], out=off[1:])
+    return np.frombuffer(b"".join(enc) or b"\0", np.uint8).copy(), off
+
+
+def _query_terms_kernel(table, texts, idf, lowercase, threads):
+    from index.analyzer_kernels import _ascii_fold, char_tables
+    from retriever import _kernels
+
+    data, off = _utf8(texts)
+    return _kernels.bm25_query_terms(data, off, table.slots, table.off, table.blob, table.value, table.n,
+                                     *char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, lowercase),
+                                     lowercase, idf, n_threads=threads)
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(TEXT, min_size=1, max_size=8), seen=st.integers(0, 8), threads=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2**16))
+def test_query_terms_kernel_equals_python(lowercase, texts, seen, threads, seed):
+    """``_kernels.bm25_query_terms`` (C++, read-only token table) against the Python analyzer: a text
+    is finished (status 0) exactly when it has no code point above U+FFFF and every token of
+    ``Analyzer.tokenize`` is in the table; its terms are then the distinct non-negative table
+    values in first-occurrence order, weighted float32(count * idf)."""
+    from index.analyzer_kernels import TokenTable, scan_tokens
+
+    an = Analyzer(AnalyzerConfig(lowercase=lowercase))
+    table = TokenTable()
+    data, off = _utf8(texts[:seen])
+    scan_tokens(data, off, table, lowercase=lowercase, ideo_class=analyzer_mod._IDEO)  # the tokens "seen"
+    rng = np.random.default_rng(seed)
+    n_terms = 6
+    table.set_values(0, rng.integers(-1, n_terms, table.n))
+    idf = (rng.random(n_terms) * 4).astype(np.float32)
+    entry = {t: i for i, t in enumerate(table.tokens(0, table.n))}
+    q_off, q_terms, q_weights, status = _query_terms_kernel(table, texts, idf, lowercase, threads)
+    assert q_off[0] == 0 and len(q_off) == len(texts) + 1 and len(q_terms) == q_off[-1]
+    for j, text in enumerate(texts):
+        toks = an.tokenize(text)
+        done = max(map(ord, text), default=0) <= 0xFFFF and all(t in entry for t in toks)
+        assert status[j] == (0 if done else 1), (text, toks)
+        want = Counter(v for v in (int(table.value[entry[t]]) for t in toks) if v >= 0) if done else Counter()
+        assert q_terms[q_off[j]:q_off[j + 1]].tolist() == list(want)
+        assert q_weights[q_off[j]:q_off[j + 1]].tolist() == [float(np.float32(c * float(idf[t])))
+                                                             for t, c in want.items()]
+
+
+def test_query_terms_kernel_long_query_and_checks():
+    """A query with more distinct terms than the linear dedupe handles (term -> position map), and
+    the boundary checks: bad offsets, a value past idf, a corrupted entry."""
+    from index.analyzer_kernels import TokenTable, scan_tokens
+
+    words = [f"word{i}" for i in range(100)] + ["x", "yy"]
+    table = TokenTable()
+    data, off = _utf8([" ".join(words)])
+    scan_tokens(data, off, table, lowercase=True, ideo_class=analyzer_mod._IDEO)
+    table.set_values(0, np.arange(table.n) % 90)  # word90..99 share ids with word0..9
+    idf = np.linspace(0.5, 3.0, 90, dtype=np.float32)
+    text = " ".join(words + words[::-1] + ["WORD5", "x"])
+    for threads in (1, 2):
+        q_off, q_terms, q_weights, status = _query_terms_kernel(table, [text, "x yy", ""], idf, True, threads)
+        assert status.tolist() == [0, 0, 0]
+        toks = Analyzer().tokenize(text)
+        want = Counter(int(table.value[table.tokens(0, table.n).index(t)]) for t in toks)
+        assert q_terms[q_off[0]:q_off[1]].tolist() == list(want)
+        assert q_weights[q_off[0]:q_off[1]].tolist() == [float(np.float32(c * float(idf[t]))) for t, c in want.items()]
+        assert q_terms[q_off[1]:q_off[2]].tolist() == [100 % 90, 101 % 90] and q_off[3] == q_off[2]
+    with pytest.raises(ValueError, match="token table value 89 >= n_terms = 50"):
+        _query_terms_kernel(table, ["word89"], idf[:50], True, 1)
+    from index.analyzer_kernels import _ascii_fold, char_tables
+    from retriever import _kernels
+    tabs = (*char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, True))
+    data, off = _utf8(["word1 word2"])
+    with pytest.raises(ValueError, match="offsets"):
+        _kernels.bm25_query_terms(data, np.array([0, 99], np.int64), table.slots, table.off, table.blob, table.value,
+                                  table.n, *tabs, True, idf)
+    with pytest.raises(ValueError, match="n_entries"):
+        _kernels.bm25_query_terms(data, off, table.slots, table.off, table.blob, table.value, len(table.value) + 1,
+                                  *tabs, True, idf)
+    bad = table.slots.copy()
+    bad[1::2][bad[0::2] != 0] = 10**9  # every entry out of range
+    with pytest.raises(ValueError, match="outside"):
+        _kernels.bm25_query_terms(data, off, bad, table.off, table.blob, table.value, table.n, *tabs, True, idf)

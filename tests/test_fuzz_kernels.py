@@ -28,7 +28,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
-           "bm25_dense_bitmaps",
+           "bm25_dense_bitmaps", "bm25_query_terms",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -351,3 +351,46 @@ def test_fuzz_int8_scan_topk(data):
         want = np.lexsort((np.arange(n), -full[i]))[:kk]
         np.testing.assert_array_equal(ids[i], want)
         np.testing.assert_array_equal(scores[i], full[i, want])
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_query_terms(data):
+    """Random bytes (invalid and truncated UTF-8 included), offsets and a token table with corrupted
+    slots / offsets / values: results are well formed or ValueError / TypeError, never a crash."""
+    from index.analyzer import _IDEO
+    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+
+    words = data.draw(st.lists(st.sampled_from(["a", "bb", "ccc", "longer_token_x", "ß", "中", "don't", "1,5"]),
+                               max_size=8))
+    table = TokenTable()
+    text = " ".join(words).encode()
+    scan_tokens(np.frombuffer(text or b"\0", np.uint8), np.array([0, len(text)], np.int64), table,
+                lowercase=True, ideo_class=_IDEO)
+    n_terms = data.draw(st.integers(0, 6))
+    table.set_values(0, np.array([data.draw(st.integers(-3, 8)) for _ in range(table.n)], np.int64))
+    slots, off, blob, value, n_e = table.slots.copy(), table.off.copy(), table.blob.copy(), table.value.copy(), table.n
+    corrupt = data.draw(st.sampled_from(["none"] * 3 + ["slot_entry", "slot_key", "off", "n_entries", "slots_len"]))
+    if corrupt == "slot_entry":
+        slots[1::2][slots[0::2] != 0] = data.draw(st.integers(-2**40, 2**40))
+    elif corrupt == "slot_key":
+        slots[0::2] = data.draw(st.integers(-2**63, 2**63 - 1))
+    elif corrupt == "off" and n_e:
+        off[data.draw(st.integers(0, n_e))] = data.draw(st.integers(-2**40, 2**40))
+    elif corrupt == "n_entries":
+        n_e = data.draw(st.integers(-3, len(value) + 3))
+    elif corrupt == "slots_len":
+        slots = slots[:data.draw(st.integers(0, len(slots)))].copy()
+    raw = data.draw(st.binary(max_size=40)) + " ".join(words).encode()[:data.draw(st.integers(0, 30))]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=4)))
+    offsets = np.array([0, *cuts, len(raw)], np.int64)
+    if data.draw(st.integers(0, 5)) == 0:
+        offsets[data.draw(st.integers(0, len(offsets) - 1))] = data.draw(st.integers(-5, len(raw) + 5))
+    flags, fold_n, fold_cp = char_tables(_IDEO)
+    res = _call(K.bm25_query_terms, np.frombuffer(raw or b"\0", np.uint8).copy(), offsets, slots, off, blob, value,
+                n_e, flags, fold_n, fold_cp, _ascii_fold(_IDEO, True), True,
+                np.ones(n_terms, np.float32), n_threads=data.draw(st.sampled_from([1, 2])))
+    if res is not None:
+        q_off, q_terms, q_weights, status = res
+        assert len(q_off) == len(offsets) and q_off[-1] == len(q_terms) == len(q_weights)
+        assert len(status) == len(offsets) - 1 and (q_terms < max(n_terms, 1)).all()

@@ -168,18 +168,21 @@ class BM25Leg:
                 self._scoring_cache.popitem(last=False)
         return out
 
-    def prepare(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Leg interface: analyse the batch (see :meth:`query_terms`)."""
-        return self.query_terms(queries)
+    def prepare(self, queries: Sequence[str], n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Leg interface: analyse the batch (see :meth:`query_terms`) on ``n_threads`` threads."""
+        return self.query_terms(queries, n_threads)
 
-    def query_terms(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def query_terms(self, queries: Sequence[str], n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Analyse queries into a ragged batch.
 
         Tokens map to term ids through a cache (token → id, filled on first sight by the
         analyzer's stop-word / stemming / vocabulary lookup). Batches of :attr:`VECTORISE_MIN`
-        or more queries go through the compiled scanner, a token table kept across calls and a
-        compiled dedupe (:meth:`_query_terms_compiled`); smaller ones through a plain loop
-        (same output).
+        or more queries go through a token table kept across calls: once the table holds tokens,
+        ``_kernels.bm25_query_terms`` analyses the batch against it (C++, ``n_threads`` threads,
+        GIL released) and only the queries it cannot finish (a token never seen, a code point above
+        U+FFFF) go through the compiled numba scanner, which adds their tokens
+        (:meth:`_query_terms_compiled`). Smaller batches go through a plain loop. All paths give
+        the same output.
 
         Returns:
             ``(q_offsets u64[nq+1], q_terms u32[m], q_weights f32[m])``: unique known terms per
@@ -189,7 +192,7 @@ class BM25Leg:
         if len(queries) < self.VECTORISE_MIN:
             tokenize = self.analyzer.tokenize
             return self._query_terms_loop([tokenize(q) for q in queries])
-        got = self._query_terms_compiled(queries)
+        got = self._query_terms_compiled(queries, n_threads)
         if got is not None:
             return got
         nq = len(queries)
@@ -213,20 +216,13 @@ class BM25Leg:
         np.cumsum(np.bincount(qidx[at], minlength=nq), out=offsets[1:])
         return offsets, terms.astype(np.uint32), weights
 
-    def _query_terms_compiled(self, queries: Sequence[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """:meth:`query_terms` through the compiled scanner and a token table kept across calls.
-
-        The table maps each token seen so far to its term id (-1: stop word, over-long or not
-        in the vocabulary), so a batch is scanned, looked up and deduplicated with no Python
-        work per token; only tokens never seen before go through the analyzer (stop words,
-        stemming) and the vocabulary. A text with a code point above U+FFFF is tokenised in
-        Python and its tokens looked up in the same table. Returns ``None`` when the batch
-        cannot be encoded as UTF-8 (lone surrogates); the caller then takes the Python path.
-        """
+    def _query_terms_compiled(self, queries: Sequence[str],
+                              n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """:meth:`query_terms` against the token table kept across calls: the read-only C++ pass
+        first, then :meth:`_query_terms_scan` for the queries it leaves (all of them while the
+        table is empty); the two parts are spliced back in query order. ``None``: the batch cannot
+        be encoded as UTF-8 (lone surrogates)."""
         import pyarrow as pa
-
-        from index.analyzer import _IDEO
-        from index.analyzer_kernels import TokenTable, query_term_weights, scan_tokens
 
         texts = queries if isinstance(queries, list) else list(queries)
         n = len(texts)
@@ -237,34 +233,76 @@ class BM25Leg:
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
         data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
-        lowercase = self.analyzer.config.lowercase
         with self._table_lock:  # the table grows in place: one batch at a time
             if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
+                from index.analyzer_kernels import TokenTable
                 self._table = TokenTable()
                 self._slot = np.full(len(self.idf), -1, dtype=np.int64)
             table = self._table
-            vals: list[np.ndarray] = []
-            counts = np.zeros(n, dtype=np.int64)
-            start = 0
-            while start < n:
-                done, v, cnt, first_new = scan_tokens(data, offsets[start:], table, lowercase=lowercase,
-                                                      ideo_class=_IDEO, stop_on_astral=True)
+            if table.n == 0:
+                return self._query_terms_scan(texts, data, offsets)
+            from index.analyzer import _IDEO
+            from index.analyzer_kernels import _ascii_fold, char_tables
+            lowercase = bool(self.analyzer.config.lowercase)
+            flags, fold_n, fold_cp = char_tables(_IDEO)
+            q_off, q_terms, q_weights, status = _kernels.bm25_query_terms(
+                data, offsets, table.slots, table.off, table.blob, table.value, table.n, flags, fold_n, fold_cp,
+                _ascii_fold(_IDEO, lowercase), lowercase, self.idf, n_threads=n_threads)
+            todo = np.flatnonzero(status)
+            if len(todo) == 0:
+                return q_off, q_terms, q_weights
+            if 2 * len(todo) >= n:
+                return self._query_terms_scan(texts, data, offsets)
+            sub = [texts[i] for i in todo.tolist()]
+            arr = pa.array(sub, type=pa.large_string())
+            bufs = arr.buffers()
+            s_data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+            s_off, s_terms, s_weights = self._query_terms_scan(
+                sub, s_data, np.frombuffer(bufs[1], dtype=np.int64, count=len(sub) + 1))
+            return _splice((q_off, q_terms, q_weights), todo, (s_off, s_terms, s_weights))
+
+    def _query_terms_scan(self, texts: list[str], data: np.ndarray,
+                          offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """:meth:`query_terms` through the compiled numba scanner, which adds new tokens to the table
+        (caller holds the table lock; ``data`` / ``offsets``: the texts' UTF-8 bytes).
+
+        The table maps each token seen so far to its term id (-1: stop word, over-long or not
+        in the vocabulary), so a batch is scanned, looked up and deduplicated with no Python
+        work per token; only tokens never seen before go through the analyzer (stop words,
+        stemming) and the vocabulary. A text with a code point above U+FFFF is tokenised in
+        Python and its tokens looked up in the same table. The texts must encode as UTF-8 (the
+        caller has checked).
+        """
+        import pyarrow as pa
+
+        from index.analyzer import _IDEO
+        from index.analyzer_kernels import query_term_weights, scan_tokens
+
+        n = len(texts)
+        lowercase = self.analyzer.config.lowercase
+        table = self._table
+        vals: list[np.ndarray] = []
+        counts = np.zeros(n, dtype=np.int64)
+        start = 0
+        while start < n:
+            done, v, cnt, first_new = scan_tokens(data, offsets[start:], table, lowercase=lowercase,
+                                                  ideo_class=_IDEO, stop_on_astral=True)
+            vals.append(self._resolve(v, first_new))
+            counts[start:start + done] = cnt
+            start += done
+            if start == n:
+                break
+            toks = self.analyzer.tokenize(texts[start])  # a text the scanner leaves to Python
+            if toks:
+                tb = pa.array(toks, type=pa.large_string()).buffers()
+                _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
+                                                 np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
+                                                 table, lowercase=False, ideo_class=_IDEO, verbatim=True)
                 vals.append(self._resolve(v, first_new))
-                counts[start:start + done] = cnt
-                start += done
-                if start == n:
-                    break
-                toks = self.analyzer.tokenize(texts[start])  # a text the scanner leaves to Python
-                if toks:
-                    tb = pa.array(toks, type=pa.large_string()).buffers()
-                    _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
-                                                     np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
-                                                     table, lowercase=False, ideo_class=_IDEO, verbatim=True)
-                    vals.append(self._resolve(v, first_new))
-                counts[start] = len(toks)
-                start += 1
-            ids = vals[0] if len(vals) == 1 else np.concatenate(vals)
-            return query_term_weights(ids, counts, self.idf, self._slot)
+            counts[start] = len(toks)
+            start += 1
+        ids = vals[0] if len(vals) == 1 else np.concatenate(vals)
+        return query_term_weights(ids, counts, self.idf, self._slot)
 
     def _resolve(self, entries: np.ndarray, first_new: int) -> np.ndarray:
         """Term ids (i64, -1 = no term) of token-table ``entries`` (i32, from ``scan_tokens``),
@@ -415,6 +453,26 @@ class BM25Leg:
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 block_size=128, n_threads=n_threads)
         return arr
+
+def _splice(fast: tuple[np.ndarray, np.ndarray, np.ndarray], todo: np.ndarray,
+            rest: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One ragged batch from two: ``fast`` covers every query (those in ``todo`` empty), ``rest``
+    covers the queries ``todo`` (ascending) in order."""
+    f_off, f_terms, f_weights = fast
+    r_off, r_terms, r_weights = rest
+    counts = np.diff(f_off.astype(np.int64))
+    counts[todo] = np.diff(r_off.astype(np.int64))
+    offsets = np.zeros(len(f_off), dtype=np.uint64)
+    np.cumsum(counts, out=offsets[1:])
+    from_rest = np.zeros(len(counts), dtype=bool)
+    from_rest[todo] = True
+    where = np.repeat(from_rest, counts)
+    terms = np.empty(len(where), dtype=np.uint32)
+    weights = np.empty(len(where), dtype=np.float32)
+    terms[~where], weights[~where] = f_terms, f_weights
+    terms[where], weights[where] = r_terms, r_weights
+    return offsets, terms, weights
+
 
 def _fmt_error(path, msg):
     from index.errors import IndexFormatError

@@ -208,8 +208,9 @@ class DenseLeg:
                                            f"index has {self.dim}")
             return self._encoder
 
-    def prepare(self, queries: list[str]) -> np.ndarray:
-        """Leg interface: encode the batch (model space; :meth:`search` applies the rotation)."""
+    def prepare(self, queries: list[str], n_threads: int = 1) -> np.ndarray:
+        """Leg interface: encode the batch (model space; :meth:`search` applies the rotation).
+        ``n_threads`` is not used: the encoder runs on torch's own threads."""
         return self.encode(queries)
 
     def encode(self, queries: list[str]) -> np.ndarray:

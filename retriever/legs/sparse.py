@@ -269,9 +269,10 @@ class SparseLeg:
                                           device=self.device)
         return self._encoder
 
-    def prepare(self, queries: Sequence[str]) -> QueryBatch:
+    def prepare(self, queries: Sequence[str], n_threads: int = 1) -> QueryBatch:
         """Encode queries with the index's SPLADE model into a ragged batch
-        ``(q_offsets uint64 (nq+1,), q_terms uint32, q_weights float32)``."""
+        ``(q_offsets uint64 (nq+1,), q_terms uint32, q_weights float32)``. ``n_threads`` is not
+        used: the encoder runs on torch's own threads."""
         indptr, terms, weights = self.encoder.encode_queries(list(queries))
         return indptr.astype(np.uint64), terms.astype(np.uint32), weights.astype(np.float32)
 
