@@ -13,15 +13,23 @@ import time
 from typing import Any, Callable
 
 
-def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1) -> list[float]:
-    """Wall seconds of ``repeats`` calls of ``fn`` after ``warmup`` untimed calls."""
+def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1, min_seconds: float = 0.0) -> list[float]:
+    """Wall seconds per call of ``fn`` in each of ``repeats`` timed passes, after ``warmup``
+    untimed calls. A pass calls ``fn`` until it has run for at least ``min_seconds`` (at least
+    once) and reports its mean: a 1 ms batch timed once is at the mercy of one scheduler tick."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(repeats):
+        calls = 0
         t0 = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - t0)
+        while True:
+            fn()
+            calls += 1
+            el = time.perf_counter() - t0
+            if el >= min_seconds:
+                break
+        out.append(el / calls)
     return out
 
 

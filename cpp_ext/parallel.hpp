@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -41,6 +42,18 @@ inline size_t resolve_threads(int n_threads, size_t n_items) {
     if (t == 0) t = 1;
     if (t > n_items) t = n_items;
     return t == 0 ? 1 : t;
+}
+
+/// How long an idle pooled thread, or a caller waiting for its helpers, spins
+/// before it blocks (microseconds).
+constexpr int kSpinMicros = 300;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#else
+    std::this_thread::yield();
+#endif
 }
 
 /// Process-wide pool of helper threads, grown on demand and never shut down
@@ -66,6 +79,7 @@ class worker_pool {
             return false;
         }
         for (size_t i = 0; i < n; ++i) m_queue.push_back(task);
+        m_pending.fetch_add(n, std::memory_order_release);
         m_ready.notify_all();
         return true;
     }
@@ -75,12 +89,20 @@ class worker_pool {
 
     void loop() {
         for (;;) {
+            // Spin a little before sleeping: batches arrive back to back (a search call's
+            // analysis and top-k, then the next batch), and waking a sleeping thread costs
+            // tens of microseconds on a VM.
+            const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+            while (m_pending.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < until) {
+                cpu_relax();
+            }
             std::function<void()> task;
             {
                 std::unique_lock<std::mutex> lock(m_mutex);
                 m_ready.wait(lock, [this]() { return !m_queue.empty(); });
                 task = std::move(m_queue.front());
                 m_queue.pop_front();
+                m_pending.fetch_sub(1, std::memory_order_release);
             }
             task();
         }
@@ -89,6 +111,7 @@ class worker_pool {
     std::mutex m_mutex;
     std::condition_variable m_ready;
     std::deque<std::function<void()>> m_queue;
+    std::atomic<size_t> m_pending{0};  // m_queue.size(), readable without the lock
     size_t m_threads = 0;
 };
 
@@ -98,7 +121,7 @@ class worker_pool {
 struct parallel_call {
     std::mutex mutex;
     std::condition_variable done;
-    size_t active = 0;
+    std::atomic<size_t> active{0};  // changed under `mutex` on entry, atomically on leave
     bool closed = false;
 };
 
@@ -144,21 +167,27 @@ void parallel_for_items(size_t n_items, int n_threads, size_t chunk, MakeWorker&
         {
             std::lock_guard<std::mutex> lock(call->mutex);
             if (call->closed) return;
-            ++call->active;
+            call->active.fetch_add(1, std::memory_order_relaxed);
         }
         body();
-        {
-            std::lock_guard<std::mutex> lock(call->mutex);
-            --call->active;
+        if (call->active.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+            { std::lock_guard<std::mutex> lock(call->mutex); }  // the caller is waiting or will see 0
+            call->done.notify_all();
         }
-        call->done.notify_all();
     };
     worker_pool::instance().submit(n_workers - 1, helper);  // if it fails the caller does it all
     body();  // the calling thread works too, until no item is left
     {
+        std::lock_guard<std::mutex> lock(call->mutex);
+        call->closed = true;  // helpers that have not entered by now never will
+    }
+    const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(kSpinMicros);
+    while (call->active.load(std::memory_order_acquire) != 0 && std::chrono::steady_clock::now() < until) {
+        cpu_relax();
+    }
+    if (call->active.load(std::memory_order_acquire) != 0) {
         std::unique_lock<std::mutex> lock(call->mutex);
-        call->closed = true;
-        call->done.wait(lock, [&]() { return call->active == 0; });
+        call->done.wait(lock, [&]() { return call->active.load(std::memory_order_acquire) == 0; });
     }
     if (first_error) std::rethrow_exception(first_error);
 }

@@ -1892,7 +1892,7 @@ class impact_worker {
 
 size_t query_chunk(size_t nq, int n_threads) {
     const size_t t = resolve_threads(n_threads, nq);
-    return std::max<size_t>(1, std::min<size_t>(16, nq / (8 * t)));
+    return std::max<size_t>(1, std::min<size_t>(16, nq / (32 * t)));
 }
 
 }  // namespace
