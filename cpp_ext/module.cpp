@@ -643,6 +643,8 @@ PYBIND11_MODULE(_kernels, m) {
           "bit d of a row is set iff d is in the list; rank[w] counts its postings below doc\n"
           "64 * w. Memory: 12 bytes per 64 documents per row.");
 
+    m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
+
     m.def("bm25_query_terms", &py_bm25_query_terms, py::arg("data").noconvert(),
           py::arg("offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),
           py::arg("blob").noconvert(), py::arg("value").noconvert(), py::arg("n_entries"),

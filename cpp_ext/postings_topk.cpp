@@ -384,7 +384,6 @@ constexpr uint64_t kDenseScanRatio = 4;
 /// "auto" scores every query exhaustively on collections up to this many
 /// documents (the accumulator sits in the L2 cache; on SciFact, 5,183 docs,
 /// exhaustive runs ~7x faster than MaxScore over the 300 queries).
-constexpr size_t kAutoExhaustiveDocs = size_t{1} << 16;
 /// Scores tested together against the threshold in the dense selection pass.
 constexpr size_t kScanBlock = 16;
 /// kth_largest() keeps a sorted run up to this k, else uses nth_element.

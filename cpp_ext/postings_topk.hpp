@@ -105,6 +105,10 @@ struct topk_out {
 /// documents), else maxscore (same results either way).
 enum class bm25_algorithm { exhaustive, maxscore, block_max_wand, block_max_maxscore, automatic };
 
+/// Collections of at most this many documents are always scored exhaustively
+/// by "auto" (measured: the dense scatter beats any pruning there).
+constexpr size_t kAutoExhaustiveDocs = size_t{1} << 16;
+
 /// Query posting total up to which "auto" scores exhaustively (measured
 /// crossover against MaxScore, see benchmarks/bench_bm25.py).
 constexpr uint64_t kAutoExhaustivePostings = 16384;

@@ -139,6 +139,9 @@ def bm25_dense_bitmaps(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+#: collections of at most this many documents are always scored exhaustively by ``algorithm="auto"``
+BM25_AUTO_EXHAUSTIVE_DOCS: int
+
 def bm25_query_terms(
     data: _U8,
     offsets: _I64,

@@ -402,15 +402,18 @@ class BM25Leg:
                 terms, weights = q_terms[keep], q_weights[keep]
             else:
                 offs, terms, weights = q_offsets, q_terms, q_weights
+            algo = algorithm
+            if algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
+                algo = "exhaustive"  # what "auto" picks for every query there; skips the bounds' checks
             kth = None
-            if algorithm != "exhaustive" and (allow is None or allow[si] is None) and len(terms):
+            if algo != "exhaustive" and (allow is None or allow[si] is None) and len(terms):
                 kth = self._term_kth(ks, terms, depth, n_threads)
             ids, scores, n_found = _kernels.bm25_topk(
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
-                n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algorithm,
+                n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algo,
                 term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0,
-                **(ks["dense"] if algorithm != "exhaustive" else {}))
+                **(ks["dense"] if algo != "exhaustive" else {}))
             if ks["base"]:  # the kernel pads with -1; shard ordinals to global ones
                 ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
