@@ -493,6 +493,28 @@ __attribute__((target("avx2"))) size_t scatter_impacts_avx2(float* acc, const ui
 }
 #endif
 
+/// Maxima of 8 consecutive blocks of 16 floats (a[0..128)) into out[0..8),
+/// NaN skipped as in block_max (a block of NaN only gives -inf): 2 maxes per
+/// block, then a shuffle tree instead of one horizontal reduction per block.
+__attribute__((target("avx2"))) void block_maxima8_avx2(const float* a, float* out) {
+    const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+    __m256 v[8];
+    for (int b = 0; b < 8; ++b) {
+        // _mm256_max_ps(x, y) is y when either is NaN: y cleaned first, so NaNs drop out
+        const __m256 hi = _mm256_max_ps(_mm256_loadu_ps(a + 16 * b + 8), ninf);
+        v[b] = _mm256_max_ps(_mm256_loadu_ps(a + 16 * b), hi);
+    }
+    __m256 p[4];
+    for (int b = 0; b < 4; ++b) {  // per 128-bit lane: pairwise maxima of v[2b], v[2b+1]
+        p[b] = _mm256_max_ps(_mm256_shuffle_ps(v[2 * b], v[2 * b + 1], 0x88),
+                             _mm256_shuffle_ps(v[2 * b], v[2 * b + 1], 0xDD));
+    }
+    // per lane: the lane maxima of v[0..3] (q0) and v[4..7] (q1)
+    const __m256 q0 = _mm256_max_ps(_mm256_shuffle_ps(p[0], p[1], 0x88), _mm256_shuffle_ps(p[0], p[1], 0xDD));
+    const __m256 q1 = _mm256_max_ps(_mm256_shuffle_ps(p[2], p[3], 0x88), _mm256_shuffle_ps(p[2], p[3], 0xDD));
+    _mm256_storeu_ps(out, _mm256_max_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31)));
+}
+
 /// acc[docs[p]] += w * imp[p] for p < n in order (distinct doc ids); returns
 /// n, or the first position whose doc id is >= n_docs. Default (impl 0):
 /// AVX-512 on Intel CPUs that have it, else AVX2 products, else scalar.
@@ -743,7 +765,14 @@ class bm25_worker {
         const size_t nb = (n_docs + kScanBlock - 1) / kScanBlock;
         m_block_max.resize(nb);
         float* bmax = m_block_max.data();
-        for (size_t j = 0; j < nb; ++j) {
+        size_t j = 0;
+#if defined(RETRIEVER_AVX512_SCATTER)
+        static_assert(kScanBlock == 16, "block_maxima8_avx2 handles blocks of 16 scores");
+        if (kHaveAvx2) {
+            for (; (j + 8) * kScanBlock <= n_docs; j += 8) block_maxima8_avx2(acc + j * kScanBlock, bmax + j);
+        }
+#endif
+        for (; j < nb; ++j) {
             bmax[j] = block_max(acc + j * kScanBlock, std::min(kScanBlock, n_docs - j * kScanBlock));
         }
         float thr = m_heap.threshold();
