@@ -1292,3 +1292,32 @@ def test_rescore_topk_drops_nan_scores(impl):
         assert scores[0, :3].tolist() == [3.0, 2.0, 1.0] and scores[0, 3] == -np.inf
     ids, scores, n = K.rescore_topk(np.full((1, 1), np.nan, np.float32), v, np.array([[0, 1, 2]]), 2, 0, 1, impl)
     assert n.tolist() == [0] and ids[0].tolist() == [-1, -1]
+
+
+@pytest.mark.parametrize("n_docs", [128, 1607])
+def test_bm25_dense_scan_skips_nan_scores(n_docs):
+    """Block maxima (8 blocks at a time with AVX2, one at a time for the rest) skip NaN scores:
+    with some impacts NaN, the dense exhaustive top-k is the top-k of the documents whose float32
+    query-order sum is not NaN (ties by smaller id), as a numpy oracle computes it."""
+    rng = np.random.default_rng(77)
+    c = make_corpus(rng, n_docs, 12, density=0.9)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    impacts[rng.random(len(impacts)) < 0.2] = np.nan
+    impacts[c["offsets"][3]:c["offsets"][4]] = np.nan  # a whole list
+    q = make_queries(rng, 12, 30, 6, repeats=False)
+    k = 10
+    ids, scores, n_found = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
+                                       algorithm="exhaustive", impacts=impacts)
+    offs = c["offsets"].astype(np.int64)
+    for qi in range(len(q[0]) - 1):
+        acc = np.zeros(n_docs, np.float32)
+        hit = np.zeros(n_docs, bool)
+        for t, w in zip(q[1][q[0][qi]:q[0][qi + 1]], q[2][q[0][qi]:q[0][qi + 1]]):
+            d = c["doc_ids"][offs[t]:offs[t + 1]]
+            acc[d] = acc[d] + np.float32(w) * impacts[offs[t]:offs[t + 1]]
+            hit[d] = True
+        ok = np.flatnonzero(hit & ~np.isnan(acc))
+        order = ok[np.lexsort((ok, -acc[ok].astype(np.float64)))][:k]
+        assert n_found[qi] == len(order)
+        np.testing.assert_array_equal(ids[qi, :len(order)], order)
+        np.testing.assert_array_equal(scores[qi, :len(order)], acc[order])
