@@ -33,6 +33,7 @@ collections it ran (each with its command, machine, date and load), and prints a
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import statistics
@@ -63,6 +64,7 @@ def _timed_cpu(fn, repeats: int) -> tuple[list[float], float]:
     fn()
     walls, ratios = [], []
     for _ in range(repeats):
+        gc.collect()  # as timing.timed_runs
         calls = 0
         t0, c0 = time.perf_counter(), time.process_time()
         while True:
@@ -84,11 +86,29 @@ def head_to_head(n_queries: int, runners: dict[str, Callable[[], object]], round
     passes minutes apart."""
     for fn in runners.values():
         fn()
-    per = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, fn in runners.items():
-            per[name].append(n_queries / timed_runs(fn, 1, 0, MIN_PASS_SECONDS)[0])
-    out: dict = {"rounds": rounds, "qps": per}
+    per: dict[str, list[float]] = {name: [] for name in runners}
+    gc_ms: dict[str, list[float]] = {name: [] for name in runners}
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict) -> None:
+        if phase == "start":
+            started.append(time.perf_counter())
+        elif started:
+            spent[0] += time.perf_counter() - started.pop()
+
+    spent = [0.0]
+    gc.callbacks.append(on_gc)
+    try:
+        for _ in range(rounds):
+            for name, fn in runners.items():
+                gc.collect()
+                spent[0] = 0.0
+                per[name].append(n_queries / timed_runs(fn, 1, 0, MIN_PASS_SECONDS, collect=False)[0])
+                gc_ms[name].append(round(spent[0] * 1e3, 2))
+    finally:
+        gc.callbacks.remove(on_gc)
+    # gc_ms: garbage-collector time inside each pass (the gc.collect() before it excluded)
+    out: dict = {"rounds": rounds, "qps": per, "gc_ms": gc_ms}
     ours = per["retriever_t1"]
     out["vs_bm25s_end_to_end"] = [a / b for a, b in zip(ours, per["bm25s"])]
     out["two_threads_vs_one"] = [a / b for a, b in zip(per["retriever_t2"], ours)]

@@ -6,6 +6,7 @@ percentiles come from several passes so one noisy pass does not decide the figur
 
 from __future__ import annotations
 
+import gc
 import os
 import platform
 import statistics
@@ -13,14 +14,20 @@ import time
 from typing import Any, Callable
 
 
-def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1, min_seconds: float = 0.0) -> list[float]:
+def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1, min_seconds: float = 0.0,
+               collect: bool = True) -> list[float]:
     """Wall seconds per call of ``fn`` in each of ``repeats`` timed passes, after ``warmup``
     untimed calls. A pass calls ``fn`` until it has run for at least ``min_seconds`` (at least
-    once) and reports its mean: a 1 ms batch timed once is at the mercy of one scheduler tick."""
+    once) and reports its mean: a 1 ms batch timed once is at the mercy of one scheduler tick.
+    Each pass starts with ``gc.collect()`` (unless ``collect`` is false), so a full collection of an earlier step's garbage
+    (tens of ms in a benchmark process holding several engines) does not land in one engine's
+    pass; collections the timed code itself causes still count."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(repeats):
+        if collect:  # garbage left by earlier steps is not this pass's cost (timeit disables gc outright)
+            gc.collect()
         calls = 0
         t0 = time.perf_counter()
         while True:

@@ -290,11 +290,17 @@ def _tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
     if nq == 0 or k == 0:
         return ranks
     pos = np.arange(k, dtype=np.int32)
-    new = np.ones((nq, k), bool)
-    new[:, 1:] = scores[:, 1:] != scores[:, :-1]
-    np.maximum.accumulate(np.where(new, pos, 0), axis=1, out=ranks)
-    ranks += 1
-    ranks[pos[None, :] >= np.asarray(n_found)[:, None]] = 0
+    differs = scores[:, 1:] != scores[:, :-1]
+    if differs.all():  # no tie (the usual case): ranks are the positions
+        ranks[:] = pos + 1
+    else:
+        new = np.ones((nq, k), bool)
+        new[:, 1:] = differs
+        np.maximum.accumulate(np.where(new, pos, 0), axis=1, out=ranks)
+        ranks += 1
+    n_found = np.asarray(n_found)
+    if n_found.min() < k:
+        ranks[pos[None, :] >= n_found[:, None]] = 0
     return ranks
 
 
