@@ -93,11 +93,17 @@ class analyzer_worker {
         if (m_lb.size() < n) m_lb.resize(2 * n);
         bool apos = false;
         size_t j = 0;
-        for (; j < n; ++j) {
-            const uint8_t b = m_data[i0 + j];
-            if (b >= 0x80) break;
-            m_lb[j] = m_chars.ascii_fold[b];
-            apos |= (b == 0x27);
+        {
+            // locals: stores through a uint8_t* may alias any member, which would reload them per byte
+            const uint8_t* src = m_data + i0;
+            const uint8_t* fold = m_chars.ascii_fold;
+            uint8_t* lb = m_lb.data();
+            for (; j < n; ++j) {
+                const uint8_t b = src[j];
+                if (b >= 0x80) break;
+                lb[j] = fold[b];
+                apos |= (b == 0x27);
+            }
         }
         if (j == n) {  // ASCII: tokenise the folded bytes in place
             size_t len = n;
