@@ -32,6 +32,10 @@
 #include <thread>
 #include <vector>
 
+#if defined(__unix__)
+#include <pthread.h>
+#endif
+
 namespace retriever {
 
 /// Number of threads to use for `n_items` items when the caller asked for
@@ -56,36 +60,53 @@ inline void cpu_relax() {
 #endif
 }
 
-/// Process-wide pool of helper threads, grown on demand and never shut down
-/// (the threads are detached and the pool is never destroyed, so process
-/// exit and fork need no coordination with it).
+/// Process-wide pool of helper threads, grown on demand and never shut down:
+/// the threads are detached and a pool is never destroyed, so process exit
+/// needs no coordination with it. After fork() the child gets a new, empty
+/// pool (pthread_atfork): the parent's threads do not exist there, and its
+/// copy of the old pool's mutex, condition variable and queue may be in any
+/// state (held by a thread that is gone, waited on by one); it is abandoned.
 class worker_pool {
   public:
     static worker_pool& instance() {
-        static worker_pool* pool = new worker_pool();  // leaked on purpose (see above)
-        return *pool;
+        static std::once_flag once;
+        std::call_once(once, []() {
+            slot() = new worker_pool();  // leaked on purpose (see above)
+#if defined(__unix__)
+            pthread_atfork(nullptr, nullptr, []() { slot() = new worker_pool(); });
+#endif
+        });
+        return *slot();
     }
 
     /// Queues `n` runs of `task`, growing the pool to at least `n` threads.
-    /// Returns false when a thread could not be started (nothing queued).
+    /// Returns false when a thread could not be started or a task queued; the
+    /// runs queued before that still run (or skip) as usual.
     bool submit(size_t n, const std::function<void()>& task) {
         std::lock_guard<std::mutex> lock(m_mutex);
+        size_t queued = 0;
+        bool ok = true;
         try {
             while (m_threads < n) {
                 std::thread([this]() { loop(); }).detach();
                 ++m_threads;
             }
+            for (; queued < n; ++queued) m_queue.push_back(task);
         } catch (...) {
-            return false;
+            ok = false;
         }
-        for (size_t i = 0; i < n; ++i) m_queue.push_back(task);
-        m_pending.fetch_add(n, std::memory_order_release);
-        m_ready.notify_all();
-        return true;
+        m_pending.fetch_add(queued, std::memory_order_release);
+        for (size_t i = 0; i < queued; ++i) m_ready.notify_one();
+        return ok;
     }
 
   private:
     worker_pool() = default;
+
+    static worker_pool*& slot() {
+        static worker_pool* pool = nullptr;
+        return pool;
+    }
 
     void loop() {
         for (;;) {
@@ -175,7 +196,11 @@ void parallel_for_items(size_t n_items, int n_threads, size_t chunk, MakeWorker&
             call->done.notify_all();
         }
     };
-    worker_pool::instance().submit(n_workers - 1, helper);  // if it fails the caller does it all
+    try {
+        worker_pool::instance().submit(n_workers - 1, helper);  // if it fails the caller does it all
+    } catch (...) {
+        // the caller does it all; whatever was queued runs or skips under `call` as usual
+    }
     body();  // the calling thread works too, until no item is left
     {
         std::lock_guard<std::mutex> lock(call->mutex);

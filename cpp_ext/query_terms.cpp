@@ -8,6 +8,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <unordered_map>
 
 #include "parallel.hpp"
 
@@ -64,9 +65,6 @@ class analyzer_worker {
         m_qc.clear();
         m_big = false;
         const bool ok = analyse(static_cast<size_t>(m_offsets[q]), static_cast<size_t>(m_offsets[q + 1]));
-        if (m_big) {
-            for (uint32_t t : m_qt) m_slot[t] = -1;
-        }
         record& r = m_records[q];
         r.worker = m_id;
         r.start = m_terms.size();
@@ -266,18 +264,17 @@ class analyzer_worker {
             m_qt.push_back(t);
             m_qc.push_back(1);
             if (m_qt.size() >= kLinearDedupe) {  // long query: a term -> position map from now on
-                if (m_slot.empty()) m_slot.assign(m_n_terms, -1);
-                for (size_t j = 0; j < m_qt.size(); ++j) m_slot[m_qt[j]] = static_cast<int32_t>(j);
+                m_pos.clear();
+                for (size_t j = 0; j < m_qt.size(); ++j) m_pos.emplace(m_qt[j], static_cast<uint32_t>(j));
                 m_big = true;
             }
             return;
         }
-        const int32_t j = m_slot[t];
-        if (j >= 0) {
-            ++m_qc[j];
+        const auto hit = m_pos.emplace(t, static_cast<uint32_t>(m_qt.size()));
+        if (!hit.second) {
+            ++m_qc[hit.first->second];
             return;
         }
-        m_slot[t] = static_cast<int32_t>(m_qt.size());
         m_qt.push_back(t);
         m_qc.push_back(1);
     }
@@ -299,7 +296,7 @@ class analyzer_worker {
     std::vector<uint8_t> m_tokb;
     std::vector<uint32_t> m_qt;  // the query's distinct terms, first-occurrence order
     std::vector<uint32_t> m_qc;  // their occurrences
-    std::vector<int32_t> m_slot;  // term -> position in m_qt (long queries only), else -1
+    std::unordered_map<uint32_t, uint32_t> m_pos;  // term -> position in m_qt (long queries only)
     bool m_big = false;
 };
 

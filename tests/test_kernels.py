@@ -1321,3 +1321,69 @@ def test_bm25_dense_scan_skips_nan_scores(n_docs):
         assert n_found[qi] == len(order)
         np.testing.assert_array_equal(ids[qi, :len(order)], order)
         np.testing.assert_array_equal(scores[qi, :len(order)], acc[order])
+
+
+_FORK_SCRIPT = r"""
+import os, sys, time, threading
+import numpy as np
+from retriever import _kernels as K
+rng = np.random.default_rng(0)
+n_docs, n_terms = 1000, 50
+offsets = np.arange(0, n_terms * 100 + 1, 100, dtype=np.uint64)
+doc_ids = np.concatenate([np.sort(rng.choice(n_docs, 100, replace=False)) for _ in range(n_terms)]).astype(np.uint32)
+tfs, norm = np.ones(len(doc_ids), np.uint32), np.ones(n_docs, np.float32)
+q_off = np.arange(0, 129, 2, dtype=np.uint64)
+q_terms, q_w = (np.arange(128) % n_terms).astype(np.uint32), np.ones(128, np.float32)
+call = lambda nt: K.bm25_topk(offsets, doc_ids, tfs, norm, q_off, q_terms, q_w, 10, n_threads=nt,
+                              algorithm="exhaustive")
+want = call(1)
+stop = False
+def busy():  # another thread keeps the pool (and its lock) busy while the main thread forks
+    while not stop:
+        call(2)
+call(2)
+time.sleep(0.05)  # the pool's helper is asleep in its condition variable
+th = threading.Thread(target=busy)
+th.start()
+pids = []
+for i in range(8):
+    pid = os.fork()
+    if pid == 0:
+        for nt in (3, 2, 4, 1):
+            got = call(nt)
+            ok = all((a == b).all() for a, b in zip(got, want))
+            if not ok:
+                os._exit(3)
+            time.sleep(0.002)
+        os._exit(0)
+    pids.append(pid)
+stop = True
+th.join()
+deadline = time.time() + 60
+codes = {}
+while len(codes) < len(pids) and time.time() < deadline:
+    for pid in pids:
+        if pid not in codes:
+            p, st = os.waitpid(pid, os.WNOHANG)
+            if p:
+                codes[pid] = os.waitstatus_to_exitcode(st)
+    time.sleep(0.01)
+for pid in pids:
+    if pid not in codes:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+print("exit codes", sorted(codes.values()), "hung", len(pids) - len(codes))
+"""
+
+
+def test_worker_pool_after_fork():
+    """Kernels called in a forked child (after the parent's pool threads exist, one of them asleep,
+    and while another parent thread is using the pool) finish with the right results on any
+    thread count: the child gets a fresh pool (the parent's threads, lock and queue are gone)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], capture_output=True, text=True, timeout=120,
+                         cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert "exit codes [0, 0, 0, 0, 0, 0, 0, 0] hung 0" in out.stdout, out.stdout + out.stderr
