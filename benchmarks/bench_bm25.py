@@ -46,7 +46,7 @@ from typing import Callable
 import numpy as np
 
 from benchmarks.datasets import TextCollection, beir, synthetic_bm25
-from benchmarks.timing import machine, qps, timed_runs
+from benchmarks.timing import machine, qps, timed_pass, timed_runs
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -60,21 +60,14 @@ MIN_PASS_SECONDS = 0.25
 
 def _timed_cpu(fn, repeats: int) -> tuple[list[float], float]:
     """Wall seconds per call in each timed pass (after one untimed call; a pass repeats ``fn`` for
-    at least :data:`MIN_PASS_SECONDS`) and the median CPU/wall ratio."""
+    at least :data:`MIN_PASS_SECONDS` after a ``gc.collect()``) and the median CPU/wall ratio."""
     fn()
     walls, ratios = [], []
     for _ in range(repeats):
         gc.collect()  # as timing.timed_runs
-        calls = 0
-        t0, c0 = time.perf_counter(), time.process_time()
-        while True:
-            fn()
-            calls += 1
-            w = time.perf_counter() - t0
-            if w >= MIN_PASS_SECONDS:
-                break
-        walls.append(w / calls)
-        ratios.append((time.process_time() - c0) / w)
+        w, r = timed_pass(fn, MIN_PASS_SECONDS)
+        walls.append(w)
+        ratios.append(r)
     return walls, statistics.median(ratios)
 
 

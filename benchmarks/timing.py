@@ -14,29 +14,38 @@ import time
 from typing import Any, Callable
 
 
+def timed_pass(fn: Callable[[], Any], min_seconds: float = 0.0) -> tuple[float, float]:
+    """One timed pass: calls ``fn`` until it has run for at least ``min_seconds`` (at least once).
+
+    Returns:
+        ``(wall seconds per call, process CPU seconds / wall seconds)``; a CPU ratio near 1.0 for
+        a 2-thread call means the second core was busy elsewhere.
+    """
+    calls = 0
+    t0, c0 = time.perf_counter(), time.process_time()
+    while True:
+        fn()
+        calls += 1
+        el = time.perf_counter() - t0
+        if el >= min_seconds:
+            return el / calls, (time.process_time() - c0) / el
+
+
 def timed_runs(fn: Callable[[], Any], repeats: int = 3, warmup: int = 1, min_seconds: float = 0.0,
                collect: bool = True) -> list[float]:
-    """Wall seconds per call of ``fn`` in each of ``repeats`` timed passes, after ``warmup``
-    untimed calls. A pass calls ``fn`` until it has run for at least ``min_seconds`` (at least
-    once) and reports its mean: a 1 ms batch timed once is at the mercy of one scheduler tick.
-    Each pass starts with ``gc.collect()`` (unless ``collect`` is false), so a full collection of an earlier step's garbage
-    (tens of ms in a benchmark process holding several engines) does not land in one engine's
-    pass; collections the timed code itself causes still count."""
+    """Wall seconds per call of ``fn`` in each of ``repeats`` timed passes (:func:`timed_pass`),
+    after ``warmup`` untimed calls: a 1 ms batch timed once is at the mercy of one scheduler tick.
+    Each pass starts with ``gc.collect()`` (unless ``collect`` is false), so a full collection of
+    an earlier step's garbage (tens of ms in a benchmark process holding several engines) does not
+    land in one engine's pass; collections the timed code itself causes still count (``timeit``
+    disables the collector outright)."""
     for _ in range(warmup):
         fn()
     out = []
     for _ in range(repeats):
-        if collect:  # garbage left by earlier steps is not this pass's cost (timeit disables gc outright)
+        if collect:
             gc.collect()
-        calls = 0
-        t0 = time.perf_counter()
-        while True:
-            fn()
-            calls += 1
-            el = time.perf_counter() - t0
-            if el >= min_seconds:
-                break
-        out.append(el / calls)
+        out.append(timed_pass(fn, min_seconds)[0])
     return out
 
 
