@@ -150,17 +150,12 @@ class Analyzer:
         n = len(texts)
         if sum(map(len, texts)) < BATCH_MIN_CHARS:
             return self._tokenize_batch_py(texts)
-        import pyarrow as pa
-
-        from .analyzer_kernels import tokenize_utf8
+        from .analyzer_kernels import tokenize_utf8, utf8_arrays
 
         try:
-            arr = pa.array(texts, type=pa.large_string())
-        except (pa.ArrowException, UnicodeError):  # lone surrogates
+            data, offsets = utf8_arrays(texts)
+        except UnicodeError:  # lone surrogates
             return self._tokenize_batch_py(texts)
-        bufs = arr.buffers()
-        offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
         local, counts, tokens = tokenize_utf8(data, offsets, lowercase=self.config.lowercase, ideo_class=_IDEO)
         todo = np.flatnonzero(counts < 0)
         if len(todo) == 0:

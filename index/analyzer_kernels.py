@@ -434,6 +434,28 @@ class TokenTable:
         return _char_lengths(self.off, self.blob, np.int64(lo), np.int64(max(hi, lo)))
 
 
+def utf8_arrays(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """UTF-8 bytes and byte offsets of ``texts`` (one Arrow string buffer, no copy per text), the
+    input of :func:`scan_tokens`, :func:`tokenize_utf8` and ``_kernels.bm25_query_terms``.
+
+    Returns:
+        ``(data u8[total] (u8[1] when every text is empty), offsets i64[n+1])``: text i is
+        ``data[offsets[i]:offsets[i+1]]``.
+
+    Raises:
+        UnicodeError: a text holds a lone surrogate (not encodable as UTF-8).
+    """
+    import pyarrow as pa
+
+    try:
+        arr = pa.array(texts, type=pa.large_string())
+    except pa.ArrowException as e:  # lone surrogates
+        raise UnicodeError(str(e)) from None
+    bufs = arr.buffers()
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
+    return data, np.frombuffer(bufs[1], dtype=np.int64, count=len(texts) + 1)
+
+
 @lru_cache(maxsize=4)
 def _ascii_fold(ideo_class: str, lowercase: bool) -> np.ndarray:
     """u8[128]: each ASCII byte's ``str.casefold`` (itself when not ``lowercase``)."""

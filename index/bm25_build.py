@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from .analyzer import _IDEO, Analyzer
-from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens
+from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens, utf8_arrays
 
 
 class PostingsBuilder:
@@ -46,7 +46,7 @@ class PostingsBuilder:
         self._terms = TokenTable()  # term -> term id (entry number)
         stop = sorted(analyzer.stop_words)
         if stop:
-            data, offsets = _utf8(stop)
+            data, offsets = utf8_arrays(stop)
             scan_tokens(data, offsets, self._tokens, lowercase=False, ideo_class=_IDEO, verbatim=True)
             self._tokens.set_values(0, np.full(self._tokens.n, -1, dtype=np.int64))
         self._n_resolved = self._tokens.n  # entries 0.._n_resolved-1 have their term ids
@@ -176,24 +176,19 @@ class PostingsBuilder:
         (i64[n]) and the table's entry count after the batch (entries below it are all the batch
         needs resolved). Touches only the token table's keys and bytes (not its values), so it may
         run while the previous batch is being resolved and counted."""
-        import pyarrow as pa
-
         n = len(texts)
         cfg = self.analyzer.config
         try:
-            arr = pa.array(texts, type=pa.large_string())
-        except (pa.ArrowException, UnicodeError):  # lone surrogates: whole batch in Python
-            arr = None
+            data, offsets = utf8_arrays(texts)
+            encoded = True
+        except UnicodeError:  # lone surrogates: whole batch in Python
+            encoded = False
         entries: list[np.ndarray] = []
         counts = np.zeros(n, dtype=np.int64)
         start = 0
-        if arr is not None:
-            bufs = arr.buffers()
-            offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
-            data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
         table = self._tokens
         while start < n:
-            if arr is not None:
+            if encoded:
                 done, e, cnt, first_new = scan_tokens(data, offsets[start:], table, lowercase=cfg.lowercase,
                                                       ideo_class=_IDEO, stop_on_astral=True)
                 entries.append(e)
@@ -204,7 +199,7 @@ class PostingsBuilder:
             # text `start` in Python, its tokens looked up as whole tokens
             toks = self.analyzer.tokenize(texts[start])
             if toks:
-                tdata, toffsets = _utf8(toks)
+                tdata, toffsets = utf8_arrays(toks)
                 _, e, _, _ = scan_tokens(tdata, toffsets, table, lowercase=False, ideo_class=_IDEO, verbatim=True)
                 entries.append(e)
             counts[start] = len(toks)
@@ -237,7 +232,7 @@ class PostingsBuilder:
         stems = self.analyzer.stem_many(kept)
         ids = np.full(hi - lo, -1, dtype=np.int64)
         if stems:
-            data, offsets = _utf8(stems)
+            data, offsets = utf8_arrays(stems)
             _, tids, _, _ = scan_tokens(data, offsets, self._terms, lowercase=False, ideo_class=_IDEO, verbatim=True)
             ids[keep] = tids
         table.set_values(lo, ids)
@@ -294,13 +289,3 @@ class _Shard:
         self.tfs: list[np.ndarray] = []
         self.lens: list[np.ndarray] = []
 
-
-def _utf8(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """UTF-8 bytes u8[total] and byte offsets i64[n+1] of ``texts`` (an Arrow string buffer), for
-    :func:`scan_tokens`."""
-    import pyarrow as pa
-
-    arr = pa.array(texts, type=pa.large_string())
-    bufs = arr.buffers()
-    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
-    return data, np.frombuffer(bufs[1], dtype=np.int64, count=len(texts) + 1)

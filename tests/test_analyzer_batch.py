@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import index.analyzer as analyzer_mod
 from index.analyzer import Analyzer
-from index.analyzer_kernels import csr_by_term
+from index.analyzer_kernels import csr_by_term, utf8_arrays
 from index.bm25_build import PostingsBuilder
 from index.config import AnalyzerConfig
 
@@ -198,18 +198,11 @@ def test_failed_batch_fails_the_shard_and_later_batches(background):
         pb.close(raise_errors=False)
 
 
-def _utf8(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    enc = [t.encode("utf-8") for t in texts]
-    off = np.zeros(len(enc) + 1, np.int64)
-    np.cumsum([len(e) for e in enc], out=off[1:])
-    return np.frombuffer(b"".join(enc) or b"\0", np.uint8).copy(), off
-
-
 def _query_terms_kernel(table, texts, idf, lowercase, threads):
     from index.analyzer_kernels import _ascii_fold, char_tables
     from retriever import _kernels
 
-    data, off = _utf8(texts)
+    data, off = utf8_arrays(texts)
     return _kernels.bm25_query_terms(data, off, table.slots, table.off, table.blob, table.value, table.n,
                                      *char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, lowercase),
                                      lowercase, idf, n_threads=threads)
@@ -228,7 +221,7 @@ def test_query_terms_kernel_equals_python(lowercase, texts, seen, threads, seed)
 
     an = Analyzer(AnalyzerConfig(lowercase=lowercase))
     table = TokenTable()
-    data, off = _utf8(texts[:seen])
+    data, off = utf8_arrays(texts[:seen])
     scan_tokens(data, off, table, lowercase=lowercase, ideo_class=analyzer_mod._IDEO)  # the tokens "seen"
     rng = np.random.default_rng(seed)
     n_terms = 6
@@ -254,7 +247,7 @@ def test_query_terms_kernel_long_query_and_checks():
 
     words = [f"word{i}" for i in range(100)] + ["x", "yy"]
     table = TokenTable()
-    data, off = _utf8([" ".join(words)])
+    data, off = utf8_arrays([" ".join(words)])
     scan_tokens(data, off, table, lowercase=True, ideo_class=analyzer_mod._IDEO)
     table.set_values(0, np.arange(table.n) % 90)  # word90..99 share ids with word0..9
     idf = np.linspace(0.5, 3.0, 90, dtype=np.float32)
@@ -272,7 +265,7 @@ def test_query_terms_kernel_long_query_and_checks():
     from index.analyzer_kernels import _ascii_fold, char_tables
     from retriever import _kernels
     tabs = (*char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, True))
-    data, off = _utf8(["word1 word2"])
+    data, off = utf8_arrays(["word1 word2"])
     with pytest.raises(ValueError, match="offsets"):
         _kernels.bm25_query_terms(data, np.array([0, 99], np.int64), table.slots, table.off, table.blob, table.value,
                                   table.n, *tabs, True, idf)

@@ -222,17 +222,14 @@ class BM25Leg:
         first, then :meth:`_query_terms_scan` for the queries it leaves (all of them while the
         table is empty); the two parts are spliced back in query order. ``None``: the batch cannot
         be encoded as UTF-8 (lone surrogates)."""
-        import pyarrow as pa
+        from index.analyzer_kernels import utf8_arrays
 
         texts = queries if isinstance(queries, list) else list(queries)
         n = len(texts)
         try:
-            arr = pa.array(texts, type=pa.large_string())
-        except (pa.ArrowException, UnicodeError):  # lone surrogates
+            data, offsets = utf8_arrays(texts)
+        except UnicodeError:  # lone surrogates
             return None
-        bufs = arr.buffers()
-        offsets = np.frombuffer(bufs[1], dtype=np.int64, count=n + 1)
-        data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
         with self._table_lock:  # the table grows in place: one batch at a time
             if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
                 from index.analyzer_kernels import TokenTable
@@ -254,12 +251,7 @@ class BM25Leg:
             if 2 * len(todo) >= n:
                 return self._query_terms_scan(texts, data, offsets)
             sub = [texts[i] for i in todo.tolist()]
-            arr = pa.array(sub, type=pa.large_string())
-            bufs = arr.buffers()
-            s_data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(1, np.uint8)
-            s_off, s_terms, s_weights = self._query_terms_scan(
-                sub, s_data, np.frombuffer(bufs[1], dtype=np.int64, count=len(sub) + 1))
-            return _splice((q_off, q_terms, q_weights), todo, (s_off, s_terms, s_weights))
+            return _splice((q_off, q_terms, q_weights), todo, self._query_terms_scan(sub, *utf8_arrays(sub)))
 
     def _query_terms_scan(self, texts: list[str], data: np.ndarray,
                           offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -273,10 +265,8 @@ class BM25Leg:
         Python and its tokens looked up in the same table. The texts must encode as UTF-8 (the
         caller has checked).
         """
-        import pyarrow as pa
-
         from index.analyzer import _IDEO
-        from index.analyzer_kernels import query_term_weights, scan_tokens
+        from index.analyzer_kernels import query_term_weights, scan_tokens, utf8_arrays
 
         n = len(texts)
         lowercase = self.analyzer.config.lowercase
@@ -294,10 +284,8 @@ class BM25Leg:
                 break
             toks = self.analyzer.tokenize(texts[start])  # a text the scanner leaves to Python
             if toks:
-                tb = pa.array(toks, type=pa.large_string()).buffers()
-                _, v, _, first_new = scan_tokens(np.frombuffer(tb[2], dtype=np.uint8),
-                                                 np.frombuffer(tb[1], dtype=np.int64, count=len(toks) + 1),
-                                                 table, lowercase=False, ideo_class=_IDEO, verbatim=True)
+                _, v, _, first_new = scan_tokens(*utf8_arrays(toks), table, lowercase=False, ideo_class=_IDEO,
+                                                 verbatim=True)
                 vals.append(self._resolve(v, first_new))
             counts[start] = len(toks)
             start += 1
@@ -456,6 +444,7 @@ class BM25Leg:
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 block_size=128, n_threads=n_threads)
         return arr
+
 
 def _splice(fast: tuple[np.ndarray, np.ndarray, np.ndarray], todo: np.ndarray,
             rest: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
