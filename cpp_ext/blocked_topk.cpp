@@ -629,7 +629,10 @@ class sparse_scratch_pool {
     }
 
   private:
-    sparse_scratch_pool() : m_capacity(2 * std::max<size_t>(1, std::thread::hardware_concurrency())) {}
+    sparse_scratch_pool() : m_capacity(2 * std::max<size_t>(1, std::thread::hardware_concurrency())) {
+        hold_mutex_across_fork<&sparse_scratch_pool::mutex>();
+    }
+    static std::mutex& mutex() { return instance().m_mutex; }
     std::mutex m_mutex;
     std::vector<std::unique_ptr<sparse_scratch>> m_free;
     size_t m_capacity;

@@ -60,6 +60,17 @@ inline void cpu_relax() {
 #endif
 }
 
+/// Makes fork() safe for a process-wide structure guarded by the mutex
+/// `Get()` (a free list of scratch buffers, say): the forking thread holds it
+/// across fork(), so neither process inherits it locked by a thread that does
+/// not exist there (a child would block on it forever).
+template <std::mutex& (*Get)()>
+void hold_mutex_across_fork() {
+#if defined(__unix__)
+    pthread_atfork([]() { Get().lock(); }, []() { Get().unlock(); }, []() { Get().unlock(); });
+#endif
+}
+
 /// Process-wide pool of helper threads, grown on demand and never shut down:
 /// the threads are detached and a pool is never destroyed, so process exit
 /// needs no coordination with it. After fork() the child gets a new, empty

@@ -125,7 +125,9 @@ class accumulator_pool {
     accumulator_pool() {
         const size_t hw = std::max<size_t>(1, std::thread::hardware_concurrency());
         m_capacity = 2 * hw;
+        hold_mutex_across_fork<&accumulator_pool::mutex>();
     }
+    static std::mutex& mutex() { return instance().m_mutex; }
     std::mutex m_mutex;
     std::vector<std::unique_ptr<dense_accumulator>> m_free;
     size_t m_capacity = 2;
