@@ -224,11 +224,26 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
                          const opt_carray<float>& block_ub, int64_t block_size,
                          const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
                          int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
-                         const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank) {
+                         const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank,
+                         const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot) {
     bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     if (impacts) {
         require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
         data.impacts = impacts->data();
+    }
+    if (impact_rows || impact_row_slot) {
+        if (!impact_rows || !impact_row_slot || !impacts) {
+            fail("impact_rows and impact_row_slot go together, with impacts (from bm25_impact_rows)");
+        }
+        require_eq(len1d(*impact_row_slot, "impact_row_slot"), data.csr.n_terms, "len(impact_row_slot)", "n_terms");
+        const size_t nr = len1d(*impact_rows, "impact_rows");
+        if (data.n_docs == 0 ? nr != 0 : nr % data.n_docs != 0) {
+            fail("len(impact_rows) = " + std::to_string(nr) + " is not a multiple of n_docs = " +
+                 std::to_string(data.n_docs));
+        }
+        data.impact_rows = impact_rows->data();
+        data.impact_row_slot = impact_row_slot->data();
+        data.n_impact_rows = data.n_docs == 0 ? 0 : nr / data.n_docs;  // each slot is checked where it is read
     }
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
@@ -297,6 +312,33 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         bm25_topk(data, need_ub ? &bounds : nullptr, queries, allow_p, algo, n_threads, res.out);
     }
     return res.result();
+}
+
+std::tuple<carray<int32_t>, carray<float>> py_bm25_impact_rows(const carray<uint64_t>& offsets,
+                                                               const carray<uint32_t>& doc_ids,
+                                                               const carray<float>& impacts, int64_t n_docs,
+                                                               int64_t min_df, int64_t max_rows, int n_threads) {
+    const csr_view csr = make_csr(offsets, doc_ids);
+    check_offsets(csr);
+    require_eq(len1d(impacts, "impacts"), csr.nnz, "len(impacts)", "len(doc_ids)");
+    if (n_docs < 0 || static_cast<uint64_t>(n_docs) > kMaxDocs) {
+        fail("n_docs must be in [0, " + std::to_string(kMaxDocs) + "], got " + std::to_string(n_docs));
+    }
+    if (min_df < 1) fail("min_df must be >= 1, got " + std::to_string(min_df));
+    if (max_rows < 0) fail("max_rows must be >= 0, got " + std::to_string(max_rows));
+    carray<int32_t> slot(std::vector<py::ssize_t>{static_cast<py::ssize_t>(csr.n_terms)});
+    const size_t n_rows = bm25_impact_rows(csr, impacts.data(), static_cast<size_t>(n_docs),
+                                           static_cast<uint64_t>(min_df), static_cast<size_t>(max_rows),
+                                           slot.mutable_data(), nullptr, 1);
+    carray<float> rows(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n_rows * static_cast<size_t>(n_docs))});
+    int32_t* sp = slot.mutable_data();
+    float* rp = rows.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_impact_rows(csr, impacts.data(), static_cast<size_t>(n_docs), static_cast<uint64_t>(min_df),
+                         static_cast<size_t>(max_rows), sp, rp, n_threads);
+    }
+    return {slot, rows};
 }
 
 std::tuple<carray<int32_t>, carray<uint64_t>, carray<uint32_t>> py_bm25_dense_bitmaps(
@@ -621,7 +663,8 @@ PYBIND11_MODULE(_kernels, m) {
           py::arg("impacts").noconvert() = py::none(),
           py::arg("term_kth").noconvert() = py::none(), py::arg("term_kth_depth") = 0,
           py::arg("dense_slot").noconvert() = py::none(), py::arg("dense_bits").noconvert() = py::none(),
-          py::arg("dense_rank").noconvert() = py::none(),
+          py::arg("dense_rank").noconvert() = py::none(), py::arg("impact_rows").noconvert() = py::none(),
+          py::arg("impact_row_slot").noconvert() = py::none(),
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
@@ -633,7 +676,20 @@ PYBIND11_MODULE(_kernels, m) {
           "allow or negative weights); results are identical. dense_slot / dense_bits /\n"
           "dense_rank: optional membership bitmaps of the long lists from bm25_dense_bitmaps\n"
           "(same postings): MaxScore probes those lists without seeking; results are identical.\n"
+          "impact_rows / impact_row_slot: optional dense impact rows of the longest lists from\n"
+          "bm25_impact_rows (same impacts): exhaustive scoring adds such a list as one vector\n"
+          "pass over the accumulator; results are identical.\n"
           "Returns (ids, scores, n_found).");
+
+    m.def("bm25_impact_rows", &py_bm25_impact_rows, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("n_docs"),
+          py::arg("min_df"), py::arg("max_rows"), py::arg("n_threads") = 0,
+          "Dense impact rows of the longest lists for bm25_topk's exhaustive scoring: among\n"
+          "the lists with at least min_df postings, the max_rows longest (equal lengths: smaller\n"
+          "term id first) get rows 0, 1, ... in term order. Returns (impact_row_slot\n"
+          "i32[n_terms], row or -1; impact_rows f32[n_rows * n_docs], impacts[p] at doc_ids[p]\n"
+          "for each posting p of the row's term, 0 elsewhere). Memory: 4 * n_docs bytes per row.\n"
+          "Raises ValueError on malformed postings or a doc id >= n_docs.");
 
     m.def("bm25_dense_bitmaps", &py_bm25_dense_bitmaps, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("n_docs"), py::arg("min_df"), py::arg("n_threads") = 0,

@@ -517,6 +517,43 @@ __attribute__((target("avx2"))) void block_maxima8_avx2(const float* a, float* o
     _mm256_storeu_ps(out, _mm256_max_ps(_mm256_permute2f128_ps(q0, q1, 0x20), _mm256_permute2f128_ps(q0, q1, 0x31)));
 }
 
+#if defined(RETRIEVER_AVX512_SCATTER)
+/// acc[d] = fl(acc[d] + fl(w * row[d])) for d < n, eight at a time (the
+/// scalar expression per lane: separate multiply and add, no FMA).
+__attribute__((target("avx2"))) void add_impact_row_avx2(float* acc, const float* row, float w, size_t n) {
+    const __m256 wv = _mm256_set1_ps(w);
+    size_t d = 0;
+    for (; d + 16 <= n; d += 16) {
+        const __m256 a0 = _mm256_add_ps(_mm256_loadu_ps(acc + d), _mm256_mul_ps(wv, _mm256_loadu_ps(row + d)));
+        const __m256 a1 =
+            _mm256_add_ps(_mm256_loadu_ps(acc + d + 8), _mm256_mul_ps(wv, _mm256_loadu_ps(row + d + 8)));
+        _mm256_storeu_ps(acc + d, a0);
+        _mm256_storeu_ps(acc + d + 8, a1);
+    }
+    for (; d < n; ++d) acc[d] += w * row[d];
+}
+#endif
+
+/// acc[d] += w * row[d] for d < n (a dense impact row, see
+/// bm25_view::impact_rows): AVX2 where the CPU has it, else SSE2 / scalar;
+/// every path computes fl(acc[d] + fl(w * row[d])).
+inline void add_impact_row(float* acc, const float* row, float w, size_t n) {
+#if defined(RETRIEVER_AVX512_SCATTER)
+    if (kHaveAvx2) {
+        add_impact_row_avx2(acc, row, w, n);
+        return;
+    }
+#endif
+    size_t d = 0;
+#if defined(__SSE2__)
+    const __m128 wv = _mm_set1_ps(w);
+    for (; d + 4 <= n; d += 4) {
+        _mm_storeu_ps(acc + d, _mm_add_ps(_mm_loadu_ps(acc + d), _mm_mul_ps(wv, _mm_loadu_ps(row + d))));
+    }
+#endif
+    for (; d < n; ++d) acc[d] += w * row[d];
+}
+
 /// acc[docs[p]] += w * imp[p] for p < n in order (distinct doc ids); returns
 /// n, or the first position whose doc id is >= n_docs. Default (impl 0):
 /// AVX-512 on Intel CPUs that have it, else AVX2 products, else scalar.
@@ -687,6 +724,11 @@ class bm25_worker {
              " past the end of its list (compute them with bm25_dense_bitmaps)");
     }
 
+    [[noreturn]] __attribute__((noinline, cold)) void bad_row(uint32_t t, int32_t r) const {
+        fail("impact_row_slot[" + std::to_string(t) + "] = " + std::to_string(r) + " but impact_rows holds " +
+             std::to_string(m_data.n_impact_rows) + " rows of n_docs = " + std::to_string(m_data.n_docs));
+    }
+
     void check_doc(uint32_t d) const {
         if (d >= m_data.n_docs) {
             fail("doc_ids contains doc id " + std::to_string(d) + " >= n_docs = " +
@@ -753,6 +795,14 @@ class bm25_worker {
             const float w = m_q.q_weights[i];
             const uint64_t pb = offsets[t], pe = offsets[t + 1];
             if (kImp) {
+                if (m_data.impact_row_slot != nullptr) {  // w is finite (checked at the boundary)
+                    const int32_t r = m_data.impact_row_slot[t];
+                    if (r >= 0) {  // the row holds t's impacts at its doc ids, +0.0f elsewhere
+                        if (static_cast<size_t>(r) >= m_data.n_impact_rows) bad_row(t, r);
+                        add_impact_row(acc, m_data.impact_rows + static_cast<size_t>(r) * n_docs, w, n_docs);
+                        continue;
+                    }
+                }
                 const size_t n = static_cast<size_t>(pe - pb);
                 const size_t done = scatter_impacts(acc, doc_ids + pb, imp + pb, w, n, n_docs);
                 if (done < n) check_doc(doc_ids[pb + done]);
@@ -2037,6 +2087,47 @@ void check_bounds_for_queries(const csr_view& csr, const bm25_bounds_view& b,
                  std::to_string(b.n_blocks) + " (compute them with bm25_upper_bounds)");
         }
     }
+}
+
+size_t bm25_impact_rows(const csr_view& csr, const float* impacts, size_t n_docs, uint64_t min_df,
+                        size_t max_rows, int32_t* slot, float* rows, int n_threads) {
+    if (min_df == 0) fail("min_df must be >= 1");
+    if (max_rows > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+        fail("max_rows must be < 2**31, got " + std::to_string(max_rows));
+    }
+    // the max_rows longest lists reaching min_df (equal lengths: smaller term id first), rows in term order
+    std::vector<uint32_t> terms;
+    for (size_t t = 0; t < csr.n_terms; ++t) {
+        slot[t] = -1;
+        if (csr.offsets[t + 1] - csr.offsets[t] >= min_df) terms.push_back(static_cast<uint32_t>(t));
+    }
+    if (terms.size() > max_rows) {
+        const auto longer = [&](uint32_t a, uint32_t b) {
+            const uint64_t la = csr.offsets[a + 1] - csr.offsets[a], lb = csr.offsets[b + 1] - csr.offsets[b];
+            return la != lb ? la > lb : a < b;
+        };
+        std::nth_element(terms.begin(), terms.begin() + static_cast<std::ptrdiff_t>(max_rows), terms.end(), longer);
+        terms.resize(max_rows);
+        std::sort(terms.begin(), terms.end());
+    }
+    for (size_t i = 0; i < terms.size(); ++i) slot[terms[i]] = static_cast<int32_t>(i);
+    if (rows == nullptr) return terms.size();
+    parallel_for_items(terms.size(), n_threads, 1, [&]() {
+        return [&](size_t i) {
+            const uint32_t t = terms[i];
+            float* row = rows + i * n_docs;
+            std::fill(row, row + n_docs, 0.0f);
+            for (uint64_t p = csr.offsets[t]; p < csr.offsets[t + 1]; ++p) {
+                const uint32_t d = csr.doc_ids[p];
+                if (d >= n_docs) {
+                    fail("doc_ids[" + std::to_string(p) + "] = " + std::to_string(d) + " >= n_docs = " +
+                         std::to_string(n_docs));
+                }
+                row[d] = impacts[p];
+            }
+        };
+    });
+    return terms.size();
 }
 
 size_t bm25_dense_bitmaps(const csr_view& csr, size_t n_docs, uint64_t min_df, int32_t* slot,

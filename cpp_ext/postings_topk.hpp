@@ -55,6 +55,18 @@ struct bm25_view {
     /// a posting's contribution as weight * impacts[p] (one load, no division,
     /// no random doc_norm read); results are identical either way.
     const float* impacts = nullptr;
+    /// Optional dense impact rows of the longest lists (requires impacts):
+    /// impact_row_slot[t] (n_terms) = the row of term t, or -1 when t has
+    /// none; row r is impact_rows[r * n_docs .. (r + 1) * n_docs), holding
+    /// impacts[p] at doc_ids[p] for each posting p of t and +0.0f elsewhere.
+    /// Exhaustive scoring adds w * row to the accumulator with vector
+    /// instructions instead of scattering t's postings one by one (each
+    /// document gets the same fl(acc + fl(w * impact)); the others
+    /// fl(acc + w * 0) == acc, the weights being finite), so results are
+    /// identical.
+    const float* impact_rows = nullptr;
+    const int32_t* impact_row_slot = nullptr;
+    size_t n_impact_rows = 0;
 };
 
 /// Per-term and per-block upper bounds of bm25_tf_part (see bm25_upper_bounds).
@@ -159,6 +171,18 @@ void bm25_impacts(const bm25_view& data, int n_threads, float* impacts);
 /// std::invalid_argument on a doc id >= n_docs.
 size_t bm25_dense_bitmaps(const csr_view& csr, size_t n_docs, uint64_t min_df, int32_t* slot,
                           uint64_t* bits, uint32_t* rank, int n_threads);
+
+/// Dense impact rows of the longest lists, for bm25_view::impact_rows /
+/// impact_row_slot: the (at most max_rows) lists with the most postings
+/// among those with at least min_df (equal lengths: smaller term id first)
+/// get rows 0, 1, ... in term order. slot (n_terms) is filled with each
+/// term's row or -1 and the number of rows is returned; with rows == nullptr
+/// only slot is filled (to size the rows). Otherwise rows holds
+/// n_rows * n_docs floats: impacts[p] at doc_ids[p] for each posting p of
+/// the row's term (a list's doc ids are distinct), +0.0f elsewhere. Throws
+/// std::invalid_argument on a doc id >= n_docs.
+size_t bm25_impact_rows(const csr_view& csr, const float* impacts, size_t n_docs, uint64_t min_df,
+                        size_t max_rows, int32_t* slot, float* rows, int n_threads);
 
 /// out[i] = the depth-th largest bm25_tf_part(tf, doc_norm[d]) over the
 /// postings of term terms[i] (from data.impacts when set; duplicates in a list

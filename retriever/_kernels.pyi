@@ -139,6 +139,31 @@ def bm25_dense_bitmaps(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def bm25_impact_rows(
+    offsets: _U64,
+    doc_ids: _U32,
+    impacts: _F32,
+    n_docs: int,
+    min_df: int,
+    max_rows: int,
+    n_threads: int = 0,
+) -> tuple[_I32, _F32]:
+    """Dense impact rows of the longest lists, for :func:`bm25_topk`'s
+    ``impact_rows`` / ``impact_row_slot``: among the lists with at least ``min_df``
+    postings, the ``max_rows`` longest (equal lengths: smaller term id first) get rows
+    0, 1, ... in term order.
+
+    Returns ``(slot int32 (n_terms,), rows float32 (n_rows * n_docs,))``: ``slot[t]`` is
+    term ``t``'s row or -1; row ``r`` holds ``impacts[p]`` at ``doc_ids[p]`` for each
+    posting ``p`` of its term and ``0.0`` elsewhere. Memory: ``4 * n_docs`` bytes per
+    row. Parallel over rows.
+
+    Raises:
+        ValueError: a doc id ``>= n_docs`` in a list that gets a row; ``min_df < 1``;
+            ``max_rows < 0``; ``len(impacts) != len(doc_ids)``; bad offsets or ``n_docs``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
 #: collections of at most this many documents are always scored exhaustively by ``algorithm="auto"``
 BM25_AUTO_EXHAUSTIVE_DOCS: int
 
@@ -209,6 +234,8 @@ def bm25_topk(
     dense_slot: _I32 | None = None,
     dense_bits: _U64 | None = None,
     dense_rank: _U32 | None = None,
+    impact_rows: _F32 | None = None,
+    impact_row_slot: _I32 | None = None,
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -267,6 +294,16 @@ def bm25_topk(
     do not fit ``n_terms`` and ``ceil(n_docs / 64)``, or a query term's slot is not -1
     or a row). Used by ``"maxscore"`` / ``"auto"``; results are identical. Bitmaps that
     do not match the postings give wrong results or a ``ValueError``, never a memory
+    error.
+
+    ``impact_rows`` / ``impact_row_slot``: optional, both together and with ``impacts``,
+    from :func:`bm25_impact_rows` over the same postings and impacts (``ValueError`` when
+    ``len(impact_row_slot) != n_terms``, ``len(impact_rows)`` is not a multiple of
+    ``n_docs``, or a query term's slot is not -1 or a row). ``"exhaustive"`` adds a list
+    that has a row to its accumulator as one vector pass, ``acc += q_weight * row``
+    (the absent documents add ``q_weight * 0 == 0``, weights being finite, which leaves
+    the score as it is), instead of one scattered read-add-write per posting; results
+    are identical. Rows that do not match the impacts give wrong results, never a memory
     error.
 
     ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry

@@ -246,6 +246,8 @@ def test_safe_initial_threshold_identical_to_exhaustive(tmp_path, shard_size):
     queries = ["alpha", "alpha beta", "common gamma", "zeta eps delta common", "alpha alpha beta",
                "nothingmatches", "common"]
     batch = leg.query_terms(queries)
+    # "exhaustive" adds the long lists from dense impact rows; the pruning algorithms never do
+    assert all(len(ks["rows"]["impact_rows"]) for ks in leg.kernel_shards)
     rng = np.random.default_rng(5)
     allows = [None, [(rng.random(ks["doc_norm"].shape[0]) < 0.3).astype(np.uint8) for ks in leg.kernel_shards]]
     for depth in (1, 7, 100, 2999, 5000):

@@ -1323,6 +1323,113 @@ def test_bm25_dense_scan_skips_nan_scores(n_docs):
         np.testing.assert_array_equal(scores[qi, :len(order)], acc[order])
 
 
+def _impact_rows_numpy(c, impacts, n_docs, min_df, max_rows):
+    """Oracle of bm25_impact_rows: the max_rows longest lists with >= min_df postings (equal
+    lengths: smaller term id first), rows in term order."""
+    lens = np.diff(c["offsets"].astype(np.int64))
+    cand = [t for t in range(len(lens)) if lens[t] >= min_df]
+    chosen = sorted(sorted(cand, key=lambda t: (-lens[t], t))[:max_rows])
+    slot = np.full(len(lens), -1, np.int32)
+    rows = np.zeros((len(chosen), n_docs), np.float32)
+    offs = c["offsets"].astype(np.int64)
+    for r, t in enumerate(chosen):
+        slot[t] = r
+        rows[r, c["doc_ids"][offs[t]:offs[t + 1]]] = impacts[offs[t]:offs[t + 1]]
+    return slot, rows.reshape(-1)
+
+
+@pytest.mark.parametrize("min_df,max_rows", [(1, 0), (1, 3), (50, 100), (200, 5), (10**6, 5)])
+def test_impact_rows_match_numpy(min_df, max_rows):
+    """bm25_impact_rows: which lists get a row (the longest reaching min_df, at most max_rows,
+    equal lengths by smaller term id) and each row's content (the list's impacts at its doc
+    ids, 0 elsewhere), against a numpy oracle."""
+    rng = np.random.default_rng(min_df + max_rows)
+    n_docs = 701
+    c = make_corpus(rng, n_docs, 40, density=0.6, zipf=True)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    slot, rows = K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, min_df, max_rows)
+    want_slot, want_rows = _impact_rows_numpy(c, impacts, n_docs, min_df, max_rows)
+    np.testing.assert_array_equal(slot, want_slot)
+    np.testing.assert_array_equal(rows, want_rows)
+    assert rows.dtype == np.float32 and slot.dtype == np.int32
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("weights", ["positive", "ties", "negative", "huge"])
+def test_bm25_impact_rows_give_identical_results(seed, weights):
+    """Exhaustive scoring with dense impact rows for the long lists equals the same call without
+    them bit for bit (ids, scores, n_found) and the float32 oracle, for every scatter this CPU
+    runs, with and without an allow filter, k from 1 to past the collection, 1 and 3 threads;
+    huge weights (+-3e38: products overflow to +-inf, sums to inf or NaN) too: a document
+    without the term adds weight * 0 = 0 and keeps its score."""
+    rng = np.random.default_rng(40 + seed)
+    n_docs = (1607, 333)[seed]
+    c = make_corpus(rng, n_docs, 30, density=0.9, ties=(weights == "ties"), zipf=True)
+    q = make_queries(rng, 30, 40, 8, ties=(weights == "ties"), negative=(weights == "negative"))
+    q_w = q[2].copy()
+    if weights == "huge":
+        q_w[rng.random(len(q_w)) < 0.3] = np.float32(3e38)
+        q_w[rng.random(len(q_w)) < 0.1] = np.float32(-3e38)
+    q = (q[0], q[1], q_w)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    slot, rows = K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, max(1, n_docs // 4), 1000)
+    assert len(rows) >= 3 * n_docs  # several lists get a row
+    for k, allow_mode in [(1, "none"), (10, "none"), (10, "random"), (64, "all"), (n_docs + 5, "none")]:
+        allow = make_allow(rng, n_docs, allow_mode)
+        ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow) \
+            if weights != "huge" else None
+        for impl in SCATTER_IMPLS:
+            prev = K._set_bm25_scatter_impl(impl)
+            try:
+                for n_threads in (1, 3):
+                    plain = run_bm25(c, q, k, "exhaustive", n_threads, allow=allow, impacts=impacts)
+                    got = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
+                                      n_threads=n_threads, allow=allow, algorithm="exhaustive",
+                                      impacts=impacts, impact_rows=rows, impact_row_slot=slot)
+                    assert_same(got, plain)
+                    if ref is not None:
+                        assert_same(got, ref)
+            finally:
+                K._set_bm25_scatter_impl(prev)
+
+
+def test_impact_rows_argument_checks():
+    """Malformed impact rows are refused with the offending length or slot named, never read
+    out of bounds; bm25_impact_rows checks its own inputs."""
+    rng = np.random.default_rng(5)
+    n_docs = 50
+    c = make_corpus(rng, n_docs, 6, density=0.9)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    slot, rows = K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, 1, 2)
+    q = (np.array([0, 6], np.uint64), np.arange(6, dtype=np.uint32), np.ones(6, np.float32))
+
+    def call(**kw):
+        return K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, 3,
+                           algorithm="exhaustive", **kw)
+
+    with pytest.raises(ValueError, match="go together"):
+        call(impacts=impacts, impact_rows=rows)
+    with pytest.raises(ValueError, match="go together"):
+        call(impact_rows=rows, impact_row_slot=slot)  # without impacts
+    with pytest.raises(ValueError, match="len\\(impact_row_slot\\)"):
+        call(impacts=impacts, impact_rows=rows, impact_row_slot=slot[:-1])
+    with pytest.raises(ValueError, match="not a multiple of n_docs"):
+        call(impacts=impacts, impact_rows=rows[:-1], impact_row_slot=slot)
+    bad = slot.copy()
+    bad[int(np.flatnonzero(slot >= 0)[0])] = 7
+    with pytest.raises(ValueError, match="impact_row_slot\\[.*\\] = 7 but impact_rows holds 2 rows"):
+        call(impacts=impacts, impact_rows=rows, impact_row_slot=bad)
+    assert_same(call(impacts=impacts, impact_rows=rows, impact_row_slot=slot), call(impacts=impacts))
+    with pytest.raises(ValueError, match="min_df must be >= 1"):
+        K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, 0, 2)
+    with pytest.raises(ValueError, match="max_rows must be >= 0"):
+        K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, 1, -1)
+    with pytest.raises(ValueError, match="len\\(impacts\\)"):
+        K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts[:-1], n_docs, 1, 2)
+    with pytest.raises(ValueError, match=">= n_docs"):
+        K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, 10, 1, 2)
+
+
 _FORK_SCRIPT = r"""
 import os, sys, time, threading
 import numpy as np

@@ -135,6 +135,29 @@ class BM25Leg:
                                                        max(1, rows // self.DENSE_BITMAP_RATIO), n_threads=0)
         return {"dense_slot": slot, "dense_bits": bits, "dense_rank": rank}
 
+    #: on shards of at most ``_kernels.BM25_AUTO_EXHAUSTIVE_DOCS`` documents, lists holding at least
+    #: 1/IMPACT_ROW_RATIO of the documents get a dense impact row (see :meth:`_impact_rows`).
+    IMPACT_ROW_RATIO = 4
+
+    def _impact_rows(self, rows: int, a: dict, impacts: np.ndarray) -> dict:
+        """Dense impact rows (``_kernels.bm25_impact_rows``) of a small shard's longest lists, those
+        holding at least rows / :attr:`IMPACT_ROW_RATIO` documents: exhaustive scoring adds such a
+        list to its accumulator as one vector pass (f32[rows], 0 where the term is absent)
+        instead of one scattered read-add-write per posting; identical results. On SciFact
+        (5,183 documents: 24 rows, 0.5 MB) the kernel runs ~5% faster that way; with lists of
+        1/8 of the documents (124 rows) it ran ~10% slower (reading the rows costs more than
+        the scatter saves), hence the ratio. Memory: 4 bytes per document per row, at most the
+        impacts' own size (the longest lists first). Empty (no rows) on larger shards, where
+        "auto" prunes instead of scoring exhaustively."""
+        if rows == 0 or rows > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
+            return {}
+        slot, impact_rows = _kernels.bm25_impact_rows(
+            a["offsets"], a["doc_ids"], impacts, rows, min_df=max(1, -(-rows // self.IMPACT_ROW_RATIO)),
+            max_rows=len(impacts) // rows, n_threads=0)
+        if len(impact_rows) == 0:
+            return {}
+        return {"impact_rows": impact_rows, "impact_row_slot": slot}
+
     #: scoring states kept for per-call ``k1``/``b`` other than the index's (LRU).
     SCORING_CACHE = 2
 
@@ -158,7 +181,7 @@ class BM25Leg:
                 a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
             out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
-                        "dense": dense,
+                        "dense": dense, "rows": self._impact_rows(s.rows, a, impacts),
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
                         "kth": OrderedDict(), "kth_ok": None})
@@ -401,7 +424,7 @@ class BM25Leg:
                 n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algo,
                 term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0,
-                **(ks["dense"] if algo != "exhaustive" else {}))
+                **(ks["dense"] if algo != "exhaustive" else ks["rows"]))
             if ks["base"]:  # the kernel pads with -1; shard ordinals to global ones
                 ids = np.where(ids >= 0, ids + ks["base"], -1)
             parts.append((ids, scores, n_found))
