@@ -27,6 +27,7 @@
 #include "query_terms.hpp"
 #include "int8_scan.hpp"
 #include "rescore.hpp"
+#include "topk.hpp"
 
 namespace py = pybind11;
 using namespace retriever;
@@ -552,6 +553,15 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
     return res.result();
 }
 
+carray<int32_t> py_tie_ranks(const carray<float>& scores, const carray<int32_t>& n_found) {
+    if (scores.ndim() != 2) fail("scores must be 2-dimensional (nq, k), got ndim = " + std::to_string(scores.ndim()));
+    const size_t nq = static_cast<size_t>(scores.shape(0)), k = static_cast<size_t>(scores.shape(1));
+    require_eq(len1d(n_found, "n_found"), nq, "len(n_found)", "scores.shape[0]");
+    carray<int32_t> ranks(std::vector<py::ssize_t>{static_cast<py::ssize_t>(nq), static_cast<py::ssize_t>(k)});
+    tie_ranks_rows(scores.data(), nq, k, n_found.data(), ranks.mutable_data());
+    return ranks;
+}
+
 void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<float>& heap_scores,
                         carray<int64_t>& heap_ids, int n_threads) {
     if (scores.ndim() != 2) fail("scores must be 2-dimensional (nq, nd), got ndim = " + std::to_string(scores.ndim()));
@@ -749,6 +759,11 @@ PYBIND11_MODULE(_kernels, m) {
           "'portable' or 'avx512' (AVX-512F + F16C; bit-identical scores on every path).");
     m.def("rescore_has_avx512", &rescore_has_avx512,
           "True when rescore_topk's AVX-512 path is available on this CPU.");
+    m.def("tie_ranks", &py_tie_ranks, py::arg("scores").noconvert(), py::arg("n_found").noconvert(),
+          "1-based competition ranks of sorted top-k rows (scores float32 (nq, k), each row\n"
+          "descending; n_found int32 (nq,)): rank = 1 + the first position holding the same\n"
+          "score (ties share the best position, as ranx / trec_eval ties), 0 past n_found.\n"
+          "Returns int32 (nq, k). Raises ValueError on a shape mismatch.");
     m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
           py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,
           "Running top-k' of a blocked exact scan (Matryoshka prefix candidate generation): row i\n"

@@ -125,4 +125,22 @@ class topk_heap {
     std::vector<scored_doc> m_entries;
 };
 
+/// 1-based competition ranks of sorted top-k rows: scores (nq, k) row-major,
+/// each row descending; ranks[q][j] = 1 + the first position of row q holding
+/// scores[q][j] (equal scores share the best position), 0 for j >= n_found[q]
+/// (the padding). Time O(nq * k).
+inline void tie_ranks_rows(const float* scores, size_t nq, size_t k, const int32_t* n_found, int32_t* ranks) {
+    for (size_t q = 0; q < nq; ++q) {
+        const float* s = scores + q * k;
+        int32_t* r = ranks + q * k;
+        const size_t n = n_found[q] < 0 ? 0 : std::min(k, static_cast<size_t>(n_found[q]));
+        int32_t start = 1;
+        for (size_t j = 0; j < n; ++j) {
+            if (j > 0 && !(s[j] == s[j - 1])) start = static_cast<int32_t>(j + 1);
+            r[j] = start;
+        }
+        for (size_t j = n; j < k; ++j) r[j] = 0;
+    }
+}
+
 }  // namespace retriever

@@ -164,6 +164,17 @@ def bm25_impact_rows(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def tie_ranks(scores: _F32, n_found: _I32) -> _I32:
+    """1-based competition ranks of sorted top-k rows: ``scores`` float32 ``(nq, k)``, each
+    row descending, ``n_found`` int32 ``(nq,)``. ``ranks[q, j]`` = 1 + the first position of
+    row ``q`` holding ``scores[q, j]`` (equal scores share the best position), 0 for
+    ``j >= n_found[q]``. Returns int32 ``(nq, k)``.
+
+    Raises:
+        ValueError: ``scores`` not 2-D or ``len(n_found) != nq``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
 #: collections of at most this many documents are always scored exhaustively by ``algorithm="auto"``
 BM25_AUTO_EXHAUSTIVE_DOCS: int
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -37,9 +38,10 @@ def _search_options(leg_type: type) -> tuple[str, ...] | None:
 
 
 def _encodes(qs: list[str]) -> bool:
-    """True when every string of ``qs`` encodes to UTF-8 (no lone surrogate); one encode call."""
+    """True when every string of ``qs`` encodes to UTF-8 (no lone surrogate); one encode call
+    over the non-ASCII strings only (an ASCII string always encodes)."""
     try:
-        "".join(qs).encode("utf-8")
+        "".join(itertools.filterfalse(str.isascii, qs)).encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True

@@ -15,6 +15,7 @@ import numpy as np
 
 from index.errors import QueryError
 
+from . import _kernels
 from .fusion import RRF, Linear, fuse
 from .results import BatchResult, LegArrays
 from .shards import IndexReader
@@ -282,26 +283,11 @@ class Engine:
 
 
 def _tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
-    """:func:`tie_ranks` for every row at once: scores float32 (nq, k), rows sorted descending,
-    n_found int (nq,) → int32 (nq, k) 1-based ranks, equal scores sharing the best position,
-    0 past n_found."""
-    nq, k = scores.shape
-    ranks = np.zeros((nq, k), np.int32)
-    if nq == 0 or k == 0:
-        return ranks
-    pos = np.arange(k, dtype=np.int32)
-    differs = scores[:, 1:] != scores[:, :-1]
-    if differs.all():  # no tie (the usual case): ranks are the positions
-        ranks[:] = pos + 1
-    else:
-        new = np.ones((nq, k), bool)
-        new[:, 1:] = differs
-        np.maximum.accumulate(np.where(new, pos, 0), axis=1, out=ranks)
-        ranks += 1
-    n_found = np.asarray(n_found)
-    if n_found.min() < k:
-        ranks[pos[None, :] >= n_found[:, None]] = 0
-    return ranks
+    """:func:`tie_ranks` for every row at once (``_kernels.tie_ranks``): scores float32 (nq, k),
+    rows sorted descending, n_found int (nq,) → int32 (nq, k) 1-based ranks, equal scores sharing
+    the best position, 0 past n_found."""
+    return _kernels.tie_ranks(np.ascontiguousarray(scores, dtype=np.float32),
+                              np.ascontiguousarray(n_found, dtype=np.int32))
 
 
 def _scatter(res: tuple[np.ndarray, np.ndarray, np.ndarray], blank: np.ndarray, k: int):

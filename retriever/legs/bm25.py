@@ -108,6 +108,7 @@ class BM25Leg:
         self._idf_list: list[float] = self.idf.tolist()
         self._token_ids: dict[str, int] = {}
         self._table = None  # compiled query path: token -> term id table, made on first use
+        self._char_args: tuple | None = None  # its character tables (flags, fold_n, fold_cp, ascii fold, lowercase)
         self._slot: np.ndarray | None = None
         self._table_lock = threading.Lock()
         self._dl = []
@@ -245,6 +246,11 @@ class BM25Leg:
         first, then :meth:`_query_terms_scan` for the queries it leaves (all of them while the
         table is empty); the two parts are spliced back in query order. ``None``: the batch cannot
         be encoded as UTF-8 (lone surrogates)."""
+        if self._char_args is None:  # the compiled analyzer's character tables, looked up once
+            from index.analyzer import _IDEO
+            from index.analyzer_kernels import _ascii_fold, char_tables
+            lowercase = bool(self.analyzer.config.lowercase)
+            self._char_args = (*char_tables(_IDEO), _ascii_fold(_IDEO, lowercase), lowercase)
         from index.analyzer_kernels import utf8_arrays
 
         texts = queries if isinstance(queries, list) else list(queries)
@@ -261,16 +267,12 @@ class BM25Leg:
             table = self._table
             if table.n == 0:
                 return self._query_terms_scan(texts, data, offsets)
-            from index.analyzer import _IDEO
-            from index.analyzer_kernels import _ascii_fold, char_tables
-            lowercase = bool(self.analyzer.config.lowercase)
-            flags, fold_n, fold_cp = char_tables(_IDEO)
             q_off, q_terms, q_weights, status = _kernels.bm25_query_terms(
-                data, offsets, table.slots, table.off, table.blob, table.value, table.n, flags, fold_n, fold_cp,
-                _ascii_fold(_IDEO, lowercase), lowercase, self.idf, n_threads=n_threads)
-            todo = np.flatnonzero(status)
-            if len(todo) == 0:
+                data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
+                self.idf, n_threads=n_threads)
+            if not status.any():
                 return q_off, q_terms, q_weights
+            todo = np.flatnonzero(status)
             if 2 * len(todo) >= n:
                 return self._query_terms_scan(texts, data, offsets)
             sub = [texts[i] for i in todo.tolist()]
@@ -402,7 +404,8 @@ class BM25Leg:
         q_offsets, q_terms, q_weights = batch
         parts = []
         for si, ks in enumerate(shards):
-            if len(q_terms) and q_terms.max() >= ks["n_terms"]:
+            # a shard's vocabulary may end before the index's (terms added by later shards)
+            if ks["n_terms"] < len(self.idf) and len(q_terms) and q_terms.max() >= ks["n_terms"]:
                 keep = q_terms < ks["n_terms"]
                 counts = np.add.reduceat(keep.astype(np.int64), q_offsets[:-1].astype(np.int64)) \
                     if len(q_terms) else np.zeros(len(q_offsets) - 1, np.int64)
