@@ -35,8 +35,8 @@ class RRF:
         _check_weights(self.weights)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": "rrf"        """JSON-ready description (``{"method": "rrf", "k", "weights"}``), as stored in results and benchmarks."""
-, "k": self.k, "weights": dict(self.weights)}
+        """JSON-ready description (``{"method": "rrf", "k", "weights"}``), as stored in results and benchmarks."""
+        return {"method": "rrf", "k": self.k, "weights": dict(self.weights)}
 
 
 @dataclass(frozen=True)
@@ -52,8 +52,8 @@ class Linear:
         _check_weights(self.weights)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"method": "linear"        """JSON-ready description (``{"method": "linear", "norm", "weights"}``), as stored in results and benchmarks."""
-, "norm": self.norm, "weights": dict(self.weights)}
+        """JSON-ready description (``{"method": "linear", "norm", "weights"}``), as stored in results and benchmarks."""
+        return {"method": "linear", "norm": self.norm, "weights": dict(self.weights)}
 
 
 #: largest accepted |fusion weight|: leg scores times weights must stay finite in float64 sums

@@ -267,3 +267,11 @@ def test_compiled_rrf_large_ids_and_out_of_range_counts():
             for n in legs:
                 np.testing.assert_array_equal(a[3][n].scores, b[3][n].scores)
                 np.testing.assert_array_equal(a[3][n].ranks, b[3][n].ranks)
+
+
+def test_fusion_to_dict_is_exact():
+    """The JSON description stored in results and benchmark files (a docstring once spliced into
+    the "method" value by string concatenation)."""
+    assert RRF(k=30, weights={"bm25": 2.0}).to_dict() == {"method": "rrf", "k": 30, "weights": {"bm25": 2.0}}
+    assert Linear(norm="zscore").to_dict() == {"method": "linear", "norm": "zscore", "weights": {}}
+    assert parse_fusion("linear:none").to_dict()["method"] == "linear"
