@@ -244,9 +244,20 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         }
         data.impact_rows = impact_rows->data();
         data.impact_row_slot = impact_row_slot->data();
-        data.n_impact_rows = data.n_docs == 0 ? 0 : nr / data.n_docs;  // each slot is checked where it is read
+        data.n_impact_rows = data.n_docs == 0 ? 0 : nr / data.n_docs;
     }
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    if (data.impact_row_slot != nullptr) {  // every query term's slot: -1 or a row (O(query terms))
+        for (size_t i = 0; i < queries.m; ++i) {
+            const uint32_t t = queries.q_terms[i];
+            const int32_t r = t < data.csr.n_terms ? data.impact_row_slot[t] : -1;  // t itself is checked below
+            if (r < -1 || (r >= 0 && static_cast<size_t>(r) >= data.n_impact_rows)) {
+                fail("impact_row_slot[" + std::to_string(t) + "] = " + std::to_string(r) +
+                     " is neither -1 nor one of the " + std::to_string(data.n_impact_rows) +
+                     " rows of impact_rows (compute them with bm25_impact_rows)");
+            }
+        }
+    }
     check_k(k);
     const uint8_t* allow_p = allow_ptr(allow, data.n_docs, true);
     const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
@@ -762,7 +773,8 @@ PYBIND11_MODULE(_kernels, m) {
     m.def("tie_ranks", &py_tie_ranks, py::arg("scores").noconvert(), py::arg("n_found").noconvert(),
           "1-based competition ranks of sorted top-k rows (scores float32 (nq, k), each row\n"
           "descending; n_found int32 (nq,)): rank = 1 + the first position holding the same\n"
-          "score (ties share the best position, as ranx / trec_eval ties), 0 past n_found.\n"
+          "score (ties share the best position), 0 past n_found (clamped to [0, k]); rows must\n"
+          "be sorted (neighbours are compared).\n"
           "Returns int32 (nq, k). Raises ValueError on a shape mismatch.");
     m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
           py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,

@@ -168,7 +168,9 @@ def tie_ranks(scores: _F32, n_found: _I32) -> _I32:
     """1-based competition ranks of sorted top-k rows: ``scores`` float32 ``(nq, k)``, each
     row descending, ``n_found`` int32 ``(nq,)``. ``ranks[q, j]`` = 1 + the first position of
     row ``q`` holding ``scores[q, j]`` (equal scores share the best position), 0 for
-    ``j >= n_found[q]``. Returns int32 ``(nq, k)``.
+    ``j >= n_found[q]`` (``n_found`` is clamped to ``[0, k]``). Precondition: each row
+    sorted descending (as every kernel returns them); the code compares neighbours, so an
+    unsorted row gets ranks that are not its competition ranks. Returns int32 ``(nq, k)``.
 
     Raises:
         ValueError: ``scores`` not 2-D or ``len(n_found) != nq``.
@@ -315,7 +317,7 @@ def bm25_topk(
     (the absent documents add ``q_weight * 0 == 0``, weights being finite, which leaves
     the score as it is), instead of one scattered read-add-write per posting; results
     are identical. Rows that do not match the impacts give wrong results, never a memory
-    error.
+    error (e.g. rows built for another ``n_docs`` skip the doc id check of their lists).
 
     ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry
     ``t`` (for every query term) from :func:`bm25_term_kth` with ``depth = k`` and the

@@ -28,7 +28,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
-           "bm25_dense_bitmaps", "bm25_query_terms",
+           "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -327,6 +327,72 @@ def test_fuzz_heap_push_block(data):
     assert ((kept >= max(first, 0)) & (kept < max(first, 0) + nd)).all()
     assert not np.isnan(hs).any()
     assert ((hi >= 0) == np.isfinite(hs)).all()
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_impact_rows(data):
+    """Any postings / sizes: rows or a clean error; with rows, exhaustive scoring equals the call
+    without them (or both raise), and a corrupted slot is refused."""
+    offsets, doc_ids, n_docs = data.draw(csr())
+    impacts = _f32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, -1])))
+    n_docs_rows = data.draw(st.sampled_from([n_docs, n_docs, 0, -1, 2**40]))
+    res = _call(K.bm25_impact_rows, offsets, doc_ids, impacts, n_docs_rows,
+                data.draw(st.sampled_from([1, 2, 0, 2**63 - 1])), data.draw(st.sampled_from([0, 1, 3, 100, -1])),
+                n_threads=data.draw(st.integers(0, 3)))
+    if res is None or n_docs_rows != n_docs:
+        return
+    slot, rows = res
+    assert len(slot) == len(offsets) - 1 and len(rows) % max(n_docs, 1) == 0
+    assert ((slot >= -1) & (slot < max(len(rows) // max(n_docs, 1), 0) + (n_docs == 0))).all()
+    tfs = np.ones(len(doc_ids), np.uint32)
+    norm = np.ones(n_docs, np.float32)
+    nq = data.draw(SMALL)
+    n_terms = len(offsets) - 1
+    lens = [data.draw(st.integers(0, 4)) for _ in range(nq)] if n_terms else [0] * nq
+    q_off = np.zeros(nq + 1, np.uint64)
+    q_off[1:] = np.cumsum(lens)
+    q_terms = np.array([data.draw(st.integers(0, n_terms - 1)) for _ in range(sum(lens))], np.uint32)
+    q_w = _f32(data.draw, len(q_terms))
+    k = data.draw(st.integers(1, 6))
+    args = (offsets, doc_ids, tfs, norm, q_off, q_terms, q_w, k)
+    plain = _call(K.bm25_topk, *args, algorithm="exhaustive", impacts=impacts)
+    with_rows = _call(K.bm25_topk, *args, algorithm="exhaustive", impacts=impacts, impact_rows=rows,
+                      impact_row_slot=slot)
+    assert (plain is None) == (with_rows is None)
+    if plain is not None:
+        for a, b in zip(plain, with_rows):
+            np.testing.assert_array_equal(a, b)
+    if len(q_terms):
+        bad = slot.copy()
+        bad[q_terms[0]] = data.draw(st.sampled_from([-2, len(rows) // max(n_docs, 1), 2**31 - 1]))
+        assert _call(K.bm25_topk, *args, algorithm="exhaustive", impacts=impacts, impact_rows=rows,
+                     impact_row_slot=bad) is None
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_tie_ranks(data):
+    """Sorted rows with ties, -inf padding and any n_found: competition ranks as a plain loop
+    computes them; bad shapes are refused."""
+    nq, k = data.draw(SMALL), data.draw(SMALL)
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**16)))
+    scores = -np.sort(-rng.integers(0, 3, (nq, k)).astype(np.float32), axis=1)
+    n_found = np.array([data.draw(st.integers(-2, k + 2)) for _ in range(nq)], np.int32)
+    for q in range(nq):
+        scores[q, max(n_found[q], 0):] = -np.inf
+    if data.draw(st.booleans()):
+        n_found = n_found[:max(nq - 1, 0)]  # wrong length unless nq == 0
+    got = _call(K.tie_ranks, scores, n_found)
+    if got is None:
+        assert len(n_found) != nq
+        return
+    for q in range(nq):
+        n = min(max(int(n_found[q]), 0), k)
+        want = [0] * k
+        for j in range(n):
+            want[j] = j + 1 if j == 0 or scores[q, j] != scores[q, j - 1] else want[j - 1]
+        assert got[q].tolist() == want
 
 
 @SETTINGS

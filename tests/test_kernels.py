@@ -1415,10 +1415,16 @@ def test_impact_rows_argument_checks():
         call(impacts=impacts, impact_rows=rows, impact_row_slot=slot[:-1])
     with pytest.raises(ValueError, match="not a multiple of n_docs"):
         call(impacts=impacts, impact_rows=rows[:-1], impact_row_slot=slot)
-    bad = slot.copy()
-    bad[int(np.flatnonzero(slot >= 0)[0])] = 7
-    with pytest.raises(ValueError, match="impact_row_slot\\[.*\\] = 7 but impact_rows holds 2 rows"):
-        call(impacts=impacts, impact_rows=rows, impact_row_slot=bad)
+    for value in (7, -2, -2**31):
+        for at in (int(np.flatnonzero(slot >= 0)[0]), int(np.flatnonzero(slot < 0)[0])):
+            bad = slot.copy()
+            bad[at] = value
+            for algorithm in ("exhaustive", "maxscore"):  # checked up front, whichever path runs
+                with pytest.raises(ValueError, match=f"impact_row_slot\\[{at}\\] = {value} is neither -1 nor one "
+                                                     "of the 2 rows"):
+                    K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, 3, algorithm=algorithm,
+                                term_ub=bounds_for(c, 128)[0], impacts=impacts, impact_rows=rows,
+                                impact_row_slot=bad)
     assert_same(call(impacts=impacts, impact_rows=rows, impact_row_slot=slot), call(impacts=impacts))
     with pytest.raises(ValueError, match="min_df must be >= 1"):
         K.bm25_impact_rows(c["offsets"], c["doc_ids"], impacts, n_docs, 0, 2)
