@@ -724,11 +724,6 @@ class bm25_worker {
              " past the end of its list (compute them with bm25_dense_bitmaps)");
     }
 
-    [[noreturn]] __attribute__((noinline, cold)) void bad_row(uint32_t t, int32_t r) const {
-        fail("impact_row_slot[" + std::to_string(t) + "] = " + std::to_string(r) + " but impact_rows holds " +
-             std::to_string(m_data.n_impact_rows) + " rows of n_docs = " + std::to_string(m_data.n_docs));
-    }
-
     void check_doc(uint32_t d) const {
         if (d >= m_data.n_docs) {
             fail("doc_ids contains doc id " + std::to_string(d) + " >= n_docs = " +
@@ -795,10 +790,9 @@ class bm25_worker {
             const float w = m_q.q_weights[i];
             const uint64_t pb = offsets[t], pe = offsets[t + 1];
             if (kImp) {
-                if (m_data.impact_row_slot != nullptr) {  // w is finite (checked at the boundary)
+                if (m_data.impact_row_slot != nullptr) {  // w finite, r in [-1, rows): checked at the boundary
                     const int32_t r = m_data.impact_row_slot[t];
                     if (r >= 0) {  // the row holds t's impacts at its doc ids, +0.0f elsewhere
-                        if (static_cast<size_t>(r) >= m_data.n_impact_rows) bad_row(t, r);
                         add_impact_row(acc, m_data.impact_rows + static_cast<size_t>(r) * n_docs, w, n_docs);
                         continue;
                     }

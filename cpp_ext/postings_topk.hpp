@@ -63,7 +63,7 @@ struct bm25_view {
     /// instructions instead of scattering t's postings one by one (each
     /// document gets the same fl(acc + fl(w * impact)); the others
     /// fl(acc + w * 0) == acc, the weights being finite), so results are
-    /// identical.
+    /// identical. The caller checks every query term's slot is -1 or < n_impact_rows.
     const float* impact_rows = nullptr;
     const int32_t* impact_row_slot = nullptr;
     size_t n_impact_rows = 0;
