@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <vector>
 
@@ -74,11 +75,22 @@ class topk_heap {
         return true;
     }
 
+    /// Makes the kept entries best[0..n) (n <= k, distinct docs, sorted
+    /// best-first, no NaN score), replacing what was kept.
+    void assign_sorted(const scored_doc* best, size_t n) {
+        // worst first: a sorted array is a valid min-heap on rank
+        m_entries.assign(std::make_reverse_iterator(best + n), std::make_reverse_iterator(best));
+    }
+
     /// Writes the kept entries sorted best-first into ids/scores (length k),
     /// pads the rest with -1 / -inf and returns the number of real entries.
     /// The collector is left empty.
     int32_t finalize(int64_t* ids, float* scores) {
-        std::sort(m_entries.begin(), m_entries.end(), ranks_before);
+        if (std::is_sorted(m_entries.begin(), m_entries.end(), worse)) {  // e.g. from assign_sorted
+            std::reverse(m_entries.begin(), m_entries.end());
+        } else {
+            std::sort(m_entries.begin(), m_entries.end(), ranks_before);
+        }
         const size_t n = m_entries.size();
         for (size_t i = 0; i < n; ++i) {
             ids[i] = static_cast<int64_t>(m_entries[i].doc);

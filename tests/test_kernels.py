@@ -340,6 +340,42 @@ def test_bm25_dense_scatter_implementations(seed, ties):
             K._set_bm25_scatter_impl(bad)
 
 
+@pytest.mark.parametrize("n_high", [1, 39, 40, 63, 64, 65, 200])
+def test_bm25_dense_ranked_selection_boundaries(n_high):
+    """The dense scan's selection when the k-th largest maximum of 128-document groups bounds the
+    k-th score: up to 64 documents reaching it are ranked by counting, more fall back to one
+    offer per document. n_high documents (spread over the 40 groups, some groups holding
+    several) share the best score and every document shares a lower one, so the tie rule (smaller id
+    first) decides, at and around the 64-candidate limit, for k up to and past the number of
+    groups; against the float32 oracle, with and without the impact path and on every scatter."""
+    n_docs = 5120  # 40 groups of 8 blocks of 16
+    rng = np.random.default_rng(950 + n_high)
+    high = np.sort(np.concatenate([np.arange(0, n_docs, 128)[:min(n_high, 40)],
+                                   rng.choice(np.setdiff1d(np.arange(n_docs), np.arange(0, n_docs, 128)),
+                                              max(0, n_high - 40), replace=False)]))
+    high = high[:n_high]
+    # term 0: every document (tf 1, a dense list); term 1: the n_high documents (tf 3)
+    doc_ids = np.concatenate([np.arange(n_docs), high]).astype(np.uint32)
+    c = {"offsets": np.array([0, n_docs, n_docs + n_high], np.uint64), "doc_ids": doc_ids,
+         "tfs": np.concatenate([np.ones(n_docs), np.full(n_high, 3)]).astype(np.uint32),
+         "doc_norm": np.full(n_docs, 0.75, np.float32)}
+    q = (np.array([0, 2, 3, 5], np.uint64), np.array([0, 1, 1, 1, 0], np.uint32),
+         np.array([1.5, 2.0, 2.0, 2.0, 1.5], np.float32))
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    for k in (1, 10, 11, 40, 64, 65):
+        ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, None)
+        want = np.concatenate([high[:k], np.setdiff1d(np.arange(n_docs), high)[:max(0, k - n_high)]])
+        np.testing.assert_array_equal(ref[0][0], want)  # the oracle's tie rule, spelled out
+        for impl in SCATTER_IMPLS:
+            prev = K._set_bm25_scatter_impl(impl)
+            try:
+                for n_threads in (1, 2):
+                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
+                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads), ref)
+            finally:
+                K._set_bm25_scatter_impl(prev)
+
+
 def _scatter_impls() -> list[int]:
     """The scatter implementations this CPU runs (0 = default, 1 = scalar, 2 = AVX2, 3 = AVX-512)."""
     ok = []
