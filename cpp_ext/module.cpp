@@ -216,18 +216,9 @@ carray<float> py_bm25_impacts(const carray<uint64_t>& offsets, const carray<uint
     return out;
 }
 
-topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
-                         const carray<uint32_t>& tfs, const carray<float>& doc_norm,
-                         const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
-                         const carray<float>& q_weights, int64_t k, int n_threads,
-                         const opt_carray<uint8_t>& allow, const std::string& algorithm,
-                         const opt_carray<float>& term_ub, const opt_carray<uint64_t>& block_offsets,
-                         const opt_carray<float>& block_ub, int64_t block_size,
-                         const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
-                         int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
-                         const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank,
-                         const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot) {
-    bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+/// bm25_topk's optional impacts / impact rows (checked against the postings) into data.
+void attach_impacts(bm25_view& data, const opt_carray<float>& impacts, const opt_carray<float>& impact_rows,
+                    const opt_carray<int32_t>& impact_row_slot) {
     if (impacts) {
         require_eq(len1d(*impacts, "impacts"), data.csr.nnz, "len(impacts)", "len(doc_ids)");
         data.impacts = impacts->data();
@@ -246,18 +237,37 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
         data.impact_row_slot = impact_row_slot->data();
         data.n_impact_rows = data.n_docs == 0 ? 0 : nr / data.n_docs;
     }
-    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
-    if (data.impact_row_slot != nullptr) {  // every query term's slot: -1 or a row (O(query terms))
-        for (size_t i = 0; i < queries.m; ++i) {
-            const uint32_t t = queries.q_terms[i];
-            const int32_t r = t < data.csr.n_terms ? data.impact_row_slot[t] : -1;  // t itself is checked below
-            if (r < -1 || (r >= 0 && static_cast<size_t>(r) >= data.n_impact_rows)) {
-                fail("impact_row_slot[" + std::to_string(t) + "] = " + std::to_string(r) +
-                     " is neither -1 nor one of the " + std::to_string(data.n_impact_rows) +
-                     " rows of impact_rows (compute them with bm25_impact_rows)");
-            }
+}
+
+/// Every query term's impact row slot is -1 or a row of data.impact_rows (O(query terms)).
+void check_impact_row_slots(const bm25_view& data, const query_batch_view& queries) {
+    if (data.impact_row_slot == nullptr) return;
+    for (size_t i = 0; i < queries.m; ++i) {
+        const uint32_t t = queries.q_terms[i];
+        const int32_t r = t < data.csr.n_terms ? data.impact_row_slot[t] : -1;  // t itself is checked elsewhere
+        if (r < -1 || (r >= 0 && static_cast<size_t>(r) >= data.n_impact_rows)) {
+            fail("impact_row_slot[" + std::to_string(t) + "] = " + std::to_string(r) +
+                 " is neither -1 nor one of the " + std::to_string(data.n_impact_rows) +
+                 " rows of impact_rows (compute them with bm25_impact_rows)");
         }
     }
+}
+
+topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                         const carray<uint32_t>& tfs, const carray<float>& doc_norm,
+                         const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                         const carray<float>& q_weights, int64_t k, int n_threads,
+                         const opt_carray<uint8_t>& allow, const std::string& algorithm,
+                         const opt_carray<float>& term_ub, const opt_carray<uint64_t>& block_offsets,
+                         const opt_carray<float>& block_ub, int64_t block_size,
+                         const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
+                         int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
+                         const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank,
+                         const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot) {
+    bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    attach_impacts(data, impacts, impact_rows, impact_row_slot);
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    check_impact_row_slots(data, queries);
     check_k(k);
     const uint8_t* allow_p = allow_ptr(allow, data.n_docs, true);
     const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
@@ -378,15 +388,11 @@ std::tuple<carray<int32_t>, carray<uint64_t>, carray<uint32_t>> py_bm25_dense_bi
     return {slot, bits, rank};
 }
 
-std::tuple<carray<uint64_t>, carray<uint32_t>, carray<float>, carray<uint8_t>> py_bm25_query_terms(
-    const carray<uint8_t>& data, const carray<int64_t>& offsets, const carray<int64_t>& slots,
-    const carray<int64_t>& entry_off, const carray<uint8_t>& blob, const carray<int64_t>& value,
-    int64_t n_entries, const carray<uint8_t>& flags, const carray<uint8_t>& fold_n,
-    const carray<uint32_t>& fold_cp, const carray<uint8_t>& ascii_fold, bool lowercase,
-    const carray<float>& idf, int n_threads) {
-    const size_t n_off = len1d(offsets, "offsets");
-    if (n_off == 0) fail("offsets must have length n_texts + 1 >= 1, got length 0");
-    const size_t n = n_off - 1;
+/// The token table and character tables of bm25_query_terms / bm25_topk_text, checked.
+std::pair<token_table_view, char_tables_view> make_text_views(
+    const carray<int64_t>& slots, const carray<int64_t>& entry_off, const carray<uint8_t>& blob,
+    const carray<int64_t>& value, int64_t n_entries, const carray<uint8_t>& flags, const carray<uint8_t>& fold_n,
+    const carray<uint32_t>& fold_cp, const carray<uint8_t>& ascii_fold, bool lowercase) {
     token_table_view table;
     table.slots = slots.data();
     table.n_slots = len1d(slots, "slots");
@@ -404,7 +410,20 @@ std::tuple<carray<uint64_t>, carray<uint32_t>, carray<float>, carray<uint8_t>> p
     require_eq(len1d(fold_n, "fold_n"), 0x10000, "len(fold_n)", "65536");
     require_eq(len1d(fold_cp, "fold_cp"), 3 * 0x10000, "len(fold_cp)", "196608");
     require_eq(len1d(ascii_fold, "ascii_fold"), 128, "len(ascii_fold)", "128");
-    char_tables_view chars{flags.data(), fold_n.data(), fold_cp.data(), ascii_fold.data(), lowercase};
+    return {table, char_tables_view{flags.data(), fold_n.data(), fold_cp.data(), ascii_fold.data(), lowercase}};
+}
+
+std::tuple<carray<uint64_t>, carray<uint32_t>, carray<float>, carray<uint8_t>> py_bm25_query_terms(
+    const carray<uint8_t>& data, const carray<int64_t>& offsets, const carray<int64_t>& slots,
+    const carray<int64_t>& entry_off, const carray<uint8_t>& blob, const carray<int64_t>& value,
+    int64_t n_entries, const carray<uint8_t>& flags, const carray<uint8_t>& fold_n,
+    const carray<uint32_t>& fold_cp, const carray<uint8_t>& ascii_fold, bool lowercase,
+    const carray<float>& idf, int n_threads) {
+    const size_t n_off = len1d(offsets, "offsets");
+    if (n_off == 0) fail("offsets must have length n_texts + 1 >= 1, got length 0");
+    const size_t n = n_off - 1;
+    const auto [table, chars] = make_text_views(slots, entry_off, blob, value, n_entries, flags, fold_n, fold_cp,
+                                                ascii_fold, lowercase);
     const size_t n_terms = len1d(idf, "idf");
     const size_t data_len = len1d(data, "data");
     carray<uint64_t> q_offsets(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n + 1)});
@@ -425,6 +444,43 @@ std::tuple<carray<uint64_t>, carray<uint32_t>, carray<float>, carray<uint8_t>> p
         std::memcpy(q_weights.mutable_data(), weights.data(), weights.size() * sizeof(float));
     }
     return {q_offsets, q_terms, q_weights, status};
+}
+
+std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_bm25_topk_text(
+    const carray<uint8_t>& data, const carray<int64_t>& text_offsets, const carray<int64_t>& slots,
+    const carray<int64_t>& entry_off, const carray<uint8_t>& blob, const carray<int64_t>& value,
+    int64_t n_entries, const carray<uint8_t>& flags, const carray<uint8_t>& fold_n,
+    const carray<uint32_t>& fold_cp, const carray<uint8_t>& ascii_fold, bool lowercase,
+    const carray<float>& idf, const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+    const carray<uint32_t>& tfs, const carray<float>& doc_norm, int64_t k, int n_threads,
+    const opt_carray<uint8_t>& allow, const opt_carray<float>& impacts, const opt_carray<float>& impact_rows,
+    const opt_carray<int32_t>& impact_row_slot) {
+    const size_t n_off = len1d(text_offsets, "offsets");
+    if (n_off == 0) fail("offsets must have length n_texts + 1 >= 1, got length 0");
+    const size_t nq = n_off - 1;
+    const auto [table, chars] = make_text_views(slots, entry_off, blob, value, n_entries, flags, fold_n, fold_cp,
+                                                ascii_fold, lowercase);
+    bm25_view postings = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    attach_impacts(postings, impacts, impact_rows, impact_row_slot);
+    check_k(k);
+    const uint8_t* allow_p = allow_ptr(allow, postings.n_docs, true);
+    const size_t n_idf = len1d(idf, "idf");
+    const size_t text_len = len1d(data, "data");
+    topk_arrays res(nq, static_cast<size_t>(k));
+    carray<uint8_t> status(std::vector<py::ssize_t>{static_cast<py::ssize_t>(nq)});
+    uint8_t* sp = status.mutable_data();
+    // each query's terms, as bm25_topk checks a batch
+    const std::function<void(const query_batch_view&)> check = [&postings](const query_batch_view& q) {
+        check_query_batch(q, postings.csr.n_terms);
+        check_query_term_ranges(postings.csr, q);
+        check_impact_row_slots(postings, q);
+    };
+    {
+        py::gil_scoped_release nogil;
+        bm25_topk_text(data.data(), text_len, text_offsets.data(), nq, table, chars, idf.data(), n_idf, postings,
+                       allow_p, n_threads, res.out, sp, check);
+    }
+    return {res.ids, res.scores, res.n_found, status};
 }
 
 carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
@@ -721,6 +777,22 @@ PYBIND11_MODULE(_kernels, m) {
           "64 * w. Memory: 12 bytes per 64 documents per row.");
 
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
+
+    m.def("bm25_topk_text", &py_bm25_topk_text, py::arg("data").noconvert(),
+          py::arg("offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),
+          py::arg("blob").noconvert(), py::arg("value").noconvert(), py::arg("n_entries"),
+          py::arg("flags").noconvert(), py::arg("fold_n").noconvert(), py::arg("fold_cp").noconvert(),
+          py::arg("ascii_fold").noconvert(), py::arg("lowercase"), py::arg("idf").noconvert(),
+          py::arg("postings_offsets").noconvert(), py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),
+          py::arg("doc_norm").noconvert(), py::arg("k"), py::arg("n_threads") = 0,
+          py::arg("allow").noconvert() = py::none(), py::arg("impacts").noconvert() = py::none(),
+          py::arg("impact_rows").noconvert() = py::none(), py::arg("impact_row_slot").noconvert() = py::none(),
+          "bm25_query_terms followed by bm25_topk(algorithm='exhaustive') in one parallel pass: each\n"
+          "thread analyses a query and scores it at once (its terms still in cache), GIL released.\n"
+          "Text and table arguments as bm25_query_terms; postings_offsets, doc_ids, tfs, doc_norm,\n"
+          "k, allow, impacts, impact_rows, impact_row_slot as bm25_topk. Returns (ids i64[n, k],\n"
+          "scores f32[n, k], n_found i32[n], status u8[n]): equal to the two calls' results;\n"
+          "status 1 marks a query left to the caller (as bm25_query_terms), whose row is empty.");
 
     m.def("bm25_query_terms", &py_bm25_query_terms, py::arg("data").noconvert(),
           py::arg("offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),

@@ -56,6 +56,7 @@
 #endif
 
 #include "parallel.hpp"
+#include "query_terms.hpp"
 #include "topk.hpp"
 
 namespace retriever {
@@ -704,9 +705,10 @@ class bm25_worker {
         : m_data(data), m_bounds(bounds), m_q(q), m_allow(allow), m_algo(algo), m_out(out),
           m_imp(data.impacts), m_norm_min(m_imp != nullptr ? -1.0f : norm_min) {}
 
-    void operator()(size_t qi) {
-        const uint64_t b = m_q.q_offsets[qi];
-        const uint64_t e = m_q.q_offsets[qi + 1];
+    void operator()(size_t qi) { run(qi, m_q.q_offsets[qi], m_q.q_offsets[qi + 1]); }
+
+    /// Scores the query whose terms are m_q.q_terms[b .. e) into output row qi.
+    void run(size_t qi, uint64_t b, uint64_t e) {
         m_heap.reset(m_out.k);
         if (e > b) {
             bool negative = false;
@@ -2496,6 +2498,50 @@ void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
     }
     parallel_for_items(queries.nq, n_threads, query_chunk(queries.nq, n_threads), [&]() {
         return bm25_worker(data, bounds, queries, allow, algorithm, out, norm_min);
+    });
+}
+
+void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_offsets, size_t nq,
+                    const token_table_view& table, const char_tables_view& chars, const float* idf, size_t n_idf,
+                    const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
+                    uint8_t* status, const std::function<void(const query_batch_view&)>& check) {
+    check_query_texts(text_len, text_offsets, nq, table);
+    // One per thread: analyses a query into its own buffers, checks them and
+    // scores them at once (the query's terms are still in cache).
+    struct fused_worker {
+        fused_worker(const uint8_t* text, const int64_t* text_offsets, const token_table_view& table,
+                     const char_tables_view& chars, const float* idf, size_t n_idf, const bm25_view& data,
+                     const uint8_t* allow, const topk_out& out, uint8_t* status,
+                     const std::function<void(const query_batch_view&)>& check)
+            : analyzer(text, text_offsets, table, chars, idf, n_idf),
+              view(std::make_unique<query_batch_view>()),
+              scorer(data, nullptr, *view, allow, bm25_algorithm::exhaustive, out, -1.0f),
+              status(status), check(check) {}
+
+        void operator()(size_t q) {
+            const bool ok = analyzer.analyse(q, terms, weights);
+            status[q] = ok ? 0 : 1;
+            offsets[1] = terms.size();
+            view->q_offsets = offsets;
+            view->nq = 1;
+            view->q_terms = terms.data();
+            view->q_weights = weights.data();
+            view->m = terms.size();
+            check(*view);
+            scorer.run(q, 0, view->m);
+        }
+
+        query_analyzer analyzer;
+        std::vector<uint32_t> terms;
+        std::vector<float> weights;
+        uint64_t offsets[2] = {0, 0};
+        std::unique_ptr<query_batch_view> view;  // scorer reads it by reference: a stable address
+        bm25_worker scorer;
+        uint8_t* status;
+        const std::function<void(const query_batch_view&)>& check;
+    };
+    parallel_for_items(nq, n_threads, query_chunk(nq, n_threads), [&]() {
+        return fused_worker(text, text_offsets, table, chars, idf, n_idf, data, allow, out, status, check);
     });
 }
 

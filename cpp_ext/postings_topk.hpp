@@ -12,7 +12,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
+
+#include "query_terms.hpp"
 
 namespace retriever {
 
@@ -214,6 +217,20 @@ int set_bm25_scatter_impl(int impl);
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
                const query_batch_view& queries, const uint8_t* allow,
                bm25_algorithm algorithm, int n_threads, const topk_out& out);
+
+/// bm25_topk with the exhaustive algorithm for query texts instead of
+/// analysed queries: each thread analyses a query (query_analyzer over
+/// text[text_offsets[i] : text_offsets[i+1]], the token table and character
+/// tables of bm25_query_terms, idf of n_idf terms), passes its one-query
+/// batch to `check` (which throws on a term or weight the postings cannot
+/// take) and scores it into output row i, so analysis runs in the same
+/// parallel pass as scoring. status[i] = 1 (and an empty row) for a query
+/// the analyzer leaves to the caller (bm25_query_terms' status 1), else 0.
+/// Results equal bm25_query_terms followed by bm25_topk. Throws as those do.
+void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_offsets, size_t nq,
+                    const token_table_view& table, const char_tables_view& chars, const float* idf, size_t n_idf,
+                    const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
+                    uint8_t* status, const std::function<void(const query_batch_view&)>& check);
 
 /// Exact learned-sparse top-k with float32 impacts:
 /// score = sum over query terms (query order) of q_weight * impact, in float32.

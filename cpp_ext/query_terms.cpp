@@ -60,11 +60,29 @@ class analyzer_worker {
           m_n_terms(n_terms), m_status(status), m_records(records), m_id(id), m_terms(terms),
           m_weights(weights), m_mask((table.n_slots >> 1) - 1) {}
 
-    void operator()(size_t q) {
+    /// Analyses text q into m_qt / m_qc; false when it needs the caller.
+    bool analyse_text(size_t q) {
         m_qt.clear();
         m_qc.clear();
         m_big = false;
-        const bool ok = analyse(static_cast<size_t>(m_offsets[q]), static_cast<size_t>(m_offsets[q + 1]));
+        return analyse(static_cast<size_t>(m_offsets[q]), static_cast<size_t>(m_offsets[q + 1]));
+    }
+
+    /// Text q's terms and weights (see query_analyzer::analyse).
+    bool analyse_into(size_t q, std::vector<uint32_t>& terms, std::vector<float>& weights) {
+        terms.clear();
+        weights.clear();
+        if (!analyse_text(q)) return false;
+        for (size_t j = 0; j < m_qt.size(); ++j) {
+            const uint32_t t = m_qt[j];
+            terms.push_back(t);
+            weights.push_back(static_cast<float>(static_cast<double>(m_qc[j]) * static_cast<double>(m_idf[t])));
+        }
+        return true;
+    }
+
+    void operator()(size_t q) {
+        const bool ok = analyse_text(q);
         record& r = m_records[q];
         r.worker = m_id;
         r.start = m_terms.size();
@@ -302,10 +320,26 @@ class analyzer_worker {
 
 }  // namespace
 
-void bm25_query_terms(const uint8_t* data, size_t data_len, const int64_t* offsets, size_t n,
-                      const token_table_view& table, const char_tables_view& chars, const float* idf,
-                      size_t n_terms, int n_threads, uint64_t* q_offsets, uint8_t* status,
-                      std::vector<uint32_t>& q_terms, std::vector<float>& q_weights) {
+struct query_analyzer::impl {
+    std::vector<uint32_t> unused_terms;
+    std::vector<float> unused_weights;
+    analyzer_worker worker;
+    impl(const uint8_t* data, const int64_t* offsets, const token_table_view& table, const char_tables_view& chars,
+         const float* idf, size_t n_terms)
+        : worker(data, offsets, table, chars, idf, n_terms, nullptr, nullptr, 0, unused_terms, unused_weights) {}
+};
+
+query_analyzer::query_analyzer(const uint8_t* data, const int64_t* offsets, const token_table_view& table,
+                               const char_tables_view& chars, const float* idf, size_t n_terms)
+    : m_impl(std::make_unique<impl>(data, offsets, table, chars, idf, n_terms)) {}
+query_analyzer::~query_analyzer() = default;
+query_analyzer::query_analyzer(query_analyzer&&) noexcept = default;
+
+bool query_analyzer::analyse(size_t i, std::vector<uint32_t>& terms, std::vector<float>& weights) {
+    return m_impl->worker.analyse_into(i, terms, weights);
+}
+
+void check_query_texts(size_t data_len, const int64_t* offsets, size_t n, const token_table_view& table) {
     if (offsets[0] < 0) fail("offsets[0] = " + std::to_string(offsets[0]) + " < 0");
     for (size_t i = 0; i < n; ++i) {
         if (offsets[i + 1] < offsets[i] || static_cast<uint64_t>(offsets[i + 1]) > data_len) {
@@ -323,6 +357,13 @@ void bm25_query_terms(const uint8_t* data, size_t data_len, const int64_t* offse
         fail("token table offsets hold " + std::to_string(table.n_off) + " values for " +
              std::to_string(table.n_entries) + " entries");
     }
+}
+
+void bm25_query_terms(const uint8_t* data, size_t data_len, const int64_t* offsets, size_t n,
+                      const token_table_view& table, const char_tables_view& chars, const float* idf,
+                      size_t n_terms, int n_threads, uint64_t* q_offsets, uint8_t* status,
+                      std::vector<uint32_t>& q_terms, std::vector<float>& q_weights) {
+    check_query_texts(data_len, offsets, n, table);
     const size_t n_workers = resolve_threads(n_threads, n);
     std::vector<analyzer_worker::record> records(n);
     std::vector<std::vector<uint32_t>> terms(n_workers);

@@ -14,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 namespace retriever {
@@ -50,6 +51,33 @@ struct char_tables_view {
 /// length is q_offsets[n]). Throws std::invalid_argument on offsets outside
 /// data or decreasing, a malformed table (an entry or offset out of range) or
 /// a term id >= n_terms.
+/// The argument checks of bm25_query_terms (offsets within data and
+/// non-decreasing, a well-formed table); throws std::invalid_argument.
+void check_query_texts(size_t data_len, const int64_t* offsets, size_t n, const token_table_view& table);
+
+/// bm25_query_terms one text at a time, for a caller that consumes each
+/// query's terms right away (bm25_topk_text): one per thread, arguments
+/// checked by check_query_texts first.
+class query_analyzer {
+  public:
+    query_analyzer(const uint8_t* data, const int64_t* offsets, const token_table_view& table,
+                   const char_tables_view& chars, const float* idf, size_t n_terms);
+    ~query_analyzer();
+    query_analyzer(query_analyzer&&) noexcept;
+    query_analyzer(const query_analyzer&) = delete;
+    query_analyzer& operator=(const query_analyzer&) = delete;
+
+    /// Text i's distinct known terms (first-occurrence order) and their
+    /// weights float32(double(occurrences) * double(idf[t])) replace terms /
+    /// weights; false (both empty) when the text needs the caller (status 1
+    /// of bm25_query_terms).
+    bool analyse(size_t i, std::vector<uint32_t>& terms, std::vector<float>& weights);
+
+  private:
+    struct impl;
+    std::unique_ptr<impl> m_impl;
+};
+
 void bm25_query_terms(const uint8_t* data, size_t data_len, const int64_t* offsets, size_t n,
                       const token_table_view& table, const char_tables_view& chars, const float* idf,
                       size_t n_terms, int n_threads, uint64_t* q_offsets, uint8_t* status,

@@ -198,17 +198,25 @@ class Engine:
 
         def run_leg(name: str, threads: int) -> tuple[float, float]:
             leg = self.legs[name]
+            params = (leg_params or {}).get(name, {})
             t0 = time.perf_counter()
+            parts = None
             if prepared and name in prepared:
                 inp = prepared[name]  # covers all nq queries, blank text or not
+            elif live and hasattr(leg, "search_texts"):
+                # analysis and scoring in one compiled pass where the leg has one (its time then
+                # counts as search time); None where it does not apply
+                parts = leg.search_texts(live, leg_depth, threads, **params)
+                inp = None if parts is not None else leg.prepare(live, threads)
             else:
                 inp = leg.prepare(live, threads) if live else None
-            t1 = time.perf_counter()
-            if inp is None:
-                merged = _empty(len(live), leg_depth)
-            else:
-                parts = leg.search(inp, leg_depth, threads, **(leg_params or {}).get(name, {}))
+            t1 = time.perf_counter() if parts is None else t0
+            if parts is not None or inp is not None:
+                if parts is None:
+                    parts = leg.search(inp, leg_depth, threads, **params)
                 merged = merge_topk(parts, leg_depth)
+            else:
+                merged = _empty(len(live), leg_depth)
             t2 = time.perf_counter()
             if prepared and name in prepared:
                 per_leg[name] = merged

@@ -276,3 +276,77 @@ def test_query_terms_kernel_long_query_and_checks():
     bad[1::2][bad[0::2] != 0] = 10**9  # every entry out of range
     with pytest.raises(ValueError, match="outside"):
         _kernels.bm25_query_terms(data, off, bad, table.off, table.blob, table.value, table.n, *tabs, True, idf)
+
+
+@settings(max_examples=60, deadline=None)
+@given(texts=st.lists(TEXT, min_size=1, max_size=12), seen=st.integers(0, 12), threads=st.sampled_from([1, 2, 3]),
+       seed=st.integers(0, 2**16), k=st.sampled_from([1, 3, 50]), use_impacts=st.booleans())
+def test_topk_text_kernel_equals_two_calls(texts, seen, threads, seed, k, use_impacts):
+    """``_kernels.bm25_topk_text`` (analysis and exhaustive scoring in one pass) equals
+    ``bm25_query_terms`` followed by ``bm25_topk(algorithm="exhaustive")``: ids, scores, n_found bit
+    for bit, and the same status (a query left to the caller has an empty row)."""
+    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever import _kernels
+
+    table = TokenTable()
+    data, off = utf8_arrays(texts[:seen])
+    scan_tokens(data, off, table, lowercase=True, ideo_class=analyzer_mod._IDEO)
+    rng = np.random.default_rng(seed)
+    n_terms, n_docs = 6, 40
+    table.set_values(0, rng.integers(-1, n_terms, table.n))
+    idf = (rng.random(n_terms) * 4).astype(np.float32)
+    lens = rng.integers(0, n_docs, n_terms)
+    offsets = np.zeros(n_terms + 1, np.uint64)
+    np.cumsum(lens, out=offsets[1:])
+    doc_ids = np.concatenate([np.sort(rng.choice(n_docs, n, replace=False)) for n in lens]).astype(np.uint32)
+    tfs = rng.integers(1, 5, len(doc_ids)).astype(np.uint32)
+    norm = (rng.random(n_docs) * 2 + 0.2).astype(np.float32)
+    kw = {}
+    if use_impacts:
+        kw["impacts"] = _kernels.bm25_impacts(offsets, doc_ids, tfs, norm)
+        slot, rows = _kernels.bm25_impact_rows(offsets, doc_ids, kw["impacts"], n_docs, min_df=n_docs // 4,
+                                               max_rows=2)
+        if len(rows):
+            kw.update(impact_rows=rows, impact_row_slot=slot)
+    tabs = (*char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, True), True)
+    data, off = utf8_arrays(texts)
+    targs = (data, off, table.slots, table.off, table.blob, table.value, table.n, *tabs, idf)
+    q_off, q_terms, q_weights, status = _kernels.bm25_query_terms(*targs, n_threads=threads)
+    want = _kernels.bm25_topk(offsets, doc_ids, tfs, norm, q_off, q_terms, q_weights, k, n_threads=threads,
+                              algorithm="exhaustive", **kw)
+    *got, got_status = _kernels.bm25_topk_text(*targs, offsets, doc_ids, tfs, norm, k, n_threads=threads, **kw)
+    np.testing.assert_array_equal(got_status, status)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+
+
+def test_topk_text_kernel_checks():
+    """bm25_topk_text's boundary checks name the argument: text offsets, k, a term id past the
+    postings' vocabulary, a non-finite weight from idf, impact rows without impacts."""
+    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever import _kernels
+
+    table = TokenTable()
+    data, off = utf8_arrays(["alpha beta gamma"])
+    scan_tokens(data, off, table, lowercase=True, ideo_class=analyzer_mod._IDEO)
+    table.set_values(0, np.arange(table.n))
+    tabs = (*char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, True), True)
+    idf = np.ones(3, np.float32)
+    post = (np.array([0, 1, 2, 3], np.uint64), np.array([0, 1, 0], np.uint32), np.ones(3, np.uint32),
+            np.ones(2, np.float32))
+    tab = (table.slots, table.off, table.blob, table.value, table.n, *tabs)
+    ids, scores, n_found, status = _kernels.bm25_topk_text(data, off, *tab, idf, *post, 2)
+    assert status.tolist() == [0] and n_found.tolist() == [2] and ids[0].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="offsets"):
+        _kernels.bm25_topk_text(data, np.array([0, 99], np.int64), *tab, idf, *post, 2)
+    with pytest.raises(ValueError, match="k must be"):
+        _kernels.bm25_topk_text(data, off, *tab, idf, *post, 0)
+    short = (np.array([0, 1, 2], np.uint64), np.array([0, 1], np.uint32), np.ones(2, np.uint32), post[3])
+    with pytest.raises(ValueError, match="out of range: n_terms = 2"):
+        _kernels.bm25_topk_text(data, off, *tab, idf, *short, 2)
+    with pytest.raises(ValueError, match="not finite"):
+        _kernels.bm25_topk_text(data, off, *tab, np.array([1, np.inf, 1], np.float32), *post, 2)
+    with pytest.raises(ValueError, match="impact_rows and impact_row_slot go together"):
+        _kernels.bm25_topk_text(data, off, *tab, idf, *post, 2, impact_rows=np.zeros(2, np.float32),
+                                impact_row_slot=np.full(3, -1, np.int32))

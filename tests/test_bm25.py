@@ -197,6 +197,96 @@ def test_query_terms_compiled_equals_loop_across_calls(bm25_index):
     assert leg._table.n > 0 and (leg._slot == -1).all()
 
 
+def _fused_vs_two_step(leg, qs, depth, n_threads, allow=None):
+    """search_texts (one compiled pass) must equal query_terms + search bit for bit."""
+    got = leg.search_texts(qs, depth, n_threads, allow=allow)
+    assert got is not None
+    want = leg.search(leg.query_terms(qs, n_threads), depth, n_threads, allow=allow)
+    assert len(got) == len(want) == 1
+    for a, b in zip(got[0], want[0]):
+        assert a.dtype == b.dtype
+        np.testing.assert_array_equal(a, b)
+    return got[0]
+
+
+@pytest.mark.parametrize("n_threads", [1, 3])
+def test_search_texts_equals_query_terms_then_search(bm25_index, n_threads):
+    """The fused analysis + scoring pass (``_kernels.bm25_topk_text``) against the two calls: on the
+    first call (empty token table: the fused path declines), on calls mixing known tokens and new
+    ones (those queries go through the two calls inside it), blank and stop-word-only queries,
+    astral characters, an allow filter, depth beyond the matches; and the engine's result through
+    it equals the exhaustive algorithm's, which does not take it."""
+    import random
+
+    r = Retriever.open(bm25_index)
+    leg = r.engine.legs["bm25"]
+    words = (" ".join(QUERIES)).split() + ["GENE", "Gene's", "U.S.", "x😀y", "the", "and", "zzzunknown",
+                                           "straße", "", "  "]
+    rng = random.Random(11)
+    first = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 10))) for _ in range(20)]
+    if leg._table is None or leg._table.n == 0:
+        assert leg.search_texts(first, 10, n_threads) is None  # nothing to read yet
+    leg.query_terms(first, n_threads)
+    allow = np.zeros(leg.N, dtype=np.uint8)
+    allow[::3] = 1
+    for call in range(4):
+        qs = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 12))) for _ in range(40)]
+        qs += [f"novel{call}x{i} gene" for i in range(3)]  # tokens the table has not seen
+        ids, scores, n_found = _fused_vs_two_step(leg, qs, 10, n_threads)
+        assert (n_found > 0).any() and (n_found[-3:] > 0).all()
+        _fused_vs_two_step(leg, qs, 1000, n_threads)
+        _fused_vs_two_step(leg, qs, 5, n_threads, allow=[allow])
+    qs = [" ".join(rng.choice(words) for _ in range(6)) for _ in range(30)]
+    got = r.search_arrays(qs, k=10, mode="bm25", n_threads=n_threads)
+    exh = r.search_arrays(qs, k=10, mode="bm25", n_threads=n_threads, leg_params={"bm25": {"algorithm": "exhaustive"}})
+    np.testing.assert_array_equal(got.ids, exh.ids)
+    np.testing.assert_array_equal(got.scores, exh.scores)
+    # where the fused path does not apply it says so
+    assert leg.search_texts(qs[:3], 10, n_threads) is None  # a small batch
+    assert leg.search_texts(qs, 10, n_threads, algorithm="maxscore") is None
+    assert leg.search_texts(qs, 10, n_threads, k1=1.2) is None
+    assert leg.search_texts(qs[:-1] + ["lone \udc80 surrogate"], 10, n_threads) is None
+
+
+def test_search_texts_multi_shard_declines(tmp_path, small_corpus):
+    """An index of several shards keeps the two-call path (analysis once for all shards)."""
+    build_index(small_corpus, tmp_path / "s", legs=("bm25",), shard_size=64, show_progress=False)
+    leg = Retriever.open(tmp_path / "s").engine.legs["bm25"]
+    leg.query_terms(QUERIES * 5)
+    assert leg.search_texts(QUERIES * 5, 10, 1) is None
+
+
+def test_search_texts_concurrent_with_new_tokens(bm25_index):
+    """Threads searching side by side while others add tokens to the shared token table (readers
+    share it, a writer waits for them): every result equals the one computed alone."""
+    import threading
+
+    r = Retriever.open(bm25_index)
+    words = (" ".join(QUERIES)).split()
+    batches = [[f"{words[(i + j) % len(words)]} {words[(3 * i + j) % len(words)]} fresh{i}w{j}" for j in range(24)]
+               for i in range(12)]
+    alone = [Retriever.open(bm25_index).search_arrays(b, k=10, mode="bm25", n_threads=1) for b in batches]
+    got: list = [None] * len(batches)
+    errors: list = []
+
+    def work(i: int) -> None:
+        try:
+            for _ in range(3):
+                got[i] = r.search_arrays(batches[i], k=10, mode="bm25", n_threads=2)
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(batches))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for a, b in zip(got, alone):
+        np.testing.assert_array_equal(a.ids, b.ids)
+        np.testing.assert_array_equal(a.scores, b.scores)
+
+
 def test_query_term_weights_against_counter():
     """index.analyzer_kernels.query_term_weights against collections.Counter, and its input checks."""
     from index.analyzer_kernels import query_term_weights

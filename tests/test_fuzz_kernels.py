@@ -28,7 +28,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
                     suppress_health_check=list(HealthCheck))
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
-           "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks",
+           "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks", "bm25_topk_text",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -460,3 +460,42 @@ def test_fuzz_bm25_query_terms(data):
         q_off, q_terms, q_weights, status = res
         assert len(q_off) == len(offsets) and q_off[-1] == len(q_terms) == len(q_weights)
         assert len(status) == len(offsets) - 1 and (q_terms < max(n_terms, 1)).all()
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_topk_text(data):
+    """Analysis + exhaustive scoring in one pass on random texts (invalid UTF-8 included), a token
+    table whose values may point past the postings' vocabulary, corrupted postings, NaN / inf idf,
+    odd k and allow lengths: well-formed results (status 1 rows empty) or ValueError / TypeError."""
+    from index.analyzer import _IDEO
+    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+
+    words = data.draw(st.lists(st.sampled_from(["a", "bb", "ccc", "ß", "中", "don't", "1,5"]), max_size=8))
+    table = TokenTable()
+    text = " ".join(words).encode()
+    scan_tokens(np.frombuffer(text or b"\0", np.uint8), np.array([0, len(text)], np.int64), table,
+                lowercase=True, ideo_class=_IDEO)
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_terms = max(len(offsets) - 1, 0)
+    n_idf = data.draw(st.integers(0, n_terms + 2))
+    table.set_values(0, np.array([data.draw(st.integers(-2, n_idf + 1)) for _ in range(table.n)], np.int64))
+    raw = data.draw(st.binary(max_size=20)) + text[:data.draw(st.integers(0, 30))]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(raw)), max_size=4)))
+    t_off = np.array([0, *cuts, len(raw)], np.int64)
+    if data.draw(st.integers(0, 5)) == 0:
+        t_off[data.draw(st.integers(0, len(t_off) - 1))] = data.draw(st.integers(-5, len(raw) + 5))
+    k = data.draw(st.sampled_from([0, 1, 3, 64, -1]))
+    allow = None
+    if data.draw(st.booleans()):
+        allow = np.array([data.draw(st.integers(0, 1)) for _ in range(data.draw(st.integers(0, n_docs + 1)))], np.uint8)
+    flags, fold_n, fold_cp = char_tables(_IDEO)
+    res = _call(K.bm25_topk_text, np.frombuffer(raw or b"\0", np.uint8).copy(), t_off, table.slots, table.off,
+                table.blob, table.value, table.n, flags, fold_n, fold_cp, _ascii_fold(_IDEO, True), True,
+                _f32(data.draw, n_idf), offsets, doc_ids, np.ones(len(doc_ids), np.uint32),
+                np.ones(n_docs, np.float32), k, n_threads=data.draw(st.sampled_from([1, 2])), allow=allow)
+    if res is not None:
+        ids, scores, n_found, status = res
+        _check_topk((ids, scores, n_found), len(t_off) - 1, k)
+        assert status.shape == (len(t_off) - 1,) and set(status.tolist()) <= {0, 1}
+        assert (n_found[status == 1] == 0).all()

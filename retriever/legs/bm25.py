@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import threading
 from collections import Counter, OrderedDict
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import numpy as np
 
@@ -110,7 +111,7 @@ class BM25Leg:
         self._table = None  # compiled query path: token -> term id table, made on first use
         self._char_args: tuple | None = None  # its character tables (flags, fold_n, fold_cp, ascii fold, lowercase)
         self._slot: np.ndarray | None = None
-        self._table_lock = threading.Lock()
+        self._table_lock = _ReadWriteLock()  # the table grows in place: readers share, a writer is alone
         self._dl = []
         for (s, a) in self.shards:
             dl = a["doc_len"].astype(np.int64)
@@ -246,11 +247,7 @@ class BM25Leg:
         first, then :meth:`_query_terms_scan` for the queries it leaves (all of them while the
         table is empty); the two parts are spliced back in query order. ``None``: the batch cannot
         be encoded as UTF-8 (lone surrogates)."""
-        if self._char_args is None:  # the compiled analyzer's character tables, looked up once
-            from index.analyzer import _IDEO
-            from index.analyzer_kernels import _ascii_fold, char_tables
-            lowercase = bool(self.analyzer.config.lowercase)
-            self._char_args = (*char_tables(_IDEO), _ascii_fold(_IDEO, lowercase), lowercase)
+        self._load_char_args()
         from index.analyzer_kernels import utf8_arrays
 
         texts = queries if isinstance(queries, list) else list(queries)
@@ -259,24 +256,40 @@ class BM25Leg:
             data, offsets = utf8_arrays(texts)
         except UnicodeError:  # lone surrogates
             return None
-        with self._table_lock:  # the table grows in place: one batch at a time
-            if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
-                from index.analyzer_kernels import TokenTable
-                self._table = TokenTable()
-                self._slot = np.full(len(self.idf), -1, dtype=np.int64)
+        fast = None
+        with self._table_lock.read():
             table = self._table
-            if table.n == 0:
+            if table is not None and 0 < table.n < self.TOKEN_TABLE_MAX:
+                fast = _kernels.bm25_query_terms(
+                    data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
+                    self.idf, n_threads=n_threads)
+                if not fast[3].any():
+                    return fast[:3]
+        with self._table_lock.write():
+            self._reset_table()
+            if fast is None:
                 return self._query_terms_scan(texts, data, offsets)
-            q_off, q_terms, q_weights, status = _kernels.bm25_query_terms(
-                data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
-                self.idf, n_threads=n_threads)
-            if not status.any():
-                return q_off, q_terms, q_weights
-            todo = np.flatnonzero(status)
+            todo = np.flatnonzero(fast[3])
             if 2 * len(todo) >= n:
                 return self._query_terms_scan(texts, data, offsets)
             sub = [texts[i] for i in todo.tolist()]
-            return _splice((q_off, q_terms, q_weights), todo, self._query_terms_scan(sub, *utf8_arrays(sub)))
+            return _splice(fast[:3], todo, self._query_terms_scan(sub, *utf8_arrays(sub)))
+
+    def _load_char_args(self) -> None:
+        """The compiled analyzer's character tables (flags, fold_n, fold_cp, ASCII fold, lowercase),
+        looked up once."""
+        if self._char_args is None:
+            from index.analyzer import _IDEO
+            from index.analyzer_kernels import _ascii_fold, char_tables
+            lowercase = bool(self.analyzer.config.lowercase)
+            self._char_args = (*char_tables(_IDEO), _ascii_fold(_IDEO, lowercase), lowercase)
+
+    def _reset_table(self) -> None:
+        """A new, empty token table when there is none or it is full (caller holds the write lock)."""
+        if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
+            from index.analyzer_kernels import TokenTable
+            self._table = TokenTable()
+            self._slot = np.full(len(self.idf), -1, dtype=np.int64)
 
     def _query_terms_scan(self, texts: list[str], data: np.ndarray,
                           offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -398,6 +411,62 @@ class BM25Leg:
             shards = self._scoring(p.k1, p.b)
         return self._search_shards(batch, shards, depth, n_threads, allow, algorithm)
 
+    def search_texts(self, queries: Sequence[str], depth: int, n_threads: int,
+                     allow: list[np.ndarray | None] | None = None, algorithm: str = "auto",
+                     k1: float | None = None, b: float | None = None):
+        """:meth:`query_terms` then :meth:`search` in one compiled pass where that applies: an index
+        of one shard scored exhaustively (``algorithm`` ``"exhaustive"``, or ``"auto"`` on at most
+        ``_kernels.BM25_AUTO_EXHAUSTIVE_DOCS`` documents), the index's ``k1``/``b``, a batch of at
+        least :attr:`VECTORISE_MIN` queries and a token table that already holds tokens.
+        ``_kernels.bm25_topk_text`` analyses and scores each query on the same thread (the analysis
+        runs in parallel with ``n_threads`` > 1 instead of in a pass of its own); queries holding a
+        token the table lacks go through :meth:`query_terms` and :meth:`search` afterwards.
+        Identical results to the two calls.
+
+        Returns:
+            what :meth:`search` returns, or ``None`` where this path does not apply (the caller
+            then calls :meth:`query_terms` and :meth:`search`).
+
+        Raises:
+            QueryError: as :meth:`search`.
+        """
+        shards = self.kernel_shards
+        if (len(queries) < self.VECTORISE_MIN or k1 is not None or b is not None or len(shards) != 1
+                or algorithm not in ("auto", "exhaustive")):
+            return None
+        ks = shards[0]
+        if algorithm == "auto" and len(ks["doc_norm"]) > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
+            return None
+        if ks["n_terms"] < len(self.idf) or self._char_args is None:
+            return None
+        from index.analyzer_kernels import utf8_arrays
+
+        texts = queries if isinstance(queries, list) else list(queries)
+        try:
+            data, offsets = utf8_arrays(texts)
+        except UnicodeError:  # lone surrogates
+            return None
+        keep = None if allow is None else allow[0]
+        with self._table_lock.read():
+            table = self._table
+            if table is None or not 0 < table.n < self.TOKEN_TABLE_MAX:
+                return None
+            ids, scores, n_found, status = _kernels.bm25_topk_text(
+                data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
+                self.idf, ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], depth, n_threads=n_threads,
+                allow=keep, impacts=ks["impacts"], **ks["rows"])
+        if status.any():  # tokens the table lacks: analysed (and added) in Python, then scored
+            todo = np.flatnonzero(status)
+            batch = self.query_terms([texts[i] for i in todo.tolist()], n_threads)
+            sub_ids, sub_scores, sub_found = self._search_shards(batch, shards, depth, n_threads,
+                                                                 None if allow is None else [keep], "exhaustive")[0]
+            if ks["base"]:
+                sub_ids = np.where(sub_ids >= 0, sub_ids - ks["base"], -1)
+            ids[todo], scores[todo], n_found[todo] = sub_ids, sub_scores, sub_found
+        if ks["base"]:
+            ids = np.where(ids >= 0, ids + ks["base"], -1)
+        return [(ids, scores, n_found)]
+
     def _search_shards(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], shards: list[dict], depth: int,
                        n_threads: int, allow: list[np.ndarray | None] | None, algorithm: str):
         """The kernel over every shard for an analysed batch; one (ids, scores, n_found) per shard."""
@@ -470,6 +539,43 @@ class BM25Leg:
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 block_size=128, n_threads=n_threads)
         return arr
+
+
+class _ReadWriteLock:
+    """Many readers or one writer (the query token table: searches read it side by side, adding
+    tokens writes it)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                if self._readers == 0:
+                    self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
 
 
 def _splice(fast: tuple[np.ndarray, np.ndarray, np.ndarray], todo: np.ndarray,
