@@ -70,7 +70,10 @@ class BatchResult:
         fusion: the fusion configuration used (``None`` for a single leg).
         timings_ms: wall time per stage in milliseconds (``encode``, ``search``, ``fuse``; ``encode``
             and ``search`` are summed over the legs, also when they ran side by side) and, for
-            several legs, ``leg:<name>`` (that leg's encode + search wall time).
+            several legs, ``leg:<name>`` (that leg's encode + search wall time). BM25 query
+            analysis counts as ``search`` where it runs in one compiled pass with the scoring
+            (``BM25Leg.search_texts``: a batch of 16 or more queries on a one-shard index scored
+            exhaustively).
     """
 
     ids: np.ndarray
