@@ -16,8 +16,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -455,8 +457,8 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     const carray<uint32_t>& tfs, const carray<float>& doc_norm, int64_t k, int n_threads,
     const opt_carray<uint8_t>& allow, const opt_carray<float>& impacts, const opt_carray<float>& impact_rows,
     const opt_carray<int32_t>& impact_row_slot) {
-    const size_t n_off = len1d(text_offsets, "offsets");
-    if (n_off == 0) fail("offsets must have length n_texts + 1 >= 1, got length 0");
+    const size_t n_off = len1d(text_offsets, "text_offsets");
+    if (n_off == 0) fail("text_offsets must have length n_texts + 1 >= 1, got length 0");
     const size_t nq = n_off - 1;
     const auto [table, chars] = make_text_views(slots, entry_off, blob, value, n_entries, flags, fold_n, fold_cp,
                                                 ascii_fold, lowercase);
@@ -469,9 +471,20 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     topk_arrays res(nq, static_cast<size_t>(k));
     carray<uint8_t> status(std::vector<py::ssize_t>{static_cast<py::ssize_t>(nq)});
     uint8_t* sp = status.mutable_data();
-    // each query's terms, as bm25_topk checks a batch
-    const std::function<void(const query_batch_view&)> check = [&postings](const query_batch_view& q) {
-        check_query_batch(q, postings.csr.n_terms);
+    // each query's terms, as bm25_topk checks a batch, in terms of this call's arguments
+    const float* idf_p = idf.data();
+    const std::function<void(const query_batch_view&)> check = [&postings, idf_p](const query_batch_view& q) {
+        for (size_t i = 0; i < q.m; ++i) {
+            const uint32_t t = q.q_terms[i];
+            if (t >= postings.csr.n_terms) {
+                fail("token table value " + std::to_string(t) + " (a query token's term id) >= n_terms = " +
+                     std::to_string(postings.csr.n_terms) + " of the postings (len(offsets) - 1)");
+            }
+            if (!std::isfinite(q.q_weights[i])) {
+                fail("idf[" + std::to_string(t) + "] = " + std::to_string(idf_p[t]) + " gives query weight " +
+                     std::to_string(q.q_weights[i]) + ", not finite");
+            }
+        }
         check_query_term_ranges(postings.csr, q);
         check_impact_row_slots(postings, q);
     };
@@ -779,18 +792,19 @@ PYBIND11_MODULE(_kernels, m) {
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
 
     m.def("bm25_topk_text", &py_bm25_topk_text, py::arg("data").noconvert(),
-          py::arg("offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),
+          py::arg("text_offsets").noconvert(), py::arg("slots").noconvert(), py::arg("entry_off").noconvert(),
           py::arg("blob").noconvert(), py::arg("value").noconvert(), py::arg("n_entries"),
           py::arg("flags").noconvert(), py::arg("fold_n").noconvert(), py::arg("fold_cp").noconvert(),
           py::arg("ascii_fold").noconvert(), py::arg("lowercase"), py::arg("idf").noconvert(),
-          py::arg("postings_offsets").noconvert(), py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),
+          py::arg("offsets").noconvert(), py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(),
           py::arg("doc_norm").noconvert(), py::arg("k"), py::arg("n_threads") = 0,
           py::arg("allow").noconvert() = py::none(), py::arg("impacts").noconvert() = py::none(),
           py::arg("impact_rows").noconvert() = py::none(), py::arg("impact_row_slot").noconvert() = py::none(),
           "bm25_query_terms followed by bm25_topk(algorithm='exhaustive') in one parallel pass: each\n"
           "thread analyses a query and scores it at once (its terms still in cache), GIL released.\n"
-          "Text and table arguments as bm25_query_terms; postings_offsets, doc_ids, tfs, doc_norm,\n"
-          "k, allow, impacts, impact_rows, impact_row_slot as bm25_topk. Returns (ids i64[n, k],\n"
+          "data, text_offsets (bm25_query_terms' offsets) and the table arguments as bm25_query_terms;\n"
+          "offsets, doc_ids, tfs, doc_norm, k, allow, impacts, impact_rows, impact_row_slot as\n"
+          "bm25_topk. Returns (ids i64[n, k],\n"
           "scores f32[n, k], n_found i32[n], status u8[n]): equal to the two calls' results;\n"
           "status 1 marks a query left to the caller (as bm25_query_terms), whose row is empty.");
 

@@ -1037,8 +1037,8 @@ class bm25_worker {
             if (kHaveAvx2) {
                 alignas(32) float cand[kCountMax + 8];
                 size_t c = 0;
-                for (size_t i = 0; i < n; ++i) {  // branch-free compaction (wraps past kCountMax)
-                    cand[c % kCountMax] = v[i];
+                for (size_t i = 0; i < n; ++i) {  // branch-free compaction; cand[kCountMax] takes
+                    cand[std::min(c, kCountMax)] = v[i];  // what does not fit (c > kCountMax: not used)
                     c += (v[i] >= lb);
                 }
                 if (c <= kCountMax) return kth_largest_count_avx2(cand, c, k);
@@ -2505,7 +2505,11 @@ void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_of
                     const token_table_view& table, const char_tables_view& chars, const float* idf, size_t n_idf,
                     const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
                     uint8_t* status, const std::function<void(const query_batch_view&)>& check) {
-    check_query_texts(text_len, text_offsets, nq, table);
+    try {
+        check_query_texts(text_len, text_offsets, nq, table);
+    } catch (const std::invalid_argument& e) {
+        fail(std::string("text ") + e.what());  // "text offsets[...]" (the postings have theirs)
+    }
     // One per thread: analyses a query into its own buffers, checks them and
     // scores them at once (the query's terms are still in cache).
     struct fused_worker {

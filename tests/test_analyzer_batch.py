@@ -338,15 +338,19 @@ def test_topk_text_kernel_checks():
     tab = (table.slots, table.off, table.blob, table.value, table.n, *tabs)
     ids, scores, n_found, status = _kernels.bm25_topk_text(data, off, *tab, idf, *post, 2)
     assert status.tolist() == [0] and n_found.tolist() == [2] and ids[0].tolist() == [0, 1]
-    with pytest.raises(ValueError, match="offsets"):
+    with pytest.raises(ValueError, match=r"^text offsets\[1\] = 99 is below offsets\[0\] or past the data"):
         _kernels.bm25_topk_text(data, np.array([0, 99], np.int64), *tab, idf, *post, 2)
     with pytest.raises(ValueError, match="k must be"):
         _kernels.bm25_topk_text(data, off, *tab, idf, *post, 0)
     short = (np.array([0, 1, 2], np.uint64), np.array([0, 1], np.uint32), np.ones(2, np.uint32), post[3])
-    with pytest.raises(ValueError, match="out of range: n_terms = 2"):
+    with pytest.raises(ValueError, match=r"token table value 2 \(a query token's term id\) >= n_terms = 2 of the postings"):
         _kernels.bm25_topk_text(data, off, *tab, idf, *short, 2)
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match=r"idf\[1\] = inf gives query weight inf, not finite"):
         _kernels.bm25_topk_text(data, off, *tab, np.array([1, np.inf, 1], np.float32), *post, 2)
+    with pytest.raises(ValueError, match=r"^offsets\[-1\] = 9 must equal len\(doc_ids\) = 3"):
+        _kernels.bm25_topk_text(data, off, *tab, idf, np.array([0, 1, 2, 9], np.uint64), *post[1:], 2)
+    with pytest.raises(ValueError, match=r"^offsets\[1:3\] = \[3, 1\] is not a range inside doc_ids"):
+        _kernels.bm25_topk_text(data, off, *tab, idf, np.array([0, 3, 1, 3], np.uint64), *post[1:], 2)
     with pytest.raises(ValueError, match="impact_rows and impact_row_slot go together"):
         _kernels.bm25_topk_text(data, off, *tab, idf, *post, 2, impact_rows=np.zeros(2, np.float32),
                                 impact_row_slot=np.full(3, -1, np.int32))

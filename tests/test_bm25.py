@@ -287,6 +287,81 @@ def test_search_texts_concurrent_with_new_tokens(bm25_index):
         np.testing.assert_array_equal(a.scores, b.scores)
 
 
+def test_token_table_lock_lets_a_waiting_writer_go_first():
+    """A reader arriving while a writer waits for the current readers queues behind the writer
+    (steady searches cannot keep a batch with new tokens out)."""
+    import threading
+    import time
+
+    from retriever.legs.bm25 import _ReadWriteLock
+
+    lock = _ReadWriteLock()
+    order: list[str] = []
+    release = threading.Event()
+    holding = threading.Event()
+
+    def first_reader() -> None:
+        with lock.read():
+            holding.set()
+            release.wait(10)
+
+    def writer() -> None:
+        with lock.write():
+            order.append("writer")
+
+    def late_reader() -> None:
+        with lock.read():
+            order.append("reader")
+
+    a = threading.Thread(target=first_reader)
+    a.start()
+    assert holding.wait(10)
+    w = threading.Thread(target=writer)
+    w.start()
+    for _ in range(1000):  # until the writer is waiting
+        if lock._writers_waiting:
+            break
+        time.sleep(0.005)
+    assert lock._writers_waiting == 1
+    r = threading.Thread(target=late_reader)
+    r.start()
+    time.sleep(0.05)
+    assert order == []  # neither may run while the first reader holds the lock
+    release.set()
+    for t in (a, w, r):
+        t.join(10)
+    assert order == ["writer", "reader"]
+    assert lock._readers == 0 and not lock._writing and lock._writers_waiting == 0
+
+
+def test_token_table_dropped_when_adding_tokens_fails(bm25_index):
+    """An error while new tokens are being added (here from the analyzer) leaves no token without
+    a term id behind: the table is dropped, and later searches equal a fresh Retriever's."""
+    r = Retriever.open(bm25_index)
+    leg = r.engine.legs["bm25"]
+    words = (" ".join(QUERIES)).split()
+    known = [" ".join(words[i:i + 3]) for i in range(20)]
+    r.search_arrays(known, k=5, mode="bm25")
+    fresh = [f"{w} brandnew{i}" for i, w in enumerate(words[:20])]
+    orig = leg.analyzer.terms
+
+    def broken(tokens):
+        raise RuntimeError("analyzer failed")
+
+    leg.analyzer.terms = broken
+    try:
+        with pytest.raises(RuntimeError, match="analyzer failed"):
+            r.search_arrays(fresh, k=5, mode="bm25")
+    finally:
+        leg.analyzer.terms = orig
+    assert leg._table is None
+    got = r.search_arrays(fresh + known, k=5, mode="bm25")
+    want = Retriever.open(bm25_index).search_arrays(fresh + known, k=5, mode="bm25")
+    np.testing.assert_array_equal(got.ids, want.ids)
+    np.testing.assert_array_equal(got.scores, want.scores)
+    assert (got.n_found[:len(fresh)] > 0).sum() >= 10  # most fresh queries hold a known word
+
+
 def test_query_term_weights_against_counter():
     """index.analyzer_kernels.query_term_weights against collections.Counter, and its input checks."""
     from index.analyzer_kernels import query_term_weights

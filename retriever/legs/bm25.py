@@ -303,6 +303,17 @@ class BM25Leg:
         Python and its tokens looked up in the same table. The texts must encode as UTF-8 (the
         caller has checked).
         """
+        try:
+            return self._scan_into_table(texts, data, offsets)
+        except BaseException:
+            # entries added before the failure have no term ids yet: drop the table (a cache;
+            # the next batch starts a new one) rather than leave them for later searches
+            self._table = None
+            raise
+
+    def _scan_into_table(self, texts: list[str], data: np.ndarray,
+                         offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The body of :meth:`_query_terms_scan` (caller holds the table's write lock)."""
         from index.analyzer import _IDEO
         from index.analyzer_kernels import query_term_weights, scan_tokens, utf8_arrays
 
@@ -543,17 +554,19 @@ class BM25Leg:
 
 class _ReadWriteLock:
     """Many readers or one writer (the query token table: searches read it side by side, adding
-    tokens writes it)."""
+    tokens writes it). Writers go first: a reader waits while a writer waits, so steady searches
+    cannot keep a batch with new tokens out."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition(threading.Lock())
         self._readers = 0
         self._writing = False
+        self._writers_waiting = 0
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writing:
+            while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         try:
@@ -567,8 +580,12 @@ class _ReadWriteLock:
     @contextmanager
     def write(self) -> Iterator[None]:
         with self._cond:
-            while self._writing or self._readers:
-                self._cond.wait()
+            self._writers_waiting += 1
+            try:
+                while self._writing or self._readers:
+                    self._cond.wait()
+            finally:
+                self._writers_waiting -= 1
             self._writing = True
         try:
             yield
