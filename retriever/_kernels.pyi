@@ -225,6 +225,47 @@ def bm25_query_terms(
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def bm25_topk_text(
+    data: _U8,
+    text_offsets: _I64,
+    slots: _I64,
+    entry_off: _I64,
+    blob: _U8,
+    value: _I64,
+    n_entries: int,
+    flags: _U8,
+    fold_n: _U8,
+    fold_cp: _U32,
+    ascii_fold: _U8,
+    lowercase: bool,
+    idf: _F32,
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    k: int,
+    n_threads: int = 0,
+    allow: _U8 | None = None,
+    impacts: _F32 | None = None,
+    impact_rows: _F32 | None = None,
+    impact_row_slot: _I32 | None = None,
+) -> tuple[_I64, _F32, _I32, _U8]:
+    """:func:`bm25_query_terms` followed by :func:`bm25_topk` with ``algorithm="exhaustive"``,
+    in one parallel pass (GIL released): each thread analyses a query (``data`` /
+    ``text_offsets`` and the table arguments as :func:`bm25_query_terms`' ``data`` /
+    ``offsets`` ...) and scores it at once against one shard's postings (``offsets`` ...
+    ``impact_row_slot`` as :func:`bm25_topk`).
+
+    Returns ``(ids int64 (n, k), scores float32 (n, k), n_found int32 (n,), status uint8
+    (n,))``, equal to the two calls' results; ``status[i] == 1`` marks a query holding a
+    token the table lacks or a code point above U+FFFF (its row is empty: analyse and score it
+    the two-call way).
+
+    Raises:
+        ValueError: the checks of both calls; messages name ``text offsets``, the postings'
+            ``offsets``, ``idf[t]`` (a non-finite query weight) or the token table value.
+    """
+
 def bm25_topk(
     offsets: _U64,
     doc_ids: _U32,
