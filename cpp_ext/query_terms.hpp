@@ -41,16 +41,6 @@ struct char_tables_view {
     bool lowercase = true;
 };
 
-/// Analyses texts[i] = data[offsets[i] : offsets[i+1]] (valid UTF-8) for
-/// i < n. Query i's distinct known terms (first-occurrence order) land in
-/// q_terms / q_weights[q_offsets[i] : q_offsets[i+1]], weight =
-/// float32(double(occurrences) * double(idf[t])); status[i] = 0, or 1 when
-/// the query needs the caller (a token not in the table, or a code point
-/// above U+FFFF; it then has no terms here). Outputs: q_offsets (n + 1),
-/// status (n); q_terms / q_weights are returned through the vectors (their
-/// length is q_offsets[n]). Throws std::invalid_argument on offsets outside
-/// data or decreasing, a malformed table (an entry or offset out of range) or
-/// a term id >= n_terms.
 /// The argument checks of bm25_query_terms (offsets within data and
 /// non-decreasing, a well-formed table); throws std::invalid_argument.
 void check_query_texts(size_t data_len, const int64_t* offsets, size_t n, const token_table_view& table);
@@ -78,6 +68,16 @@ class query_analyzer {
     std::unique_ptr<impl> m_impl;
 };
 
+/// Analyses texts[i] = data[offsets[i] : offsets[i+1]] (valid UTF-8) for
+/// i < n. Query i's distinct known terms (first-occurrence order) land in
+/// q_terms / q_weights[q_offsets[i] : q_offsets[i+1]], weight =
+/// float32(double(occurrences) * double(idf[t])); status[i] = 0, or 1 when
+/// the query needs the caller (a token not in the table, or a code point
+/// above U+FFFF; it then has no terms here). Outputs: q_offsets (n + 1),
+/// status (n); q_terms / q_weights are returned through the vectors (their
+/// length is q_offsets[n]). Throws std::invalid_argument on offsets outside
+/// data or decreasing, a malformed table (an entry or offset out of range) or
+/// a term id >= n_terms.
 void bm25_query_terms(const uint8_t* data, size_t data_len, const int64_t* offsets, size_t n,
                       const token_table_view& table, const char_tables_view& chars, const float* idf,
                       size_t n_terms, int n_threads, uint64_t* q_offsets, uint8_t* status,

@@ -200,23 +200,20 @@ class Engine:
             leg = self.legs[name]
             params = (leg_params or {}).get(name, {})
             t0 = time.perf_counter()
-            parts = None
+            parts = inp = None
             if prepared and name in prepared:
                 inp = prepared[name]  # covers all nq queries, blank text or not
-            elif live and hasattr(leg, "search_texts"):
+            elif live:
                 # analysis and scoring in one compiled pass where the leg has one (its time then
                 # counts as search time); None where it does not apply
-                parts = leg.search_texts(live, leg_depth, threads, **params)
-                inp = None if parts is not None else leg.prepare(live, threads)
-            else:
-                inp = leg.prepare(live, threads) if live else None
-            t1 = time.perf_counter() if parts is None else t0
-            if parts is not None or inp is not None:
+                search_texts = getattr(leg, "search_texts", None)
+                parts = search_texts(live, leg_depth, threads, **params) if search_texts else None
                 if parts is None:
-                    parts = leg.search(inp, leg_depth, threads, **params)
-                merged = merge_topk(parts, leg_depth)
-            else:
-                merged = _empty(len(live), leg_depth)
+                    inp = leg.prepare(live, threads)
+            t1 = time.perf_counter() if parts is None else t0
+            if parts is None and inp is not None:
+                parts = leg.search(inp, leg_depth, threads, **params)
+            merged = _empty(len(live), leg_depth) if parts is None else merge_topk(parts, leg_depth)
             t2 = time.perf_counter()
             if prepared and name in prepared:
                 per_leg[name] = merged

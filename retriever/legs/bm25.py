@@ -466,16 +466,13 @@ class BM25Leg:
                 data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
                 self.idf, ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], depth, n_threads=n_threads,
                 allow=keep, impacts=ks["impacts"], **ks["rows"])
+        if ks["base"]:  # shard ordinals to global ones (as _search_shards returns them)
+            ids = np.where(ids >= 0, ids + ks["base"], -1)
         if status.any():  # tokens the table lacks: analysed (and added) in Python, then scored
             todo = np.flatnonzero(status)
             batch = self.query_terms([texts[i] for i in todo.tolist()], n_threads)
-            sub_ids, sub_scores, sub_found = self._search_shards(batch, shards, depth, n_threads,
-                                                                 None if allow is None else [keep], "exhaustive")[0]
-            if ks["base"]:
-                sub_ids = np.where(sub_ids >= 0, sub_ids - ks["base"], -1)
-            ids[todo], scores[todo], n_found[todo] = sub_ids, sub_scores, sub_found
-        if ks["base"]:
-            ids = np.where(ids >= 0, ids + ks["base"], -1)
+            ids[todo], scores[todo], n_found[todo] = self._search_shards(batch, shards, depth, n_threads, allow,
+                                                                         "exhaustive")[0]
         return [(ids, scores, n_found)]
 
     def _search_shards(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], shards: list[dict], depth: int,
