@@ -37,7 +37,12 @@ setup(
     version="0.1.0",
     description="Dense/sparse hybrid retrieval engine with a compiled C++ core",
     python_requires=">=3.10",
-    packages=find_packages(include=["retriever", "retriever.*", "index", "index.*"]),
+    # index/ (the build side) is installed as the subpackage retriever.index: the top-level
+    # layout keeps it beside retriever/, but a top-level import package named ``index`` would
+    # collide with any user module of that name.
+    packages=find_packages(include=["retriever", "retriever.*"])
+    + ["retriever.index"] + [f"retriever.index.{p}" for p in find_packages("index")],
+    package_dir={"retriever.index": "index"},
     package_data={"retriever": ["py.typed", "*.pyi"]},
     ext_modules=ext_modules,
     cmdclass={"build_ext": build_ext},

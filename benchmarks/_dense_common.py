@@ -31,7 +31,7 @@ def scifact_index(path: Path | None = None) -> Path:
 
 def load_model_vectors(index_dir: Path) -> tuple[list[str], np.ndarray, dict]:
     """(ids, float32 (n, d) model-space vectors, manifest) of an index (rotation undone if any)."""
-    from index.matryoshka import load_rotation
+    from retriever.index.matryoshka import load_rotation
     from retriever.legs.dense import load_vectors
     from retriever.shards import IndexReader
 
@@ -46,8 +46,8 @@ def load_model_vectors(index_dir: Path) -> tuple[list[str], np.ndarray, dict]:
 
 def scifact_queries(manifest: dict, split: str = "test") -> tuple[list[str], np.ndarray, dict]:
     """(qids, float32 (nq, d) encoded queries, qrels) of SciFact's judged queries."""
-    from index.encoders.dense import DenseEncoder
-    from index.readers import read_qrels, read_queries
+    from retriever.index.encoders.dense import DenseEncoder
+    from retriever.index.readers import read_qrels, read_queries
 
     qfile, rfile = ("queries.jsonl", "qrels.tsv") if split == "test" else ("queries_train.jsonl", "qrels_train.tsv")
     queries = read_queries(DATA / "scifact" / qfile)

@@ -167,7 +167,7 @@ def bench_bm25s(col: TextCollection, repeats: int, keep: dict | None = None) -> 
     import bm25s
     import Stemmer
 
-    from index.analyzer import LUCENE_ENGLISH_STOP_WORDS
+    from retriever.index.analyzer import LUCENE_ENGLISH_STOP_WORDS
 
     stem = Stemmer.Stemmer("porter")
     stop = sorted(LUCENE_ENGLISH_STOP_WORDS)
@@ -201,7 +201,7 @@ def bench_bm25s(col: TextCollection, repeats: int, keep: dict | None = None) -> 
 def bench_rank_bm25(col: TextCollection, n_sample: int) -> dict:
     from rank_bm25 import BM25Okapi
 
-    from index.analyzer import Analyzer
+    from retriever.index.analyzer import Analyzer
 
     an = Analyzer()
     t0 = time.perf_counter()

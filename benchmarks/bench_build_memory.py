@@ -96,7 +96,7 @@ def main() -> int:
 
     import psutil
 
-    from index.pipeline import build_index
+    from retriever.index.pipeline import build_index
 
     out = Path(args.out)
     if out.exists():

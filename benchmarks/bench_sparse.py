@@ -37,7 +37,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")  # pyseismic / bmp (Rust, rayon)
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from index.sparse_index import build_sparse_index, impact_scale  # noqa: E402
+from retriever.index.sparse_index import build_sparse_index, impact_scale  # noqa: E402
 from retriever import _kernels  # noqa: E402
 from retriever.legs.sparse import _BLOCK_ARGS  # noqa: E402
 

@@ -1,7 +1,7 @@
 """Build the three-leg (BM25 + dense + learned-sparse) SciFact index without re-encoding.
 
 The SPLADE document vectors come from :mod:`benchmarks.scifact_splade_cache` (bundled model,
-default :class:`index.config.SparseConfig`); the dense vectors are copied from an existing SciFact
+default :class:`retriever.index.config.SparseConfig`); the dense vectors are copied from an existing SciFact
 index built with ``retriever index build`` and the default dense model (``--dense-from``). The
 result is the index ``retriever index build --legs bm25,dense,sparse`` would write (same vectors,
 same BM25 postings), built in seconds instead of minutes:
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cache", default=str(CACHE))
     args = ap.parse_args(argv)
-    from index.pipeline import build_index
+    from retriever.index.pipeline import build_index
     from retriever.legs.dense import load_vectors
     from retriever.shards import IndexReader
 

@@ -60,7 +60,7 @@ class TextCollection:
 
 def beir(name: str) -> TextCollection:
     """A BEIR collection from ``$RETRIEVER_DATA/<name>``."""
-    from index.readers import read_corpus, read_qrels, read_queries
+    from retriever.index.readers import read_corpus, read_qrels, read_queries
 
     folder = DATA / name
     queries = read_queries(folder / "queries.jsonl")

@@ -39,7 +39,7 @@ def main() -> int:
     if faiss.get_num_gpus() == 0:
         print(json.dumps({"gpu": False, "message": "no GPU: faiss.get_num_gpus() == 0; nothing to check"}))
         return 0
-    from index.matryoshka import build_vector_index
+    from retriever.index.matryoshka import build_vector_index
     from retriever import Retriever
 
     x, qv = synthetic(args.n, args.queries, seed=1)
@@ -68,7 +68,7 @@ def main() -> int:
             ok &= row["parity"]
             out["checks"].append(row)
     try:
-        from index.encoders.dense import DenseEncoder
+        from retriever.index.encoders.dense import DenseEncoder
 
         texts = [f"sample sentence number {i} about retrieval and matryoshka embeddings" for i in range(args.texts)]
         for dev in ("cpu", "cuda"):

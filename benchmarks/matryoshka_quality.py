@@ -6,7 +6,7 @@ Usage (from the repository root)::
 
 ``--index``: an existing dense SciFact index (default: built once under
 $RETRIEVER_BENCH_CACHE=/tmp/retriever-bench). Its vectors are reused (no re-encoding); two
-float16 indexes are written from them with ``index.matryoshka.build_vector_index``: one with the
+float16 indexes are written from them with ``retriever.index.matryoshka.build_vector_index``: one with the
 PCA rotation and one without (prefixes of the raw MiniLM vectors). Each is searched through the
 library (``Retriever.search_arrays`` with ``leg_params={"dense": {"dim": m, ...}}``) and scored
 with ``retriever.evaluation.evaluate`` (trec_eval conventions). Columns:
@@ -37,7 +37,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args()
 
-    from index.matryoshka import build_vector_index
+    from retriever.index.matryoshka import build_vector_index
     from retriever import Retriever
     from retriever.evaluation import evaluate, make_run
 

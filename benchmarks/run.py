@@ -130,8 +130,8 @@ def hybrid_index(n_docs: int, tmp: Path, *, n_queries: int = 1000, sparse: bool 
     import faiss
 
     from benchmarks.datasets import synthetic_hybrid
-    from index.config import BuildConfig, DenseConfig
-    from index.format import FORMAT_VERSION
+    from retriever.index.config import BuildConfig, DenseConfig
+    from retriever.index.format import FORMAT_VERSION
     from retriever import build_index
 
     if n_docs < 1:
@@ -351,7 +351,7 @@ def _lat(samples_s: list[float]) -> dict[str, float]:
 
 def section_encode(quick: bool) -> dict[str, Any]:
     """Query encoding time per bundled model, alone (batch 1 latency and batch-32 throughput)."""
-    from index.encoders.dense import DenseEncoder
+    from retriever.index.encoders.dense import DenseEncoder
 
     _, queries = _scifact_texts(0)
     queries = queries[:20 if quick else 200]
@@ -369,7 +369,7 @@ def section_encode(quick: bool) -> dict[str, Any]:
     out["models"]["dense:all-MiniLM-L6-v2"] = {"batch1_latency_ms": _lat(times),
                                                "batch32_queries_per_s": len(queries) / batch_s}
     try:
-        from index.encoders.sparse import SparseEncoder  # the learned-sparse leg (other branch)
+        from retriever.index.encoders.sparse import SparseEncoder  # the learned-sparse leg (other branch)
     except ImportError as e:
         out["models"]["sparse:splade-bert-tiny"] = {"status": f"not available ({e})"}
     else:
@@ -396,9 +396,9 @@ def _nonmodel(col_docs, n_docs: int, tmp: Path, name: str, repeats: int = 3) -> 
     import shutil
     import statistics
 
-    from index.analyzer import Analyzer
-    from index.bm25_build import PostingsBuilder
-    from index.readers import read_corpus
+    from retriever.index.analyzer import Analyzer
+    from retriever.index.bm25_build import PostingsBuilder
+    from retriever.index.readers import read_corpus
     from retriever import build_index
 
     docs = list(col_docs())  # materialised so corpus generation is not timed
@@ -439,7 +439,7 @@ def _nonmodel(col_docs, n_docs: int, tmp: Path, name: str, repeats: int = 3) -> 
         import bm25s
         import Stemmer
 
-        from index.analyzer import LUCENE_ENGLISH_STOP_WORDS
+        from retriever.index.analyzer import LUCENE_ENGLISH_STOP_WORDS
     except ImportError as e:
         res["bm25s"] = {"status": f"not available ({e})"}
         return res
@@ -543,14 +543,14 @@ def _encoder_indexing(kind: str, n: int, tmp: Path, repeats: int = 3) -> dict[st
     model loading measured inside the same call."""
     import statistics
 
-    from index.config import DenseConfig, SparseConfig
+    from retriever.index.config import DenseConfig, SparseConfig
 
     docs, _ = _scifact_texts(n)
     texts = [f"{d['title']} {d['text']}" if d.get("title") else d["text"] for d in docs]
     if kind == "dense":
         from transformers import AutoModel, AutoTokenizer
 
-        from index.encoders.dense import DenseEncoder, default_dense_model
+        from retriever.index.encoders.dense import DenseEncoder, default_dense_model
 
         cfg = DenseConfig()
         path = default_dense_model()
@@ -560,7 +560,7 @@ def _encoder_indexing(kind: str, n: int, tmp: Path, repeats: int = 3) -> dict[st
         raw = lambda: _raw_dense(tokenizer, model, texts, bs, max_len)  # noqa: E731
         enc = DenseEncoder(None, max_length=max_len, batch_size=bs)
     else:
-        from index.encoders.sparse import SparseEncoder, default_sparse_model
+        from retriever.index.encoders.sparse import SparseEncoder, default_sparse_model
 
         cfg = SparseConfig()
         path = default_sparse_model()

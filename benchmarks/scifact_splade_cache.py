@@ -1,8 +1,8 @@
 """Encode SciFact once with the bundled SPLADE model and cache the vectors (resumable, in chunks).
 
-Documents are read with :func:`index.readers.read_corpus` and encoded as the index build does
-(``"title text"``, :class:`index.encoders.sparse.SparseEncoder` with the default
-:class:`index.config.SparseConfig` lengths); test queries (those in ``qrels.tsv``) are encoded with
+Documents are read with :func:`retriever.index.readers.read_corpus` and encoded as the index build does
+(``"title text"``, :class:`retriever.index.encoders.sparse.SparseEncoder` with the default
+:class:`retriever.index.config.SparseConfig` lengths); test queries (those in ``qrels.tsv``) are encoded with
 ``encode_queries``. Each call encodes for at most ``--budget-s`` seconds, saving every finished
 chunk, so a long encoding can be split over several short jobs:
 
@@ -66,9 +66,9 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from index.config import SparseConfig
-    from index.encoders.sparse import SparseEncoder
-    from index.readers import read_corpus
+    from retriever.index.config import SparseConfig
+    from retriever.index.encoders.sparse import SparseEncoder
+    from retriever.index.readers import read_corpus
 
     cache = Path(args.cache)
     parts_dir = cache / "scifact_splade_parts"

@@ -136,7 +136,7 @@ class Analyzer:
 
         ``[batch.tokens[i] for i in batch.token_ids[batch.offsets[j]:batch.offsets[j + 1]]]``
         equals ``self.tokenize(texts[j])`` exactly. Large batches go through the compiled scanner of
-        :mod:`index.analyzer_kernels` (same definition, tables built from Python's ``re`` and
+        :mod:`retriever.index.analyzer_kernels` (same definition, tables built from Python's ``re`` and
         ``str.casefold``); texts it does not handle (code points above U+FFFF, lone surrogates) and
         small batches are tokenised here in Python.
 

@@ -1,6 +1,6 @@
 """Build-time array kernels (numba) of the BM25 analyzer and postings builder.
 
-The analyzer's Python definition (:mod:`index.analyzer`: ``str.casefold``, the possessive regex,
+The analyzer's Python definition (:mod:`retriever.index.analyzer`: ``str.casefold``, the possessive regex,
 the token regex) is the reference; these kernels compute the same token streams over a whole
 batch of UTF-8 encoded texts without creating a Python object per token:
 
@@ -10,7 +10,7 @@ batch of UTF-8 encoded texts without creating a Python object per token:
    before it and the caller analyses that text in Python.
 2. *possessive strip*: ``(?<=\\w)['’][sS]\\b`` removed, left to right, lookbehind on the unstripped
    text (as ``re.sub`` does).
-3. *tokenise*: the token regex of :mod:`index.analyzer` written as a scanner: an ideograph /
+3. *tokenise*: the token regex of :mod:`retriever.index.analyzer` written as a scanner: an ideograph /
    Hiragana character alone, or a maximal chain of non-ideographic word-character runs joined by
    ``.``, ``'``, ``’`` (followed by a word character) or ``,`` between two digits.
    ``\\w`` / ``\\d`` membership comes from a table built by running Python's own ``re`` over every
@@ -47,7 +47,7 @@ def char_tables(ideo_class: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     Args:
         ideo_class: the body of the regex character class of single-character tokens
-            (``index.analyzer._IDEO``).
+            (``retriever.index.analyzer._IDEO``).
 
     Returns:
         ``flags`` u8[65536] (bit 1: ``\\w``, bit 2: ``\\d``, bit 4: in ``ideo_class``),
@@ -479,7 +479,7 @@ def scan_tokens(data: np.ndarray, offsets: np.ndarray, table: TokenTable, *, low
         offsets: i64[n+1] byte offsets; text i is ``data[offsets[i]:offsets[i+1]]``.
         table: token table; grows in place (its arrays may be replaced).
         lowercase: apply ``str.casefold``.
-        ideo_class: regex class body of single-character tokens (``index.analyzer._IDEO``).
+        ideo_class: regex class body of single-character tokens (``retriever.index.analyzer._IDEO``).
         verbatim: each text is one token as it is (no folding or splitting).
         stop_on_astral: stop before the first text with a code point above U+FFFF (otherwise
             such a text is skipped and its count is -1).

@@ -22,7 +22,7 @@ from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens,
 class PostingsBuilder:
     """Accumulates analysed documents of the current shard and emits its CSR postings.
 
-    Two hash tables of :mod:`index.analyzer_kernels` hold the state: ``_tokens`` maps every token
+    Two hash tables of :mod:`retriever.index.analyzer_kernels` hold the state: ``_tokens`` maps every token
     seen so far to an entry whose value is its term id (-1: not indexed: a stop word, entered
     up front, or an over-long token), and ``_terms`` maps every term to its term id (its entry
     number: terms are entered in order of first occurrence).
@@ -115,7 +115,7 @@ class PostingsBuilder:
     def add(self, texts: Sequence[str]) -> None:
         """Analyse and add a batch of documents (in shard order).
 
-        Tokens are scanned and looked up in the token table by :func:`index.analyzer_kernels.scan_tokens`
+        Tokens are scanned and looked up in the token table by :func:`retriever.index.analyzer_kernels.scan_tokens`
         (the same token streams as :meth:`Analyzer.tokenize`); tokens never seen before are
         resolved to terms (stop words, length limit, stemming) in first-occurrence order, so term
         ids are those of analysing the documents one by one. A text the scanner does not handle

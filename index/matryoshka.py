@@ -258,14 +258,14 @@ def build_vector_index(ids: Sequence[str], vectors: np.ndarray, out: str | Path,
                        model_info: dict[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
     """Write a dense-only index from precomputed embeddings (benchmarks, cached vectors).
 
-    The result is an ordinary index directory (same format as :func:`index.pipeline.build_index`
+    The result is an ordinary index directory (same format as :func:`retriever.index.pipeline.build_index`
     with ``legs=("dense",)``); titles and texts are empty.
 
     Args:
         ids: n document ids (unique strings).
         vectors: (n, d) float32 model-space vectors (typically unit-norm).
         out: index directory to create (atomically).
-        dims, mrl_trained, dtype, rotation_sample: as in :class:`index.config.DenseConfig`.
+        dims, mrl_trained, dtype, rotation_sample: as in :class:`retriever.index.config.DenseConfig`.
         shard_size: rows per shard.
         faiss_factory: build-time FAISS factory string for the full-dimension index.
         model_info: manifest ``models.dense`` entry (``path`` lets the leg encode text queries).

@@ -3,7 +3,7 @@
 Files (per shard ``shards/NNNNN/``):
   ``sparse.arrow``        the model's float32 vectors: ``indptr`` u64[n+1], ``terms`` u32[nnz]
                           (ascending per document), ``weights`` f32[nnz] (written at shard flush);
-  ``sparse_index.arrow``  query-time arrays (see :func:`index.sparse_index.build_sparse_index`):
+  ``sparse_index.arrow``  query-time arrays (see :func:`retriever.index.sparse_index.build_sparse_index`):
                           forward index (u16 values), postings (u16 impacts), Seismic blocks,
                           summaries inverted per term and the packed forward copy
                           (``retriever.legs.sparse.SPARSE_INDEX_ARRAYS`` lists the arrays). Written once all shards are known, because the impact scale
@@ -36,7 +36,7 @@ class SparseBuilder:
         device: encoder device.
         vectors: precomputed document vectors instead of running the model: a CSR triple
             ``(indptr (n+1,), term ids (nnz,), weights (nnz,))`` in corpus order, validated by
-            :func:`index.sparse_index.check_doc_vectors` (same policy as query vectors). They must
+            :func:`retriever.index.sparse_index.check_doc_vectors` (same policy as query vectors). They must
             come from ``config.sparse.model``: queries are still encoded with it.
 
     Raises:

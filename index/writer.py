@@ -89,7 +89,7 @@ def clean_stale_temps(out: Path) -> list[Path]:
     """Delete temporary directories (``.<name>.tmp-<pid>-<hex>`` / ``.<name>.old-<pid>-<hex>``)
     that builds of ``out`` left behind when they died (their pid is no longer running on this
     host). Temporaries of live builds, and names without a pid, are left alone. They are never
-    an index: :func:`index.format.read_manifest` refuses such a directory.
+    an index: :func:`retriever.index.format.read_manifest` refuses such a directory.
 
     Returns:
         the directories removed.

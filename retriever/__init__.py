@@ -5,10 +5,10 @@ Public API: :class:`Retriever`, :func:`build_index`, result types, fusion config
 dataclasses and error types.
 """
 
-from index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
-from index.errors import (ConfigError, CorpusError, IndexExistsError, IndexFormatError, ModelError,
+from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
+from retriever.index.errors import (ConfigError, CorpusError, IndexExistsError, IndexFormatError, ModelError,
                           QueryError, RetrieverError)
-from index.pipeline import build_index
+from retriever.index.pipeline import build_index
 
 from .api import Retriever
 from .fusion import RRF, Linear

@@ -202,10 +202,10 @@ def bm25_query_terms(
     (``ascii_fold`` u8[128] for ASCII texts, else ``fold_n`` u8[65536] / ``fold_cp``
     u32[196608] when ``lowercase``), the possessive ``'s`` is stripped, the text is
     tokenised with ``flags`` u8[65536] (bit 1 word, 2 digit, 4 single-character token)
-    and each token is looked up in the table of :class:`index.analyzer_kernels.TokenTable`
+    and each token is looked up in the table of :class:`retriever.index.analyzer_kernels.TokenTable`
     (``slots`` / ``entry_off`` / ``blob`` / ``value``, entries ``0 .. n_entries-1``;
     the same keys and probing as the numba scanner). Tables come from
-    :func:`index.analyzer_kernels.char_tables` and ``_ascii_fold``.
+    :func:`retriever.index.analyzer_kernels.char_tables` and ``_ascii_fold``.
 
     Returns ``(q_offsets uint64 (n+1,), q_terms uint32 (m,), q_weights float32 (m,),
     status uint8 (n,))``: query ``i``'s distinct terms (table values >= 0) in

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from index.config import LEGS
-from index.errors import ConfigError, QueryError
+from retriever.index.config import LEGS
+from retriever.index.errors import ConfigError, QueryError
 
 from .engine import Engine
 from .fusion import RRF, Linear, parse_fusion

@@ -204,7 +204,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         QueryError: no non-blank query, ``passes`` < 1, or query vectors that do not match the
             queries.
     """
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
 
     if isinstance(passes, bool) or not isinstance(passes, int) or passes < 1:
         raise QueryError(f"passes must be an integer >= 1, got {passes!r}")

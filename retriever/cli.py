@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from index.config import BuildConfig, DenseConfig, SparseConfig
-from index.errors import ConfigError, CorpusError, QueryError, RetrieverError
+from retriever.index.config import BuildConfig, DenseConfig, SparseConfig
+from retriever.index.errors import ConfigError, CorpusError, QueryError, RetrieverError
 
 
 def _legs(s: str) -> tuple[str, ...]:
@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _fusion(args: argparse.Namespace):
     from .fusion import RRF, Linear
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
 
     weights: dict[str, float] = {}
     if args.weights:
@@ -163,9 +163,9 @@ def _fusion(args: argparse.Namespace):
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    """``retriever index build``: :func:`index.pipeline.build_index` over a corpus file or BEIR folder; returns the exit status."""
-    from index.matryoshka import check_dims
-    from index.pipeline import build_index
+    """``retriever index build``: :func:`retriever.index.pipeline.build_index` over a corpus file or BEIR folder; returns the exit status."""
+    from retriever.index.matryoshka import check_dims
+    from retriever.index.pipeline import build_index
 
     cfg = BuildConfig(legs=args.legs, shard_size=args.shard_size, batch_size=args.batch_size, device=args.device,
                       dense=DenseConfig(model=args.dense_model, dtype=args.dense_dtype, precision=args.dense_precision, faiss_factory=args.faiss_factory,
@@ -230,7 +230,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``retriever eval``: search every query of a file and report trec_eval measures (pytrec_eval) against qrels; returns the exit status."""
-    from index.readers import read_qrels, read_queries
+    from retriever.index.readers import read_qrels, read_queries
 
     from .api import Retriever
     from .evaluation import evaluate, make_run, write_trec_run
@@ -281,7 +281,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``retriever bench``: QPS, latency percentiles (ms), recall against exact search, RSS and index size (see :mod:`retriever.bench`); returns the exit status."""
-    from index.readers import read_queries
+    from retriever.index.readers import read_queries
 
     from .api import Retriever
     from .bench import bench_index, format_report

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from index.errors import QueryError
+from retriever.index.errors import QueryError
 
 from . import _kernels
 from .fusion import RRF, Linear, fuse

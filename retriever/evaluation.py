@@ -43,7 +43,7 @@ def write_trec_run(path: str | Path, run: Mapping[str, Mapping[str, float]], tag
         QueryError: a query id, document id or tag that is empty or holds whitespace (the format
             is whitespace-separated, so such a line could not be read back); nothing is written.
     """
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
 
     def check(kind: str, value: str) -> None:
         if value.split() != [value]:  # empty, or whitespace inside or around it

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from index.errors import QueryError
+from retriever.index.errors import QueryError
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray, k: int) -> float:

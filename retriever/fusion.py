@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from index.errors import QueryError
+from retriever.index.errors import QueryError
 
 from .results import LegArrays
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from index.errors import ConfigError, QueryError
+from retriever.index.errors import ConfigError, QueryError
 
 from . import _kernels
 
@@ -62,7 +62,7 @@ def quantize_prefix(prefix: np.ndarray) -> Int8Prefix:
 
     Args:
         prefix: float32 (n, dim) prefixes (typically unit rows from
-            :func:`index.matryoshka.prefix_normalize`), n >= 1, finite.
+            :func:`retriever.index.matryoshka.prefix_normalize`), n >= 1, finite.
 
     Returns:
         the :class:`Int8Prefix` (scale ``max |column| / 127``; 0 for an all-zero column, whose

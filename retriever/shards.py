@@ -10,9 +10,9 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from index.config import BuildConfig
-from index.errors import IndexFormatError
-from index.format import read_arrays, read_manifest, read_table, safe_join, verify_checksums
+from retriever.index.config import BuildConfig
+from retriever.index.errors import IndexFormatError
+from retriever.index.format import read_arrays, read_manifest, read_table, safe_join, verify_checksums
 
 
 @dataclass
@@ -110,7 +110,7 @@ class IndexReader:
         return out
 
     def shard_arrays(self, shard: Shard, name: str, expected: dict[str, Any]) -> dict[str, np.ndarray]:
-        """Arrays of one Arrow file of ``shard`` (zero-copy read-only views, see :func:`index.format.read_arrays`), checked against ``expected`` (column name -> dtype); raises IndexFormatError naming the file and column."""
+        """Arrays of one Arrow file of ``shard`` (zero-copy read-only views, see :func:`retriever.index.format.read_arrays`), checked against ``expected`` (column name -> dtype); raises IndexFormatError naming the file and column."""
         return read_arrays(shard.dir / name, expected)
 
     def info(self) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Frozen reference of the Seismic block build as first written (main at b8f0ee7, before the
-term-range/thread rewrite of ``index.sparse_index``): one serial pass over the terms with
+term-range/thread rewrite of ``retriever.index.sparse_index``): one serial pass over the terms with
 per-block allocations and sorts. Kept verbatim (compiled without a cache) so the tests can check
 that the faster kernels produce byte-identical arrays; not used by the package."""
 

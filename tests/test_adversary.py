@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from conftest import cli_error as _cli_error, random_corpus
-from index.config import BuildConfig
-from index.errors import CorpusError, IndexFormatError, QueryError
-from index.readers import read_corpus, read_qrels, read_queries
+from retriever.index.config import BuildConfig
+from retriever.index.errors import CorpusError, IndexFormatError, QueryError
+from retriever.index.readers import read_corpus, read_qrels, read_queries
 from retriever import RRF, Retriever, build_index
 from retriever.cli import main
 
@@ -29,8 +29,8 @@ def test_concurrent_encoder_loads_are_serialised(monkeypatch):
     import torch
     import transformers
 
-    from index.encoders.dense import DenseEncoder
-    from index.encoders.sparse import SparseEncoder
+    from retriever.index.encoders.dense import DenseEncoder
+    from retriever.index.encoders.sparse import SparseEncoder
 
     state = {"active": 0, "max": 0}
     guard = threading.Lock()
@@ -179,7 +179,7 @@ def test_legs_as_comma_string():
 def test_manifest_models_must_be_a_dict(small, tmp_path):
     import shutil
 
-    from index.format import manifest_digest
+    from retriever.index.format import manifest_digest
 
     d = tmp_path / "i"
     shutil.copytree(small.reader.path, d)
@@ -284,13 +284,13 @@ def test_doc_ids_padding_and_range(small):
     (lambda: BuildConfig(bm25=[("k1", 2)]), "bm25 must be a BM25Params"),
     (lambda: BuildConfig(dense={"dtype": "float64"}), "dense dtype must be 'float16' or 'float32'"),
     (lambda: BuildConfig(dense={"dtyp": "float32"}), "dense: .*unexpected keyword argument 'dtyp'"),
-    (lambda: __import__("index.config").config.DenseConfig(max_length="x"), "max_length must be an integer"),
-    (lambda: __import__("index.config").config.DenseConfig(batch_size=2.5), "batch_size must be an integer"),
-    (lambda: __import__("index.config").config.AnalyzerConfig(max_token_length="x"), "max_token_length must be an integer"),
-    (lambda: __import__("index.config").config.BM25Params(lucene_norms="no"), "lucene_norms must be True or False"),
+    (lambda: __import__("retriever.index.config", fromlist=["config"]).DenseConfig(max_length="x"), "max_length must be an integer"),
+    (lambda: __import__("retriever.index.config", fromlist=["config"]).DenseConfig(batch_size=2.5), "batch_size must be an integer"),
+    (lambda: __import__("retriever.index.config", fromlist=["config"]).AnalyzerConfig(max_token_length="x"), "max_token_length must be an integer"),
+    (lambda: __import__("retriever.index.config", fromlist=["config"]).BM25Params(lucene_norms="no"), "lucene_norms must be True or False"),
 ])
 def test_config_types(make, msg):
-    from index.errors import ConfigError
+    from retriever.index.errors import ConfigError
 
     with pytest.raises(ConfigError, match=msg):
         make()
@@ -342,7 +342,7 @@ def test_query_with_lone_surrogate(small, capsys):
                                      ({"use_gpu": "yes"}, "use_gpu must be")])
 def test_open_bad_device(small, kw, msg):
     # device="tpu" used to fail at the first text query with a raw torch RuntimeError
-    from index.errors import ConfigError
+    from retriever.index.errors import ConfigError
 
     with pytest.raises(ConfigError, match=msg):
         Retriever.open(small.reader.path, **kw)
@@ -379,7 +379,7 @@ def _docs50() -> list[dict]:
     (np.array([["a"] * 8] * 50), "must hold numbers, got dtype <U1"),
 ])
 def test_bad_precomputed_dense_vectors(tmp_path, vectors, message):
-    from index.errors import ConfigError
+    from retriever.index.errors import ConfigError
     with pytest.raises(ConfigError, match=message):
         build_index(_docs50(), tmp_path / "ix", BuildConfig(legs=("bm25", "dense")), dense_vectors=vectors,
                     show_progress=False)
@@ -387,8 +387,8 @@ def test_bad_precomputed_dense_vectors(tmp_path, vectors, message):
 
 
 def test_matryoshka_dims_wider_than_precomputed_vectors(tmp_path):
-    from index.config import DenseConfig
-    from index.errors import ConfigError
+    from retriever.index.config import DenseConfig
+    from retriever.index.errors import ConfigError
     with pytest.raises(ConfigError, match=r"matryoshka_dims \(4, 16\) exceed the dimension 8"):
         build_index(_docs50(), tmp_path / "ix", BuildConfig(legs=("bm25", "dense"), dense=DenseConfig(matryoshka_dims=(4, 16))),
                     dense_vectors=np.ones((50, 8), np.float32), show_progress=False)

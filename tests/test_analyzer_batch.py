@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import index.analyzer as analyzer_mod
-from index.analyzer import Analyzer
-from index.analyzer_kernels import csr_by_term, utf8_arrays
-from index.bm25_build import PostingsBuilder
-from index.config import AnalyzerConfig
+import retriever.index.analyzer as analyzer_mod
+from retriever.index.analyzer import Analyzer
+from retriever.index.analyzer_kernels import csr_by_term, utf8_arrays
+from retriever.index.bm25_build import PostingsBuilder
+from retriever.index.config import AnalyzerConfig
 
 # characters around every rule: word runs, joiners (. ' ’ ,), digits, case folding that changes
 # length (ß, ﬁ, İ), final sigma, combining marks, ideographs / Hiragana, astral characters
@@ -199,7 +199,7 @@ def test_failed_batch_fails_the_shard_and_later_batches(background):
 
 
 def _query_terms_kernel(table, texts, idf, lowercase, threads):
-    from index.analyzer_kernels import _ascii_fold, char_tables
+    from retriever.index.analyzer_kernels import _ascii_fold, char_tables
     from retriever import _kernels
 
     data, off = utf8_arrays(texts)
@@ -217,7 +217,7 @@ def test_query_terms_kernel_equals_python(lowercase, texts, seen, threads, seed)
     is finished (status 0) exactly when it has no code point above U+FFFF and every token of
     ``Analyzer.tokenize`` is in the table; its terms are then the distinct non-negative table
     values in first-occurrence order, weighted float32(count * idf)."""
-    from index.analyzer_kernels import TokenTable, scan_tokens
+    from retriever.index.analyzer_kernels import TokenTable, scan_tokens
 
     an = Analyzer(AnalyzerConfig(lowercase=lowercase))
     table = TokenTable()
@@ -243,7 +243,7 @@ def test_query_terms_kernel_equals_python(lowercase, texts, seen, threads, seed)
 def test_query_terms_kernel_long_query_and_checks():
     """A query with more distinct terms than the linear dedupe handles (term -> position map), and
     the boundary checks: bad offsets, a value past idf, a corrupted entry."""
-    from index.analyzer_kernels import TokenTable, scan_tokens
+    from retriever.index.analyzer_kernels import TokenTable, scan_tokens
 
     words = [f"word{i}" for i in range(100)] + ["x", "yy"]
     table = TokenTable()
@@ -262,7 +262,7 @@ def test_query_terms_kernel_long_query_and_checks():
         assert q_terms[q_off[1]:q_off[2]].tolist() == [100 % 90, 101 % 90] and q_off[3] == q_off[2]
     with pytest.raises(ValueError, match="token table value 89 >= n_terms = 50"):
         _query_terms_kernel(table, ["word89"], idf[:50], True, 1)
-    from index.analyzer_kernels import _ascii_fold, char_tables
+    from retriever.index.analyzer_kernels import _ascii_fold, char_tables
     from retriever import _kernels
     tabs = (*char_tables(analyzer_mod._IDEO), _ascii_fold(analyzer_mod._IDEO, True))
     data, off = utf8_arrays(["word1 word2"])
@@ -285,7 +285,7 @@ def test_topk_text_kernel_equals_two_calls(texts, seen, threads, seed, k, use_im
     """``_kernels.bm25_topk_text`` (analysis and exhaustive scoring in one pass) equals
     ``bm25_query_terms`` followed by ``bm25_topk(algorithm="exhaustive")``: ids, scores, n_found bit
     for bit, and the same status (a query left to the caller has an empty row)."""
-    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever.index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
     from retriever import _kernels
 
     table = TokenTable()
@@ -324,7 +324,7 @@ def test_topk_text_kernel_equals_two_calls(texts, seen, threads, seed, k, use_im
 def test_topk_text_kernel_checks():
     """bm25_topk_text's boundary checks name the argument: text offsets, k, a term id past the
     postings' vocabulary, a non-finite weight from idf, impact rows without impacts."""
-    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever.index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
     from retriever import _kernels
 
     table = TokenTable()

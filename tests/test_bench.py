@@ -180,7 +180,7 @@ def test_bench_index_passes(tmp_path, small_corpus):
     """passes > 1: per-pass figures kept, reported statistics are their medians; passes < 1 refused."""
     from retriever import Retriever, build_index
     from retriever.bench import bench_index
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
 
     build_index(small_corpus, tmp_path / "ix", legs=("bm25",), show_progress=False)
     r = Retriever.open(tmp_path / "ix", n_threads=1)

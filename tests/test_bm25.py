@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, random_corpus
-from index.analyzer import Analyzer
+from retriever.index.analyzer import Analyzer
 from retriever import BM25Params, BuildConfig, Retriever, build_index
 
 
@@ -108,7 +108,7 @@ def test_per_call_k1_b_equal_an_index_built_with_them(tmp_path, small_corpus, bm
     assert not np.array_equal(default.scores, want.scores)
     again = r.search_arrays(QUERIES, k=10, mode="bm25")
     np.testing.assert_array_equal(again.scores, default.scores)
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
     with pytest.raises(QueryError, match="b must be"):
         r.search_arrays(QUERIES, k=10, mode="bm25", leg_params={"bm25": {"b": 1.5}})
 
@@ -364,7 +364,7 @@ def test_token_table_dropped_when_adding_tokens_fails(bm25_index):
 
 def test_query_term_weights_against_counter():
     """index.analyzer_kernels.query_term_weights against collections.Counter, and its input checks."""
-    from index.analyzer_kernels import query_term_weights
+    from retriever.index.analyzer_kernels import query_term_weights
 
     rng = np.random.default_rng(3)
     idf = rng.random(50).astype(np.float32) * 5

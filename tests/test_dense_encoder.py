@@ -13,8 +13,8 @@ pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def enc():
-    from index.encoders.dense import DenseEncoder
-    from index.errors import ModelError
+    from retriever.index.encoders.dense import DenseEncoder
+    from retriever.index.errors import ModelError
 
     try:
         return DenseEncoder(None, max_length=16, batch_size=3)
@@ -46,7 +46,7 @@ def test_batched_equals_one_at_a_time(enc):
 
 
 def test_build_stats_split_model_time(tmp_path):
-    from index.errors import ModelError
+    from retriever.index.errors import ModelError
     from retriever import build_index
 
     docs = [{"_id": str(i), "text": t} for i, t in enumerate(TEXTS)]
@@ -64,8 +64,8 @@ def test_build_stats_split_model_time(tmp_path):
 def test_bfloat16_precision_close_to_float32(enc):
     """precision="bfloat16" runs the forward pass under autocast: float32 unit vectors in input
     order, close to the float32 ones (same model, texts, batching); an unknown precision is refused."""
-    from index.encoders.dense import DenseEncoder
-    from index.errors import ModelError
+    from retriever.index.encoders.dense import DenseEncoder
+    from retriever.index.errors import ModelError
 
     bf = DenseEncoder(None, max_length=16, batch_size=3, precision="bfloat16")
     a, b = enc.encode(TEXTS), bf.encode(TEXTS)
@@ -78,8 +78,8 @@ def test_bfloat16_precision_close_to_float32(enc):
 
 
 def test_dense_precision_config_and_manifest(tmp_path):
-    from index.config import BuildConfig, DenseConfig
-    from index.errors import ConfigError, ModelError
+    from retriever.index.config import BuildConfig, DenseConfig
+    from retriever.index.errors import ConfigError, ModelError
     from retriever import Retriever, build_index
 
     with pytest.raises(ConfigError, match="dense precision"):

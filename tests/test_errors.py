@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_error as _cli_error, random_corpus
-from index.errors import CorpusError, IndexExistsError, IndexFormatError, ModelError, QueryError
+from retriever.index.errors import CorpusError, IndexExistsError, IndexFormatError, ModelError, QueryError
 from retriever import Retriever, build_index
 from retriever.cli import main
 
@@ -89,7 +89,7 @@ def test_dense_model_path_missing(tmp_path, capsys):
     missing = tmp_path / "no_such_model"
     with pytest.raises(ModelError, match="no_such_model"):
         build_index(str(corpus), tmp_path / "idx", legs=("bm25", "dense"), show_progress=False,
-                    dense=__import__("index.config", fromlist=["DenseConfig"]).DenseConfig(model=str(missing)))
+                    dense=__import__("retriever.index.config", fromlist=["DenseConfig"]).DenseConfig(model=str(missing)))
     err = _cli_error(capsys, ["index", "build", "--corpus", str(corpus), "--out", str(tmp_path / "idx"),
                               "--legs", "bm25,dense", "--dense-model", str(missing), "--no-progress"])
     assert "no_such_model" in err

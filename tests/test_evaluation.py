@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from index.readers import read_qrels, read_queries
+from retriever.index.readers import read_qrels, read_queries
 from retriever import Retriever, build_index
 from retriever.evaluation import evaluate, make_run, strictly_decreasing, write_trec_run
 

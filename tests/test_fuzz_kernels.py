@@ -424,8 +424,8 @@ def test_fuzz_int8_scan_topk(data):
 def test_fuzz_bm25_query_terms(data):
     """Random bytes (invalid and truncated UTF-8 included), offsets and a token table with corrupted
     slots / offsets / values: results are well formed or ValueError / TypeError, never a crash."""
-    from index.analyzer import _IDEO
-    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever.index.analyzer import _IDEO
+    from retriever.index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
 
     words = data.draw(st.lists(st.sampled_from(["a", "bb", "ccc", "longer_token_x", "ß", "中", "don't", "1,5"]),
                                max_size=8))
@@ -468,8 +468,8 @@ def test_fuzz_bm25_topk_text(data):
     """Analysis + exhaustive scoring in one pass on random texts (invalid UTF-8 included), a token
     table whose values may point past the postings' vocabulary, corrupted postings, NaN / inf idf,
     odd k and allow lengths: well-formed results (status 1 rows empty) or ValueError / TypeError."""
-    from index.analyzer import _IDEO
-    from index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
+    from retriever.index.analyzer import _IDEO
+    from retriever.index.analyzer_kernels import TokenTable, _ascii_fold, char_tables, scan_tokens
 
     words = data.draw(st.lists(st.sampled_from(["a", "bb", "ccc", "ß", "中", "don't", "1,5"]), max_size=8))
     table = TokenTable()

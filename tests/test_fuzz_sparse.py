@@ -1,6 +1,6 @@
 """Fuzzing the learned-sparse kernels at the C++ boundary.
 
-Protocol (the same contract the sparse leg follows): structures built by ``index.sparse_index``
+Protocol (the same contract the sparse leg follows): structures built by ``retriever.index.sparse_index``
 from random vectors, then one array element corrupted at random (or none); the open-time checks
 (``check_impact_postings``, ``check_sparse_index``) either reject the structure with ValueError or
 accept it, and only accepted structures reach the search kernels, which must return well-formed
@@ -16,7 +16,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from index.sparse_index import build_sparse_index, impact_scale
+from retriever.index.sparse_index import build_sparse_index, impact_scale
 from retriever import _kernels as K
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))

@@ -11,7 +11,7 @@ import json
 import numpy as np
 import pytest
 
-from index.errors import QueryError
+from retriever.index.errors import QueryError
 from retriever import Retriever, build_index
 from retriever.cli import main
 from test_integrity import build_fake_dense

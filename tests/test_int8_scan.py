@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from index.errors import ConfigError, QueryError
-from index.matryoshka import build_vector_index
+from retriever.index.errors import ConfigError, QueryError
+from retriever.index.matryoshka import build_vector_index
 from retriever import Retriever, _kernels
 from retriever.funnel import recall_at_k
 from retriever.int8scan import BLOCK_DOCS, int8_scan, quantize_prefix, quantize_queries
@@ -214,7 +214,7 @@ def test_int8_funnel_batch_single_and_threads_agree(idx, queries):
 
 
 def test_int8_funnel_unrescored_scores_approximate_prefix_cosines(idx, queries):
-    from index.matryoshka import prefix_normalize
+    from retriever.index.matryoshka import prefix_normalize
 
     raw = search(idx, queries, 10, dim=16, scan_dtype="int8", rescore=False)
     assert (raw.n_found == 10).all() and np.isfinite(raw.scores).all()
@@ -226,8 +226,8 @@ def test_int8_funnel_unrescored_scores_approximate_prefix_cosines(idx, queries):
 
 
 def test_int8_k_above_corpus_and_empty_shard(tmp_path, queries):
-    from index.config import BuildConfig
-    from index.writer import IndexWriter
+    from retriever.index.config import BuildConfig
+    from retriever.index.writer import IndexWriter
 
     x = anisotropic(21, seed=3)
     with IndexWriter(tmp_path / "e") as w:
@@ -265,7 +265,7 @@ def test_choose_prefix_dim_passes_scan_dtype(idx, queries):
 def test_overflowing_query_vectors_are_rejected(idx, queries):
     """Finite vectors whose inner products overflow float32 are a QueryError on every dense path
     (they used to give NaN scores, arbitrary ids, or -1 ids), not garbage results."""
-    from index.errors import QueryError
+    from retriever.index.errors import QueryError
 
     q = np.full((1, D), 3e38, np.float32)
     q[0, ::2] = -1.5e38

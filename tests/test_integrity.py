@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, random_corpus
-from index.errors import IndexFormatError
-from index.format import manifest_digest
+from retriever.index.errors import IndexFormatError
+from retriever.index.format import manifest_digest
 from retriever import Retriever, build_index
 from retriever.cli import main as cli_main
 
@@ -39,7 +39,7 @@ class FakeDenseEncoder:
 
 
 def build_fake_dense(corpus, out, **kw):
-    import index.encoders.dense as dense_mod
+    import retriever.index.encoders.dense as dense_mod
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dense_mod, "DenseEncoder", FakeDenseEncoder)
@@ -239,7 +239,7 @@ HUGE = [
 PROBE = """
 import sys
 from retriever import Retriever
-from index.errors import IndexFormatError
+from retriever.index.errors import IndexFormatError
 
 def hwm_kib():
     for line in open("/proc/self/status"):
@@ -296,7 +296,7 @@ def test_forged_arrow_array_lengths(bm25_index, tmp_path):
     """bm25.arrow rewritten (valid Arrow, matching checksums) with postings that point outside the
     shard or claim more terms than the vocabulary: refused at open (even with verify=True, the
     checksums being forged too), in a subprocess whose peak RSS stays small."""
-    from index.format import read_arrays, sha256_file, write_arrays
+    from retriever.index.format import read_arrays, sha256_file, write_arrays
     from retriever.legs.bm25 import BM25_ARRAYS
 
     src = bm25_index / "shards" / "00000" / "bm25.arrow"

@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from index.config import BuildConfig, DenseConfig
-from index.errors import ConfigError, QueryError
-from index.matryoshka import (ROTATION_FILE, build_vector_index, check_dims, fit_pca_rotation, prefix_normalize,
+from retriever.index.config import BuildConfig, DenseConfig
+from retriever.index.errors import ConfigError, QueryError
+from retriever.index.matryoshka import (ROTATION_FILE, build_vector_index, check_dims, fit_pca_rotation, prefix_normalize,
                               to_storage)
 from retriever import Retriever, build_index
 from retriever.funnel import choose_prefix_dim, recall_at_k
@@ -201,7 +201,7 @@ def test_k_larger_than_corpus_and_low_nprobe_still_complete(tmp_path, queries):
 
 
 def test_empty_shard(tmp_path, queries):
-    from index.writer import IndexWriter
+    from retriever.index.writer import IndexWriter
 
     x = anisotropic(20, seed=3)
     with IndexWriter(tmp_path / "e") as w:

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from index.readers import read_corpus, read_qrels, read_queries
+from retriever.index.readers import read_corpus, read_qrels, read_queries
 from retriever import CorpusError, Retriever, build_index
 
 DOCS = [{"_id": "a", "title": "Alpha", "text": "first document about cats", "year": 2001},

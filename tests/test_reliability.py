@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, random_corpus
-from index.errors import IndexExistsError, IndexFormatError
-from index.format import read_manifest, verify_checksums
-from index.testhooks import CRASH_POINTS
-from index.writer import clean_stale_temps
+from retriever.index.errors import IndexExistsError, IndexFormatError
+from retriever.index.format import read_manifest, verify_checksums
+from retriever.index.testhooks import CRASH_POINTS
+from retriever.index.writer import clean_stale_temps
 from retriever import Retriever, build_index
 
 BM25_POINTS = ("read", "encode_bm25", "shard_docs", "shard_bm25", "shard_done", "vocab",
@@ -182,7 +182,7 @@ def test_sigkill_dense_points(tmp_path):
     a = _write_jsonl(tmp_path / "a.jsonl", random_corpus(24, seed=3, min_len=1))
     base = tmp_path / "base"
     build_index(str(a), base, legs=("bm25", "dense"), shard_size=12, show_progress=False,
-                dense=__import__("index.config", fromlist=["DenseConfig"]).DenseConfig(faiss_factory="HNSW8"))
+                dense=__import__("retriever.index.config", fromlist=["DenseConfig"]).DenseConfig(faiss_factory="HNSW8"))
     before = _snapshot(base)
     jobs = []
     for p in DENSE_POINTS:
@@ -256,7 +256,7 @@ def test_concurrent_legs_identical_to_sequential(tmp_path, monkeypatch):
     sv = [(t, rng.random(len(t)).astype(np.float32) + 0.01) for t, _ in sv]
     ptr = np.zeros(401, np.int64)
     ptr[1:] = np.cumsum([len(t) for t, _ in sv])
-    from index.config import DenseConfig
+    from retriever.index.config import DenseConfig
     build_index(docs, tmp_path / "ix", legs=("bm25", "dense", "sparse"), dense_vectors=dv, shard_size=150,
                 sparse_vectors=(ptr, np.concatenate([t for t, _ in sv]), np.concatenate([w for _, w in sv])),
                 dense=DenseConfig(faiss_factory="IVF4,Flat", dtype="float32"), show_progress=False)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from index.sparse_index import build_sparse_index, impact_scale
+from retriever.index.sparse_index import build_sparse_index, impact_scale
 from retriever import _kernels
 from retriever.legs.sparse import _BLOCK_ARGS, csr_batch
-from index.errors import QueryError
+from retriever.index.errors import QueryError
 
 
 def synthetic(n_docs: int, vocab: int, seed: int, nnz_doc: int = 40, nnz_q: int = 12):
@@ -262,7 +262,7 @@ def test_impact_ordered_postings_and_check():
 
 def test_check_doc_vectors_policy():
     """Precomputed document vectors: rows sorted, zeros dropped, bad input named."""
-    from index.sparse_index import check_doc_vectors
+    from retriever.index.sparse_index import check_doc_vectors
 
     ip, t, w = check_doc_vectors(np.array([0, 3, 3, 5]), np.array([7, 2, 5, 1, 0]),
                                  np.array([0.5, 1.0, 0.0, 2.0, 3.0]), 10)
@@ -281,7 +281,7 @@ def test_check_doc_vectors_policy():
 
 
 def test_build_index_sparse_vectors_errors(tmp_path):
-    from index.errors import ConfigError
+    from retriever.index.errors import ConfigError
     from retriever import build_index
     from tests.conftest import random_corpus
 
@@ -304,9 +304,9 @@ def test_build_index_sparse_vectors_errors(tmp_path):
 @pytest.mark.slow
 def test_build_index_precomputed_sparse_vectors_equal_encoded(tmp_path):
     """sparse_vectors= from the same encoder gives the same stored vectors and search results."""
-    from index.encoders.sparse import SparseEncoder
-    from index.format import read_arrays
-    from index.sparse_build import SPARSE_FWD
+    from retriever.index.encoders.sparse import SparseEncoder
+    from retriever.index.format import read_arrays
+    from retriever.index.sparse_build import SPARSE_FWD
     from retriever import Retriever, build_index
     from tests.conftest import random_corpus
 
@@ -455,7 +455,7 @@ def test_exact_dense_path_odd_sizes_match_scipy(n_docs):
 def test_malformed_vectors_are_named_errors():
     """String weights, 2-D arrays, non-integer dict keys and uint64 ids past int64 are errors naming
     the query/row and the value (they used to be coerced, flattened, or reported wrapped)."""
-    from index.sparse_index import check_doc_vectors
+    from retriever.index.sparse_index import check_doc_vectors
     v = 100
     with pytest.raises(QueryError, match=r"sparse_vectors\[0\].*\('a', 1.0\)"):
         csr_batch([{"a": 1.0}], v)
@@ -516,7 +516,7 @@ def _ranked(row, k):
 
 def _raw_blocks(ix_post, ix, n_postings, block_size, energy, vocab):
     """Per-block summaries as the builder produces them before inversion."""
-    from index.sparse_index import DOC_CUT, _build_blocks
+    from retriever.index.sparse_index import DOC_CUT, _build_blocks
 
     tb, _, _, sterms, svals, ssizes, _ = _build_blocks(
         ix_post["offsets"].astype(np.int64), ix_post["doc_ids"], ix_post["impacts"],
@@ -562,7 +562,7 @@ def test_forward_score_order_all_implementations(impl):
 def test_inverted_summaries_round_trip_and_checks():
     """The per-term inverted summaries hold exactly the builder's per-block (block, term, value)
     entries; the open-time check rejects a directory out of order, a bad entry range or block."""
-    from index.sparse_index import invert_summaries
+    from retriever.index.sparse_index import invert_summaries
 
     vocab = 200
     docs, _ = synthetic(700, vocab, seed=8)
@@ -704,8 +704,8 @@ def test_sparse_index_file_round_trip(tmp_path):
     search equals the kernel on the in-memory arrays; a file from an older layout is a named error."""
     import json
 
-    from index.errors import IndexFormatError
-    from index.format import manifest_digest, read_arrays, sha256_file, write_arrays
+    from retriever.index.errors import IndexFormatError
+    from retriever.index.format import manifest_digest, read_arrays, sha256_file, write_arrays
     from retriever import Retriever, build_index
     from retriever.legs.sparse import SPARSE_INDEX_ARRAYS
     from tests.conftest import random_corpus
@@ -769,7 +769,7 @@ def test_packed_forward_copy_and_fallback():
     """The Seismic kernel gives bit-identical results from the packed forward copy and, without it
     (vocabularies over 65,536 terms), from fwd_terms/fwd_values; the open-time check rejects a
     packed copy or rank table that disagrees with the forward index."""
-    from index.sparse_index import pack_forward
+    from retriever.index.sparse_index import pack_forward
 
     vocab = 400
     docs, queries = synthetic(800, vocab, seed=41)
@@ -913,7 +913,7 @@ def test_block_build_matches_first_implementation(vocab, n_postings, block_size,
     """Blocks, raw summaries and the inverted summaries are byte-identical to the first (serial,
     allocating, sorting) implementation, with 1, 2 and 3 threads; a vocabulary above 2**16 takes a
     third radix pass over the term ids."""
-    from index import sparse_index as S
+    from retriever.index import sparse_index as S
     from tests import _blocks_reference as R
 
     indptr, terms, weights = _splade_like(700, vocab, seed=vocab + n_postings)
@@ -949,7 +949,7 @@ def test_block_build_matches_first_implementation(vocab, n_postings, block_size,
 
 def test_doc_cut_matches_stable_sort():
     """Each document's cut: its DOC_CUT largest impacts, ties by smaller term (a stable sort)."""
-    from index.sparse_index import _doc_cut
+    from retriever.index.sparse_index import _doc_cut
 
     indptr, terms, weights = _splade_like(300, 500, seed=3)
     vals = np.minimum(np.round(weights * 4), 9).astype(np.uint16)  # few distinct values: many ties

@@ -19,8 +19,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from index.analyzer import Analyzer
-from index.format import read_table
+from retriever.index.analyzer import Analyzer
+from retriever.index.format import read_table
 
 from .. import _kernels
 from ..shards import IndexReader
@@ -248,7 +248,7 @@ class BM25Leg:
         table is empty); the two parts are spliced back in query order. ``None``: the batch cannot
         be encoded as UTF-8 (lone surrogates)."""
         self._load_char_args()
-        from index.analyzer_kernels import utf8_arrays
+        from retriever.index.analyzer_kernels import utf8_arrays
 
         texts = queries if isinstance(queries, list) else list(queries)
         n = len(texts)
@@ -279,15 +279,15 @@ class BM25Leg:
         """The compiled analyzer's character tables (flags, fold_n, fold_cp, ASCII fold, lowercase),
         looked up once."""
         if self._char_args is None:
-            from index.analyzer import _IDEO
-            from index.analyzer_kernels import _ascii_fold, char_tables
+            from retriever.index.analyzer import _IDEO
+            from retriever.index.analyzer_kernels import _ascii_fold, char_tables
             lowercase = bool(self.analyzer.config.lowercase)
             self._char_args = (*char_tables(_IDEO), _ascii_fold(_IDEO, lowercase), lowercase)
 
     def _reset_table(self) -> None:
         """A new, empty token table when there is none or it is full (caller holds the write lock)."""
         if self._table is None or self._table.n >= self.TOKEN_TABLE_MAX:
-            from index.analyzer_kernels import TokenTable
+            from retriever.index.analyzer_kernels import TokenTable
             self._table = TokenTable()
             self._slot = np.full(len(self.idf), -1, dtype=np.int64)
 
@@ -314,8 +314,8 @@ class BM25Leg:
     def _scan_into_table(self, texts: list[str], data: np.ndarray,
                          offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The body of :meth:`_query_terms_scan` (caller holds the table's write lock)."""
-        from index.analyzer import _IDEO
-        from index.analyzer_kernels import query_term_weights, scan_tokens, utf8_arrays
+        from retriever.index.analyzer import _IDEO
+        from retriever.index.analyzer_kernels import query_term_weights, scan_tokens, utf8_arrays
 
         n = len(texts)
         lowercase = self.analyzer.config.lowercase
@@ -409,12 +409,12 @@ class BM25Leg:
             QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]), or an unknown ``algorithm``.
         """
         if algorithm not in BM25_ALGORITHMS:
-            from index.errors import QueryError
+            from retriever.index.errors import QueryError
             raise QueryError(f"bm25 algorithm must be one of {', '.join(BM25_ALGORITHMS)}; got {algorithm!r}")
         shards = self.kernel_shards
         if k1 is not None or b is not None:
-            from index.config import BM25Params
-            from index.errors import ConfigError, QueryError
+            from retriever.index.config import BM25Params
+            from retriever.index.errors import ConfigError, QueryError
             try:
                 p = BM25Params(k1=self.params.k1 if k1 is None else k1, b=self.params.b if b is None else b)
             except ConfigError as e:
@@ -450,7 +450,7 @@ class BM25Leg:
             return None
         if ks["n_terms"] < len(self.idf) or self._char_args is None:
             return None
-        from index.analyzer_kernels import utf8_arrays
+        from retriever.index.analyzer_kernels import utf8_arrays
 
         texts = queries if isinstance(queries, list) else list(queries)
         try:
@@ -613,7 +613,7 @@ def _splice(fast: tuple[np.ndarray, np.ndarray, np.ndarray], todo: np.ndarray,
 
 
 def _fmt_error(path, msg):
-    from index.errors import IndexFormatError
+    from retriever.index.errors import IndexFormatError
     return IndexFormatError(f"{path}: {msg}")
 
 

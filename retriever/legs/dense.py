@@ -37,10 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from index.encoders.dense import DenseEncoder
-from index.errors import ConfigError, IndexFormatError, QueryError
-from index.format import read_table
-from index.matryoshka import load_rotation, prefix_normalize
+from retriever.index.encoders.dense import DenseEncoder
+from retriever.index.errors import ConfigError, IndexFormatError, QueryError
+from retriever.index.format import read_table
+from retriever.index.matryoshka import load_rotation, prefix_normalize
 
 from .. import _kernels
 from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
@@ -126,7 +126,7 @@ def _check_digest(reader: IndexReader, path) -> None:
     Raises:
         IndexFormatError: unlisted file or digest mismatch (names the file).
     """
-    from index.format import sha256_file
+    from retriever.index.format import sha256_file
 
     rel = path.relative_to(reader.path).as_posix()
     info = reader.manifest["files"].get(rel)
@@ -279,7 +279,7 @@ class DenseLeg:
     def _prefix_index(self, si: int, dim: int, factory: str) -> _PrefixIndex:
         """Cached candidate generator over shard ``si``'s re-normalised ``dim``-prefixes
         (``factory`` a FAISS factory string, or ``"int8"`` for the quantised exact scan)."""
-        from index.faiss_build import make_faiss_index
+        from retriever.index.faiss_build import make_faiss_index
 
         key = (si, dim, factory)
         with self._lock:

@@ -18,7 +18,7 @@ Modes (leg parameter ``algorithm``):
 User-supplied query vectors (``Retriever.search_arrays(..., sparse_vectors=...)``) go through
 :meth:`SparseLeg.check_vectors`; policy (same for both modes): indices may be unsorted; duplicate
 indices, length mismatch, indices outside ``[0, vocab_size)``, NaN/inf or negative weights raise
-:class:`~index.errors.QueryError`; zero weights are dropped. A ``scipy.sparse`` matrix is taken at
+:class:`~retriever.index.errors.QueryError`; zero weights are dropped. A ``scipy.sparse`` matrix is taken at
 its value, as scipy defines it: repeated (row, column) entries of a non-canonical matrix are summed
 first (scipy's own rule), and the checks apply to the sums.
 """
@@ -30,8 +30,8 @@ from typing import Any, Sequence
 import numba as nb
 import numpy as np
 
-from index.errors import IndexFormatError, QueryError
-from index.sparse_build import SPARSE_FWD
+from retriever.index.errors import IndexFormatError, QueryError
+from retriever.index.sparse_build import SPARSE_FWD
 
 from .. import _kernels
 from ..shards import IndexReader
@@ -259,9 +259,9 @@ class SparseLeg:
 
     @property
     def encoder(self):
-        """The query encoder (:class:`index.encoders.sparse.SparseEncoder`), loaded on first use."""
+        """The query encoder (:class:`retriever.index.encoders.sparse.SparseEncoder`), loaded on first use."""
         if self._encoder is None:
-            from index.encoders.sparse import SparseEncoder
+            from retriever.index.encoders.sparse import SparseEncoder
 
             c = self.config
             self._encoder = SparseEncoder(c.model, doc_max_length=c.doc_max_length,
