@@ -5,6 +5,31 @@ Public API: :class:`Retriever`, :func:`build_index`, result types, fusion config
 dataclasses and error types.
 """
 
+import importlib.util as _ilu
+import sys as _sys
+from pathlib import Path as _Path
+
+
+def _map_source_index() -> None:
+    """Make ``retriever.index`` the ``index/`` folder beside *this* ``retriever/`` folder.
+
+    An installed wheel holds it at ``retriever/index/`` (``package_dir`` in setup.py) and nothing is
+    done. In a source checkout (an editable install, or the repository root on ``sys.path``) the
+    folder sits beside ``retriever/``; an editable install's finder would map it to the checkout
+    that was installed, not to the one imported (another worktree), so it is mapped here."""
+    here = _Path(__file__).resolve().parent
+    src = here.parent / "index" / "__init__.py"
+    if (here / "index").is_dir() or f"{__name__}.index" in _sys.modules or not src.is_file():
+        return
+    spec = _ilu.spec_from_file_location(f"{__name__}.index", src, submodule_search_locations=[str(src.parent)])
+    assert spec is not None and spec.loader is not None
+    module = _ilu.module_from_spec(spec)
+    _sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+
+
+_map_source_index()
+
 from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
 from retriever.index.errors import (ConfigError, CorpusError, IndexExistsError, IndexFormatError, ModelError,
                           QueryError, RetrieverError)
