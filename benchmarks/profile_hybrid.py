@@ -73,7 +73,7 @@ def pct(a):
 
 for m in MODES:
     mode = "hybrid" if m == "seq" else m
-    engine.CONCURRENT_LEGS = m != "seq"
+    r.engine.concurrent_legs = m != "seq"
     for i in range(5): call(i, mode)
     rec.clear(); lat = []; tm = {}
     ru0 = resource.getrusage(resource.RUSAGE_SELF); c0 = time.process_time()

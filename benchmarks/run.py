@@ -6,7 +6,7 @@ files exist, so a section can be rerun alone):
 
 - ``hybrid``: BM25 + dense + learned sparse (Seismic mode, precomputed topical vectors,
   :data:`HYBRID_SPARSE_PARAMS`) on the seeded synthetic corpus (benchmarks/datasets.py), top-10,
-  RRF, 2 threads (the legs side by side, ``retriever.engine.CONCURRENT_LEGS``), batch size 1, query
+  RRF, 2 threads (the legs side by side, ``Retriever.open(..., concurrent_legs=True)``), batch size 1, query
   vectors passed (dense query encoding excluded; BM25 query analysis included); medians of 3 timed
   passes. Dense leg: IVF (nlist ≈ √N) over precomputed vectors, swept over nprobe; recall@10
   against flat / exhaustive search and the fused list of the exact legs; same-run variants (legs in
@@ -239,7 +239,7 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
                              "dense_factory": built["factory"], "dim": col.dense.dim,
                              "build_seconds": built["build_seconds"], "index_cached": built["cached"],
                              "index_built_at": built["built_at"], "legs": list(r.legs), "passes": passes,
-                             "concurrent_legs": engine.CONCURRENT_LEGS, "points": []}
+                             "concurrent_legs": r.engine.concurrent_legs, "points": []}
     cache: dict[str, Any] = {}
     sp = {"sparse": dict(HYBRID_SPARSE_PARAMS)} if sparse else {}
     common = dict(k=k, n_threads=threads, batch_size=1, exact_cache=cache, sparse_vectors=sparse_q, passes=passes)
@@ -271,19 +271,18 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
         best = max(entry["points"], key=lambda p: p["hybrid"][f"recall@{k}"].get("fused") or 0)
     variants = []
     if compare_sequential and len(entry["legs"]) > 1:
-        was = engine.CONCURRENT_LEGS
-        engine.CONCURRENT_LEGS = False
+        r.engine.concurrent_legs = False
         try:
             rep = hybrid_point(best["nprobe"], ["hybrid"])
         finally:
-            engine.CONCURRENT_LEGS = was
+            r.engine.concurrent_legs = True
         variants.append({"label": "legs in sequence", "nprobe": best["nprobe"], "concurrent_legs": False,
                          "sparse_params": sp.get("sparse"), "hybrid": rep["modes"]["hybrid"]})
     for qc in (sparse_cuts if sparse else ()):
         params = {**sp["sparse"], "query_cut": qc}
         rep = hybrid_point(best["nprobe"], ["hybrid"], params)
         variants.append({"label": f"sparse query_cut {qc}", "nprobe": best["nprobe"],
-                         "concurrent_legs": engine.CONCURRENT_LEGS, "sparse_params": params,
+                         "concurrent_legs": r.engine.concurrent_legs, "sparse_params": params,
                          "hybrid": rep["modes"]["hybrid"]})
     for v in variants:
         h = v["hybrid"]

@@ -23,44 +23,18 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .fusion import RRF, Linear, fuse, parse_fusion
-from .topk import merge_topk
+from .fusion import RRF, Linear, parse_fusion
 
-#: leg → ``leg_params`` that make the leg's own ``search`` exact. Legs without an entry here and
-#: without an entry in :data:`EXACT_SEARCH` get recall ``None`` (e.g. a new leg until it says how
-#: its exact search is called). Hook for the learned-sparse leg: add ``"sparse": {...}`` here or a
-#: function in :data:`EXACT_SEARCH`.
+#: per-leg options that make the engine's own search of each leg exact (the reference recall@k is
+#: measured against): BM25 exhaustive, sparse exact, dense an exact (BLAS) scan at full dimension
+#: re-scored exactly, whatever ANN structure the index was built with.
 EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"},
-                                               "sparse": {"algorithm": "exact"}}
-
-
-def _exact_dense(leg: Any, inp: np.ndarray, depth: int, n_threads: int):
-    """Flat inner product over each shard's stored vectors (float32 arithmetic), shard by shard."""
-    import faiss
-
-    parts = []
-    qv = np.ascontiguousarray(inp, dtype=np.float32)
-    nq = qv.shape[0]
-    for s, vec in zip(leg.reader.shards, leg.vectors):
-        kk = min(depth, s.rows)
-        ids = np.full((nq, depth), -1, np.int64)
-        scores = np.full((nq, depth), -np.inf, np.float32)
-        if kk and nq:
-            xb = np.ascontiguousarray(vec, dtype=np.float32)
-            D, I = faiss.knn(qv, xb, kk, metric=faiss.METRIC_INNER_PRODUCT)
-            del xb
-            ids[:, :kk] = np.where(I >= 0, I + s.base, -1)
-            scores[:, :kk] = np.where(I >= 0, D, -np.inf)
-        parts.append((ids, scores, (ids >= 0).sum(axis=1).astype(np.int32)))
-    return parts
-
-
-#: leg → exact search function ``(leg, prepared_input, depth, n_threads) -> per-shard parts``.
-EXACT_SEARCH: dict[str, Callable[..., Any]] = {"dense": _exact_dense}
+                                               "sparse": {"algorithm": "exact"},
+                                               "dense": {"index": "Flat"}}
 
 
 class _gc_paused:
@@ -128,34 +102,17 @@ def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, f
         ``{leg: ids (nq, k) | None, ..., "fused": ids (nq, k)}`` (``None`` where the leg has no
         exact reference; ``"fused"`` only for multi-leg modes with every leg exact).
     """
-    from .api import DEFAULT_DEPTH
-
-    engine = retriever.engine
-    names = engine.legs_for(mode)
-    depth = DEFAULT_DEPTH if depth is None else depth
-    leg_depth = k if len(names) == 1 else max(depth, k)
-    per_leg: dict[str, Any] = {}
+    names = retriever.engine.legs_for(mode)
+    kw = dict(k=k, fusion=fusion, depth=depth, n_threads=n_threads, query_vectors=query_vectors,
+              sparse_vectors=sparse_vectors)
     out: dict[str, np.ndarray | None] = {}
     for name in names:
-        leg = engine.legs[name]
-        if name == "dense" and query_vectors is not None:
-            inp = leg.check_vectors(query_vectors)
-        elif name == "sparse" and sparse_vectors is not None:
-            inp = leg.check_vectors(sparse_vectors)
-        else:
-            inp = leg.prepare(list(queries))
-        if name in EXACT_SEARCH:
-            parts = EXACT_SEARCH[name](leg, inp, leg_depth, n_threads)
-        elif name in EXACT_LEG_PARAMS:
-            parts = leg.search(inp, leg_depth, n_threads, **EXACT_LEG_PARAMS[name])
-        else:
-            out[name] = None
-            continue
-        per_leg[name] = merge_topk(parts, leg_depth)
-        out[name] = per_leg[name][0][:, :k]
-    if len(names) > 1 and len(per_leg) == len(names):
-        ids, _, _, _ = fuse(per_leg, k, parse_fusion(fusion))
-        out["fused"] = ids
+        res = retriever.search_arrays(list(queries), mode=name, leg_params={name: EXACT_LEG_PARAMS[name]}, **kw)
+        out[name] = res.ids
+    if len(names) > 1:
+        res = retriever.search_arrays(list(queries), mode=mode, leg_params={n: EXACT_LEG_PARAMS[n] for n in names},
+                                      **kw)
+        out["fused"] = res.ids
     return out
 
 

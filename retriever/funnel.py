@@ -2,7 +2,7 @@
 
 Funnel search (AdANNS, Rege et al., NeurIPS 2023) searches a short prefix of Matryoshka embeddings
 (Kusupati et al., NeurIPS 2022) and re-scores a shortlist at full dimension; the search itself is
-:meth:`retriever.legs.dense.DenseLeg.search` (``leg_params={"dense": {...}}``). This module
+:meth:`retriever.legs.dense.DenseLeg.search_shard` (``leg_params={"dense": {...}}``). This module
 measures it.
 """
 

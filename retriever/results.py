@@ -72,7 +72,7 @@ class BatchResult:
             and ``search`` are summed over the legs, also when they ran side by side) and, for
             several legs, ``leg:<name>`` (that leg's encode + search wall time). BM25 query
             analysis counts as ``search`` where it runs in one compiled pass with the scoring
-            (``BM25Leg.search_texts``: a batch of 16 or more queries on a one-shard index scored
+            (``BM25Leg.prepare`` plans it for a batch of 16 or more queries on a one-shard index scored
             exhaustively).
     """
 

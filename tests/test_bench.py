@@ -285,10 +285,10 @@ def test_omp_threads_worker_cache_and_restore():
     import threading
 
     faiss = pytest.importorskip("faiss")
-    import retriever.engine as engine
+    import retriever.threads as threads
 
     before = faiss.omp_get_max_threads()
-    with engine._omp_threads(1):
+    with threads.omp_threads(1):
         assert faiss.omp_get_max_threads() == 1
     assert faiss.omp_get_max_threads() == before
     calls = []
@@ -302,7 +302,7 @@ def test_omp_threads_worker_cache_and_restore():
 
     def worker():
         for _ in range(3):
-            ctx = engine._omp_threads(1, restore=False)
+            ctx = threads.omp_threads(1, restore=False)
             ctx.faiss = Spy()
             with ctx:
                 assert faiss.omp_get_max_threads() == 1
