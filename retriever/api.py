@@ -241,19 +241,22 @@ class Retriever:
 
     def to_hits(self, result: BatchResult) -> list[list[Hit]]:
         """Turn a :class:`BatchResult` into per-query lists of :class:`Hit` (the only place
-        per-hit Python objects are made)."""
+        per-hit Python objects are made). The documents of the whole batch are fetched in one
+        pass (:meth:`IndexReader.fetch_batch`: one Arrow ``take`` per shard)."""
+        nq, width = result.ids.shape
+        found = np.arange(width)[None, :] < result.n_found[:, None]
+        docs = self.reader.fetch_batch(result.ids[found])
+        scores = result.scores[found].tolist()
+        legs = [(name, la.scores[found].tolist(), la.ranks[found].tolist()) for name, la in result.legs.items()]
+        ids, titles, texts, metas = docs["id"], docs["title"], docs["text"], docs["metadata"]
         out: list[list[Hit]] = []
-        leg_items = list(result.legs.items())
-        for q in range(result.ids.shape[0]):
-            n = int(result.n_found[q])
-            ords = result.ids[q, :n].tolist()
-            docs = self.reader.fetch(ords)
+        i = 0
+        for q, n in enumerate(result.n_found.tolist()):
             hits = []
-            for j, d in enumerate(docs):
-                legs = {name: LegHit(float(la.scores[q, j]), int(la.ranks[q, j]))
-                        for name, la in leg_items if la.ranks[q, j] > 0}
-                hits.append(Hit(d["id"], float(result.scores[q, j]), j + 1, d["title"], d["text"],
-                                d["metadata"], legs))
+            for j in range(n):
+                per_leg = {name: LegHit(ls[i], lr[i]) for name, ls, lr in legs if lr[i] > 0}
+                hits.append(Hit(ids[i], scores[i], j + 1, titles[i], texts[i], metas[i], per_leg))
+                i += 1
             out.append(hits)
         return out
 

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
-class LegHit:
-    """One leg's view of a hit.
+class LegHit(NamedTuple):
+    """One leg's view of a hit (an immutable named tuple).
 
     Attributes:
         score: the leg's raw score (BM25 score, impact dot product, inner product).
@@ -22,9 +21,8 @@ class LegHit:
     rank: int
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """One search result.
+class Hit(NamedTuple):
+    """One search result (an immutable named tuple: cheap to make, a few thousand per batch).
 
     Attributes:
         id: document id from the corpus.
