@@ -236,3 +236,34 @@ def test_precomputed_dense_index_without_query_vectors(three_leg, capsys):
     from conftest import cli_error
     err = cli_error(capsys, ["search", str(out), "vitamin", "--mode", "dense"])
     assert "no dense query encoder" in err
+
+
+def test_encoder_dimension_mismatch_is_the_same_error_every_time(three_leg):
+    """A query encoder whose dimension differs from the index's is refused on every search (the
+    encoder used to be kept after the first refusal, so later searches failed inside FAISS)."""
+    from retriever.index.encoders.dense import resolve_model_path
+    from retriever import IndexFormatError
+
+    out, qs, qv, qsv = three_leg
+    r = Retriever.open(out)
+    r.engine.legs["dense"].model_path = str(resolve_model_path(None))  # the bundled 384-d model; index: 12-d
+    for _ in range(2):
+        with pytest.raises(IndexFormatError, match="has dim 384, index has 12"):
+            r.search("vitamin", mode="dense")
+
+
+def test_faiss_ids_outside_the_shard_are_a_format_error(three_leg):
+    """A FAISS structure that returns ids past the shard's rows (a crafted file) is an
+    IndexFormatError naming the file, never bogus ids or an IndexError later."""
+    faiss = pytest.importorskip("faiss")
+    from retriever import IndexFormatError
+
+    out, qs, qv, qsv = three_leg
+    r = Retriever.open(out)
+    leg = r.engine.legs["dense"]
+    rows = r.reader.shards[0].rows
+    big = faiss.IndexFlatIP(leg.dim)
+    big.add(np.random.default_rng(0).standard_normal((rows + 50, leg.dim)).astype(np.float32))
+    leg.cpu_indexes[0] = leg.indexes[0] = big
+    with pytest.raises(IndexFormatError, match=r"dense.faiss: returned id \d+, outside the shard's"):
+        r.search_arrays(qs, 60, mode="dense", query_vectors=qv, leg_params={"dense": {"rescore": False}})

@@ -222,12 +222,11 @@ class DenseLeg:
                                      "precomputed at build time): pass query_vectors= (float32 (nq, "
                                      f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid'")
                 cfg = self.config
-                self._encoder = DenseEncoder(self.model_path, max_length=cfg.max_length,
-                                             batch_size=cfg.batch_size, device=self.device,
-                                             normalize=cfg.normalize)
-                if self._encoder.dim != self.dim:
-                    raise IndexFormatError(f"dense model {self.model_path} has dim {self._encoder.dim}, "
-                                           f"index has {self.dim}")
+                enc = DenseEncoder(self.model_path, max_length=cfg.max_length, batch_size=cfg.batch_size,
+                                   device=self.device, normalize=cfg.normalize)
+                if enc.dim != self.dim:  # kept only once it passed: every later search raises this too
+                    raise IndexFormatError(f"dense model {self.model_path} has dim {enc.dim}, index has {self.dim}")
+                self._encoder = enc
             return self._encoder
 
     def prepare(self, queries: Sequence[str], params: DenseSearchParams | None = None,
@@ -455,6 +454,10 @@ class DenseLeg:
                 D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size)
             else:
                 D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
+                if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
+                    bad = int(I.min()) if I.min() < -1 else int(I.max())
+                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                           f"{s.rows} rows (corrupted index file)")
                 D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
         if fp.rescore:
             return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
