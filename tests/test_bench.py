@@ -46,15 +46,6 @@ def test_bench_cli_text_batches(bm25_index, queries_tsv, capsys):
     assert "bm25" in out and "recall@5" in out and "bm25=1.0000" in out
 
 
-def test_recall_at_k():
-    from retriever.bench import recall_at_k
-
-    exact = np.array([[1, 2, 3], [4, 5, -1], [-1, -1, -1]])
-    got = np.array([[3, 2, 9], [4, 5, -1], [-1, -1, -1]])
-    assert recall_at_k(got, exact, 3) == pytest.approx((2 / 3 + 1.0) / 2)
-    assert recall_at_k(exact, exact, 2) == 1.0
-
-
 def _unit(rng, n, d):
     v = rng.standard_normal((n, d)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True)
