@@ -19,6 +19,7 @@ import numpy as np
 
 from retriever.index.errors import QueryError
 
+from . import _kernels
 from .results import LegArrays
 
 
@@ -87,11 +88,31 @@ def parse_fusion(spec: "str | RRF | Linear | None") -> "RRF | Linear":
     raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:minmax|zscore|none]'")
 
 
+def tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
+    """The one tie-rank rule (fusion, hits' per-leg ranks): 1-based competition ranks of sorted rows.
+
+    Args:
+        scores: float32 (nq, k), each row sorted descending (converted to C-contiguous float32
+            if needed; padding after ``n_found`` is ignored).
+        n_found: int (nq,) valid entries per row (clipped to [0, k]).
+
+    Returns:
+        int32 (nq, k): ``ranks[q, j]`` = 1 + the first position of row ``q`` holding
+        ``scores[q, j]``, so exactly equal scores share the best of their positions (an arbitrary
+        tie order never adds signal); 0 at and after ``n_found[q]``. Computed by the compiled
+        kernel ``retriever._kernels.tie_ranks`` (one pass per row).
+
+    Raises:
+        ValueError: ``scores`` not 2-D or ``len(n_found) != scores.shape[0]``.
+    """
+    return _kernels.tie_ranks(np.ascontiguousarray(scores, dtype=np.float32),
+                              np.ascontiguousarray(n_found, dtype=np.int32))
+
+
 def tie_ranks(scores: np.ndarray, n: int) -> np.ndarray:
-    """1-based ranks of a descending score list where equal scores share the best position."""
-    s = scores[:n]
-    neg = -s.astype(np.float64)
-    return (np.searchsorted(neg, neg, side="left") + 1).astype(np.int32)
+    """:func:`tie_ranks_rows` of one descending score list: int32 (n,) ranks of ``scores[:n]``."""
+    s = np.asarray(scores, dtype=np.float32)[:n]
+    return tie_ranks_rows(s[None, :], np.array([len(s)], np.int32))[0]
 
 
 def _minmax(s: np.ndarray) -> np.ndarray:
@@ -153,14 +174,15 @@ def _fuse_rrf_compiled(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarr
     scores = np.concatenate([p[1] for p in parts], axis=1, dtype=np.float32, casting="unsafe")
     # each leg's count, clipped to the leg's width in the kernel as the loop's slices are
     n_found = np.array([p[2] for p in parts], np.int64).reshape(n_legs, nq)
+    ranks = np.concatenate([tie_ranks_rows(p[1], p[2]) for p in parts], axis=1)
     weights = np.array([float(fusion.weights.get(n, 1.0)) for n in names], np.float64)
     out_ids = np.empty((nq, k), dtype=np.int64)  # the kernel writes every element
     out_scores = np.empty((nq, k), dtype=np.float32)
     out_n = np.empty(nq, dtype=np.int32)
     leg_scores = np.empty((n_legs, nq, k), dtype=np.float32)
     leg_ranks = np.empty((n_legs, nq, k), dtype=np.int32)
-    rrf_fuse_rows(ids, scores, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores, out_n,
-                  leg_scores, leg_ranks)
+    rrf_fuse_rows(ids, scores, ranks, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores,
+                  out_n, leg_scores, leg_ranks)
     return out_ids, out_scores, out_n, {n: LegArrays(leg_scores[i], leg_ranks[i]) for i, n in enumerate(names)}
 
 
@@ -178,13 +200,14 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
     weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
     rrf = isinstance(fusion, RRF)
     norm = None if rrf else NORMALISERS[fusion.norm]
+    rank_rows = {n: tie_ranks_rows(legs[n][1], legs[n][2]) for n in names}
     for q in range(nq):
         seg_ids, seg_contrib, seg_scores, seg_ranks = [], [], [], []
         for n in names:
             ids, scores, nf = legs[n]
             m = int(nf[q])
             srow = scores[q, :m]
-            ranks = tie_ranks(srow, m)
+            ranks = rank_rows[n][q, :len(srow)]
             if rrf:
                 c = weights[n] / (fusion.k + ranks)
             else:

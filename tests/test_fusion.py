@@ -106,24 +106,29 @@ def test_parse_fusion_errors():
         RRF(weights={"bm25": float("nan")})
 
 
-def test_batch_tie_ranks_equal_per_row_tie_ranks():
-    """The engine's vectorised rank assignment equals tie_ranks row by row (ties, padding)."""
-    from retriever.engine import _tie_ranks_rows
-    from retriever.fusion import tie_ranks
+def test_tie_ranks_rows_competition_ranks():
+    """The one tie rule on whole batches (ties, -inf padding, n_found past the width or negative)
+    against a search-sorted oracle; the one-row helper is the same rule."""
+    from retriever.fusion import tie_ranks_rows
 
     rng = np.random.default_rng(0)
     for _ in range(200):
         nq, k = int(rng.integers(0, 5)), int(rng.integers(1, 12))
         s = -np.sort(-rng.choice(np.array([1, 2, 2.5, 3], np.float32), (nq, k)), axis=1)
-        nf = rng.integers(0, k + 1, nq).astype(np.int32)
+        nf = rng.integers(-1, k + 2, nq).astype(np.int32)
         for q in range(nq):
-            s[q, nf[q]:] = -np.inf
-        got = _tie_ranks_rows(s, nf)
+            s[q, max(nf[q], 0):] = -np.inf
+        got = tie_ranks_rows(s, nf)
         assert got.dtype == np.int32 and got.shape == (nq, k)
         for q in range(nq):
+            n = min(max(int(nf[q]), 0), k)
+            neg = -s[q, :n].astype(np.float64)
             want = np.zeros(k, np.int32)
-            want[:nf[q]] = tie_ranks(s[q], int(nf[q]))
+            want[:n] = np.searchsorted(neg, neg, side="left") + 1
             np.testing.assert_array_equal(got[q], want)
+            np.testing.assert_array_equal(tie_ranks(s[q], n), want[:n])
+    with pytest.raises(ValueError):
+        tie_ranks_rows(np.zeros((2, 3), np.float32), np.zeros(3, np.int32))
 
 
 def _fuse_reference(legs, k, fusion):
