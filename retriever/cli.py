@@ -59,7 +59,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
-    p.add_argument("--rrf-k", type=float, default=60.0, help="RRF constant k (default 60)")
+    p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (default 60)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
@@ -141,25 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fusion(args: argparse.Namespace):
-    from .fusion import RRF, Linear
-    from retriever.index.errors import QueryError
+    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` (:func:`retriever.fusion.parse_fusion`)."""
+    from .fusion import parse_fusion
 
-    weights: dict[str, float] = {}
-    if args.weights:
-        for part in args.weights.split(","):
-            leg, sep, val = part.partition("=")
-            try:
-                weights[leg.strip()] = float(val)
-            except ValueError:
-                raise QueryError(f"--weights: expected leg=number, got {part!r}") from None
-            if not sep:
-                raise QueryError(f"--weights: expected leg=number, got {part!r}")
-    if args.fusion == "rrf":
-        return RRF(k=args.rrf_k, weights=weights)
-    if args.fusion.startswith("linear"):
-        _, _, norm = args.fusion.partition(":")
-        return Linear(norm=norm or "minmax", weights=weights)
-    raise QueryError(f"--fusion: unknown fusion {args.fusion!r} (rrf, linear, linear:zscore, linear:none)")
+    return parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
 
 
 def cmd_build(args: argparse.Namespace) -> int:

@@ -72,20 +72,72 @@ def _check_weights(w: Mapping[str, float]) -> None:
             raise QueryError(f"fusion weight for leg {leg!r} is {v!r}; |weight| must be <= {MAX_FUSION_WEIGHT:g}")
 
 
-def parse_fusion(spec: "str | RRF | Linear | None") -> "RRF | Linear":
-    """``"rrf"`` / ``"linear"`` / ``"linear:zscore"`` / an object → fusion object.
+#: the fusion names :func:`parse_fusion` accepts (``linear`` optionally ``linear:<norm>``)
+FUSION_NAMES = ("rrf", "linear")
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"bm25=1,dense=1.5"`` → ``{"bm25": 1.0, "dense": 1.5}`` (the CLI's ``--weights``).
 
     Raises:
-        QueryError: unknown name.
+        QueryError: a part that is not ``leg=number`` (names the part), or a leg given twice.
+        Weight values are checked by :class:`RRF` / :class:`Linear`.
     """
-    if spec is None or spec == "rrf":
-        return RRF()
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        leg, sep, val = part.partition("=")
+        leg = leg.strip()
+        try:
+            w = float(val)
+        except ValueError:
+            w = None
+        if not sep or not leg or w is None:
+            raise QueryError(f"fusion weights: expected leg=number, got {part!r} in {text!r}")
+        if leg in weights:
+            raise QueryError(f"fusion weights: leg {leg!r} given twice in {text!r}")
+        weights[leg] = w
+    return weights
+
+
+def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, float] | str | None" = None,
+                 rrf_k: float | None = None) -> "RRF | Linear":
+    """The one fusion parser (library calls and the CLI's ``--fusion`` / ``--weights`` / ``--rrf-k``).
+
+    Args:
+        spec: ``None`` or ``"rrf"`` (RRF, k = 60), ``"linear"`` (min-max), ``"linear:minmax"``,
+            ``"linear:zscore"``, ``"linear:none"``, or an :class:`RRF` / :class:`Linear` object
+            (returned as it is).
+        weights: per-leg weights for a named fusion: a mapping or ``"leg=number,..."``
+            (:func:`parse_weights`); default 1.0 per leg.
+        rrf_k: the RRF constant for ``"rrf"`` (default 60).
+
+    Returns:
+        an :class:`RRF` or :class:`Linear`.
+
+    Raises:
+        QueryError: an unknown name or normalisation (names it and the valid ones), bad weights,
+            ``rrf_k`` with a linear fusion, or ``weights`` / ``rrf_k`` next to a fusion object
+            (set them on the object instead).
+    """
     if isinstance(spec, (RRF, Linear)):
+        if weights is not None or rrf_k is not None:
+            raise QueryError(f"fusion {spec!r} is an object: set its weights and k on it, not as separate arguments")
         return spec
-    if isinstance(spec, str) and spec.startswith("linear"):
-        _, _, norm = spec.partition(":")
-        return Linear(norm=norm or "minmax")
-    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:minmax|zscore|none]'")
+    if spec is None:
+        spec = "rrf"
+    if not isinstance(spec, str):
+        raise QueryError(f"fusion must be a name or an RRF / Linear object, got {type(spec).__name__}")
+    w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
+    name, sep, norm = spec.partition(":")
+    if name == "rrf" and not sep:
+        return RRF(weights=w) if rrf_k is None else RRF(k=rrf_k, weights=w)
+    if name == "linear":
+        if rrf_k is not None:
+            raise QueryError(f"rrf_k={rrf_k!r} given with fusion {spec!r}; the RRF constant applies to 'rrf' only")
+        if sep and norm not in NORMALISERS:
+            raise QueryError(f"unknown normalisation {norm!r} in fusion {spec!r}; expected one of {', '.join(NORMALISERS)}")
+        return Linear(norm=norm or "minmax", weights=w)
+    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:{'|'.join(NORMALISERS)}]'")
 
 
 def tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:

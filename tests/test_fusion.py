@@ -280,3 +280,34 @@ def test_fusion_to_dict_is_exact():
     assert RRF(k=30, weights={"bm25": 2.0}).to_dict() == {"method": "rrf", "k": 30, "weights": {"bm25": 2.0}}
     assert Linear(norm="zscore").to_dict() == {"method": "linear", "norm": "zscore", "weights": {}}
     assert parse_fusion("linear:none").to_dict()["method"] == "linear"
+
+
+def test_parse_fusion_one_parser_for_library_and_cli(bm25_index, capsys):
+    """Names, weights (mapping or "leg=number" text) and the RRF k through the one parser; the
+    CLI's --fusion/--weights/--rrf-k land on the same objects and errors."""
+    import argparse
+
+    from retriever.cli import _fusion, main
+    from retriever.fusion import parse_weights
+
+    assert parse_fusion(None) == RRF() == parse_fusion("rrf")
+    assert parse_fusion("linear") == Linear("minmax")
+    assert parse_fusion("linear:none", weights="bm25=2, dense=0.5") == Linear("none", {"bm25": 2.0, "dense": 0.5})
+    assert parse_fusion("rrf", weights={"bm25": 3}, rrf_k=10.0) == RRF(10.0, {"bm25": 3})
+    obj = Linear("zscore", {"dense": 2.0})
+    assert parse_fusion(obj) is obj
+    assert parse_weights("bm25=1,dense=1.5") == {"bm25": 1.0, "dense": 1.5}
+    for spec, kw, match in [("linearx", {}, "unknown fusion 'linearx'"), ("rrf:zscore", {}, "unknown fusion"),
+                            ("linear:softmax", {}, "unknown normalisation 'softmax'"),
+                            ("linear", {"rrf_k": 5.0}, "applies to 'rrf' only"),
+                            (obj, {"weights": "bm25=1"}, "is an object"), (7, {}, "got int"),
+                            ("rrf", {"weights": "bm25"}, "expected leg=number, got 'bm25'"),
+                            ("rrf", {"weights": "bm25=1,bm25=2"}, "given twice"),
+                            ("rrf", {"weights": "=1"}, "expected leg=number")]:
+        with pytest.raises(QueryError, match=match):
+            parse_fusion(spec, **kw)
+    ns = argparse.Namespace(fusion="linear:zscore", weights="bm25=2", rrf_k=None)
+    assert _fusion(ns) == Linear("zscore", {"bm25": 2.0})
+    assert _fusion(argparse.Namespace(fusion="rrf", weights=None, rrf_k=20.0)) == RRF(20.0)
+    rc = main(["search", str(bm25_index), "vitamin", "--mode", "bm25", "--fusion", "linear", "--rrf-k", "5"])
+    assert rc == 1 and "applies to 'rrf' only" in capsys.readouterr().err
