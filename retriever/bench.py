@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 

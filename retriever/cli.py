@@ -218,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from retriever.index.readers import read_qrels, read_queries
 
     from .api import Retriever
-    from .evaluation import evaluate, make_run, write_trec_run
+    from .evaluation import evaluate, search_run, write_trec_run
 
     queries = read_queries(args.queries)
     qrels = read_qrels(args.qrels)
@@ -234,17 +234,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = Retriever.open(args.dir, n_threads=args.threads)
     modes = args.mode or ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
     qids = list(queries)
-    texts = [queries[q] for q in qids]
     fusion = _fusion(args)
     for mode in modes:
         t0 = time.perf_counter()
-        res = r.search_arrays(texts, k=args.k, mode=mode, fusion=fusion, depth=args.depth,
+        run, res = search_run(r, queries, mode=mode, k=args.k, fusion=fusion, depth=args.depth,
                               leg_params=args.leg_params)
         secs = time.perf_counter() - t0
-        ids = r.reader.doc_ids()
-        docs = [ids[res.ids[q, :res.n_found[q]]].tolist() for q in range(len(qids))]
-        scores = [res.scores[q, :res.n_found[q]].tolist() for q in range(len(qids))]
-        run = make_run(qids, docs, scores)
         m = evaluate(run, qrels, qids=qids)
         if args.run_out:
             path = Path(args.run_out if len(modes) == 1 else f"{args.run_out}.{mode}")
