@@ -80,7 +80,7 @@ def generator_bytes(dim: int, index: str, scan_dtype: str = "float32") -> float:
 def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
     from retriever.index.matryoshka import build_vector_index
     from retriever import Retriever
-    from retriever.funnel import recall_at_k
+    from retriever.metrics import recall_at_k
 
     t0 = time.perf_counter()
     build_vector_index(ids, x, tmp / name, dims=(64, 128, 256, 384), dtype="float16", shard_size=len(ids))

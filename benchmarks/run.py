@@ -343,9 +343,10 @@ def _scifact_texts(n_docs: int) -> tuple[list[dict], list[str]]:
 
 
 def _lat(samples_s: list[float]) -> dict[str, float]:
-    a = np.asarray(samples_s) * 1e3
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+    """Latency percentiles in ms of samples in seconds (:func:`retriever.metrics.latency_summary`)."""
+    from retriever.metrics import latency_summary
+
+    return latency_summary(np.asarray(samples_s, dtype=np.float64) * 1e3)
 
 
 def section_encode(quick: bool) -> dict[str, Any]:

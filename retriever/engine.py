@@ -18,8 +18,7 @@ import numpy as np
 
 from retriever.index.errors import QueryError
 
-from . import _kernels
-from .fusion import RRF, Linear, fuse
+from .fusion import RRF, Linear, fuse, tie_ranks_rows
 from .legs.base import Leg, SearchContext, TopK, empty_topk
 from .params import LegParams, defaults_for
 from .results import BatchResult, LegArrays
@@ -244,7 +243,7 @@ class Engine:
         if len(names) == 1:
             name = names[0]
             ids, scores, n_found = per_leg[name]
-            ranks = _tie_ranks_rows(scores, n_found)
+            ranks = tie_ranks_rows(scores, n_found)
             legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
             fusion_cfg = None
         else:
@@ -292,14 +291,6 @@ class Engine:
                 if not f.cancel():
                     f.result()
         return [spent_by[name] for name in names]
-
-
-def _tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
-    """:func:`tie_ranks` for every row at once (``_kernels.tie_ranks``): scores float32 (nq, k),
-    rows sorted descending, n_found int (nq,) → int32 (nq, k) 1-based ranks, equal scores sharing
-    the best position, 0 past n_found."""
-    return _kernels.tie_ranks(np.ascontiguousarray(scores, dtype=np.float32),
-                              np.ascontiguousarray(n_found, dtype=np.int32))
 
 
 def _scatter(res: TopK, blank: np.ndarray, k: int) -> TopK:
