@@ -231,8 +231,10 @@ def readme_rows(out: Path = RESULTS) -> list[tuple[str, str, str, str]]:
         for n, e in h["results"]["sizes"].items():
             hl = e["headline"]
             fused = (hl.get("recall@10") or {}).get("fused")
+            sp_ = e.get("sparse_params") or {}
+            sp_txt = f", sparse {sp_['algorithm']} query_cut {sp_['query_cut']}" if "query_cut" in sp_ else ""
             rows.append((f"hybrid {' + '.join(e.get('legs', ()))}, RRF top-10, {int(n):,} docs ({e['dense_factory']} "
-                         f"nprobe {hl['nprobe']}), {e['threads']} threads, one query per call, query vectors given: "
+                         f"nprobe {hl['nprobe']}{sp_txt}), {e['threads']} threads, one query per call, query vectors given: "
                          "p50 / p99 latency, fused recall@10 vs exact", f"{hl['p50_ms']:.2f} / {hl['p99_ms']:.2f} ms, "
                          f"{_f(fused, '.3f')}", _on(e.get("machine") or h.get("machine")), f"`{h['command'].strip()}`"))
     ix = read("run_indexing.json")
