@@ -392,7 +392,8 @@ def _pair(ratios: dict, key: str) -> str:
 
 
 def markdown(report: dict) -> str:
-    """The README's BM25 table from a bm25.json report."""
+    """A Markdown table of a bm25.json report, printed at the end of a run (the README's figures come
+    from :func:`benchmarks.report.readme_rows`)."""
     lines = ["| collection | retriever end to end (1 thread) | retriever kernel `auto` | kernel `maxscore` | "
              "retriever end to end, 2 threads | kernel `auto`, 2 threads | bm25s end to end | bm25s retrieve only | "
              "rank-bm25 | retriever / bm25s (end to end) | retriever / rank-bm25 | indexing docs/s: retriever / bm25s |",

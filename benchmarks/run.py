@@ -26,8 +26,8 @@ files exist, so a section can be rerun alone):
 - ``dense``, ``sparse``: ``benchmarks/bench_dense.py`` / ``benchmarks/bench_sparse.py`` when they
   exist (written on other branches); otherwise a "not available" entry.
 
-Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, < 5 minutes on 2
-cores: 100 s measured with warm caches; peers on small synthetic collections only, their JSON in
+Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, meant to take under 5 minutes
+on 2 cores; peers on small synthetic collections only, their JSON in
 the ``--out`` folder, default ``benchmarks/results/quick``) asserts nothing about speed; the test
 suite runs it (``tests/test_bench.py::test_run_quick``) as CI's smoke test. Timing method: see ``retriever/bench.py`` and
 ``benchmarks/timing.py``.
@@ -756,8 +756,7 @@ def write_budget(out: Path, doc: dict[str, Any]) -> Path:
 #: sections measured in a fresh Python process of their own (:func:`run_fresh`). Indexing: in the
 #: cold full run it follows the hybrid section, and in one process the state that section leaves
 #: (its opened 1M-document index, FAISS/OpenMP and engine thread pools, a multi-GB heap) cost the
-#: non-model figure about 20% (measured 68.9k -> 52.3k documents/s, medians of 3, same process,
-#: 2026-12-01; os.sync() before each build changed nothing: no writeback was pending). A user's
+#: non-model figure about a fifth (the runs: benchmarks/HISTORY.md, "Indexing throughput"). A user's
 #: ``retriever index`` runs in a process of its own, which is what this measures.
 FRESH_PROCESS_SECTIONS = ("indexing",)
 
