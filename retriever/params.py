@@ -27,7 +27,7 @@ SPARSE_ALGORITHMS = ("exact", "seismic")
 #: element types of the dense leg's exact prefix scan (``scan_dtype``)
 SCAN_DTYPES = ("float32", "int8")
 #: Query-time defaults of the sparse approximate mode; how they were chosen (the recall / QPS
-#: sweep and its command) is recorded in ``benchmarks/HISTORY.md``.
+#: sweep and its command) is recorded in ``benchmarks/HISTORY.md`` (learned-sparse section).
 DEFAULT_QUERY_CUT = 10
 DEFAULT_HEAP_FACTOR = 0.9
 
