@@ -203,7 +203,7 @@ class Retriever:
                 raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors given but this index has no "
                                  f"{leg} leg")
             prep = self.engine.legs[leg].prepare_vectors(given, params.get(leg), threads)
-            rows = prep.q.shape[0] if leg == "dense" else len(prep.batch[0]) - 1
+            rows = prep.n_queries
             if rows != len(qs):
                 raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors has {rows} rows for "
                                  f"{len(qs)} queries")

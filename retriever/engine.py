@@ -74,15 +74,8 @@ def search_leg(leg: Leg, prepared: Any, ctx: SearchContext) -> TopK:
     """
     parts = [leg.search_shard(prepared, shard, ctx) for shard in range(leg.n_shards)]
     if not parts:
-        return empty_topk(_n_queries(prepared), ctx.depth)
+        return empty_topk(prepared.n_queries, ctx.depth)
     return merge_topk(parts, ctx.depth)
-
-
-def _n_queries(prepared: Any) -> int:
-    for name in ("texts", "q"):
-        if hasattr(prepared, name):
-            return len(getattr(prepared, name))
-    return len(prepared.batch[0]) - 1
 
 
 def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) -> list[list[str]]:

@@ -67,7 +67,8 @@ class Leg(Protocol):
 
     def prepare(self, queries: Sequence[str], params: Any, n_threads: int) -> Any:
         """Analyse or encode ``queries`` once for every shard; ``params`` is the leg's parameter
-        object (:mod:`retriever.params`). Returns a leg-specific prepared batch."""
+        object (:mod:`retriever.params`). Returns a leg-specific prepared batch, which has an
+        ``n_queries`` attribute."""
 
     def prepare_vectors(self, vectors: Any, params: Any, n_threads: int) -> Any:
         """A prepared batch from user-supplied query representations (query vectors) instead of

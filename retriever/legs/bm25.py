@@ -653,6 +653,11 @@ class BM25Prepared:
     batch: tuple[np.ndarray, np.ndarray, np.ndarray] | None
     utf8: tuple[np.ndarray, np.ndarray] | None
 
+    @property
+    def n_queries(self) -> int:
+        """Queries in the batch."""
+        return len(self.texts)
+
 
 def load_bm25_arrays(reader: IndexReader, s: Shard, n_terms: int) -> dict[str, np.ndarray]:
     """A shard's ``bm25.arrow`` (postings CSR, term frequencies, document lengths), checked.

@@ -121,6 +121,11 @@ class DensePrepared:
     dim: int
     use_own: bool
 
+    @property
+    def n_queries(self) -> int:
+        """Queries in the batch."""
+        return int(self.q.shape[0])
+
 
 class _PrefixIndex:
     """A candidate generator over re-normalised prefixes of one shard (CPU, optional GPU copy)."""

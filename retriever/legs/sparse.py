@@ -382,6 +382,11 @@ class SparsePrepared:
     batch: QueryBatch
     params: SparseSearchParams
 
+    @property
+    def n_queries(self) -> int:
+        """Queries in the batch."""
+        return len(self.batch[0]) - 1
+
 
 def forward_scores(fwd_offsets: np.ndarray, fwd_terms: np.ndarray, fwd_values: np.ndarray, scale: float,
                    vocab_size: int, q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
