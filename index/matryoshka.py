@@ -300,7 +300,7 @@ def build_vector_index(ids: Sequence[str], vectors: np.ndarray, out: str | Path,
                 from .faiss_build import build_faiss_index
                 faiss_bytes = build_faiss_index(stored.astype(np.float32), faiss_factory)
             m = stop - start
-            writer.write_shard(ids=list(ids[start:stop]), titles=[""] * m, texts=[""] * m, metadata=[""] * m,
+            writer.write_shard(ids=list(ids[start:stop]), titles=[""] * m, texts=[""] * m,
                                dense=stored, dense_index=faiss_bytes)
         extra: dict[str, Any] = {"models": {"dense": {**(model_info or {}), "dim": d}}}
         if dims:

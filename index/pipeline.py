@@ -13,6 +13,7 @@ from .analyzer import Analyzer
 from .bm25_build import PostingsBuilder
 from .config import BuildConfig, DenseConfig
 from .errors import ConfigError, CorpusError
+from .metadata import MetadataColumns
 from .readers import Document, read_corpus
 from .testhooks import crash_point
 from .writer import IndexWriter, check_target
@@ -214,7 +215,8 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
     seen: set[str] = set()
     n_docs = 0
     dense_dtype = config.dense.dtype
-    shard_docs: dict[str, list] = {"ids": [], "titles": [], "texts": [], "metadata": []}
+    meta_cols = MetadataColumns()
+    shard_docs: dict[str, list] = {"ids": [], "titles": [], "texts": [], "records": []}
     shard_dense: list[np.ndarray] = []
     progress = None
     if show_progress:
@@ -233,7 +235,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 shard_docs["ids"].extend(d.id for d in batch)
                 shard_docs["titles"].extend(d.title for d in batch)
                 shard_docs["texts"].extend(d.text for d in batch)
-                shard_docs["metadata"].extend(d.metadata for d in batch)
+                shard_docs["records"].extend(batch)
                 if postings is not None:
                     postings.add(full)
                     crash_point("encode_bm25")
@@ -265,27 +267,30 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 if progress is not None:
                     progress.update(len(batch))
                 if end_of_shard:
-                    _flush(writer, shard_docs, postings, shard_dense, sparse_builder, config, mat)
-                    shard_docs = {"ids": [], "titles": [], "texts": [], "metadata": []}
+                    _flush(writer, shard_docs, meta_cols, postings, shard_dense, sparse_builder, config, mat)
+                    shard_docs = {"ids": [], "titles": [], "texts": [], "records": []}
                     shard_dense = []
             if n_docs == 0:
                 raise CorpusError("corpus is empty (no documents)",
                                   path=None if not isinstance(corpus, (str, Path)) else corpus)
-            stats: dict[str, Any] = {"n_docs": n_docs, "build_seconds": None}
+            stats: dict[str, Any] = {"n_docs": n_docs}
+            build: dict[str, Any] = {"build_seconds": None}
             if postings is not None:
                 writer.write_vocab(postings.terms)
                 stats.update(n_terms=len(postings.terms), sum_dl=postings.sum_dl)
             if dense_enc is not None:
-                stats.update(dense_dim=dense_enc.dim, dense_dtype=dense_dtype,
-                             dense_truncated_docs=dense_enc.n_truncated)
+                stats.update(dense_dim=dense_enc.dim, dense_dtype=dense_dtype)
+                build.update(dense_truncated_docs=dense_enc.n_truncated)
             if feed is not None:
                 if not feed.exhausted():
                     raise ConfigError(f"dense_vectors has more rows than the corpus ({n_docs} documents)")
-                stats.update(dense_dim=feed.dim, dense_dtype=dense_dtype, dense_truncated_docs=0)
+                stats.update(dense_dim=feed.dim, dense_dtype=dense_dtype)
+                build.update(dense_truncated_docs=0)
                 model_info["dense"] = {"path": None, "name": "precomputed", "precomputed": True, "dim": feed.dim}
             if sparse_builder is not None:
                 sparse_builder.check_exhausted(n_docs)
                 stats.update(sparse_builder.stats())
+                build.update(sparse_builder.build_info())
                 sparse_builder.write_global(writer)
             extra: dict[str, Any] = {"models": model_info}
             if mat is not None:
@@ -294,17 +299,17 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 stats["dense_dtype"] = dense_dtype
             if postings is not None:
                 postings.close()
-            stats["build_seconds"] = round(time.perf_counter() - t0, 3)
+            build["build_seconds"] = round(time.perf_counter() - t0, 3)
             if dense_enc is not None or (sparse_builder is not None and sparse_vectors is None):
                 # model loading (checkpoint + tokenizer + weight hashes) and time inside the
                 # encoders' encode calls, so a reader can split build_seconds
-                stats["model_load_seconds"] = round(model_load_s, 3)
-                stats["encode_seconds"] = {k: round(v, 3) for k, v in encode_s.items()
+                build["model_load_seconds"] = round(model_load_s, 3)
+                build["encode_seconds"] = {k: round(v, 3) for k, v in encode_s.items()
                                            if (k == "dense" and dense_enc is not None)
                                            or (k == "sparse" and sparse_builder is not None and sparse_vectors is None)}
             cfg = config.to_dict()
             cfg["dense"]["dtype"] = dense_dtype
-            return writer.commit(build_config=cfg, stats=stats, extra=extra)
+            return writer.commit(build_config=cfg, stats=stats, build=build, extra=extra)
         except BaseException:
             if postings is not None:  # stop the analysis thread; the error being raised wins
                 postings.close(raise_errors=False)
@@ -314,7 +319,7 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
                 progress.close()
 
 
-def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder | None,
+def _flush(writer: IndexWriter, docs: dict[str, list], meta_cols: MetadataColumns, postings: PostingsBuilder | None,
            dense: list[np.ndarray], sparse_builder: Any, config: BuildConfig, mat: Any = None) -> None:
     vectors = np.concatenate(dense) if dense else None
     if vectors is not None and mat is not None:
@@ -326,7 +331,8 @@ def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder
         faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
         crash_point("faiss")
     # the postings' counting sort runs on the analysis thread while the docs table is written
-    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"], metadata=docs["metadata"],
+    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"],
+                               metadata=meta_cols.columns(docs["records"]),
                                bm25=postings.flush_async().result if postings is not None else None,
                                dense=vectors, dense_index=faiss_bytes)
     if sparse_builder is not None:  # writes into the shard's directory, adds manifest fields

@@ -9,8 +9,11 @@ Files (per shard ``shards/NNNNN/``):
                           (``retriever.legs.sparse.SPARSE_INDEX_ARRAYS`` lists the arrays). Written once all shards are known, because the impact scale
                           is global (max weight of the corpus / 65535): exact scores therefore do
                           not depend on the shard layout.
-The manifest's ``stats`` carries ``sparse_scale``, ``sparse_vocab_size``, ``sparse_nnz`` and
-``sparse_truncated_docs`` (documents longer than ``doc_max_length`` tokens, truncated).
+The manifest's ``stats`` carries ``sparse_scale``, ``sparse_vocab_size`` and ``sparse_nnz``; its
+``build`` section ``sparse_truncated_docs`` (documents longer than ``doc_max_length`` tokens,
+truncated), ``sparse_precomputed`` and ``sparse_doc_max_length``. Each shard's ``stats.json`` has a
+``sparse`` section: ``n_docs``, ``nnz``, ``max_weight`` (the shard's largest float weight: the
+scale is ``max over shards / 65535``), ``vocab_size`` and the ``scale`` its impacts use.
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ class SparseBuilder:
             base += int(ip[-1])
             terms.append(t)
             weights.append(w)
+        shard_max = max((float(w.max()) for _, _, w in self._parts if len(w)), default=0.0)
         self._parts = []
         indptr = np.concatenate(ptrs).astype(np.uint64)
         arrays = {"indptr": indptr,
@@ -109,6 +113,8 @@ class SparseBuilder:
         self._shard_dirs.append(shard_dir)
         self.nnz += len(arrays["terms"])
         self.n_docs += len(indptr) - 1
+        writer.add_shard_stats(shard_dir, "sparse", {"n_docs": int(len(indptr) - 1), "nnz": int(len(arrays["terms"])),
+                                                     "max_weight": shard_max, "vocab_size": int(self.vocab_size)})
         return {"sparse_nnz": int(len(arrays["terms"]))}
 
     def check_exhausted(self, n_docs: int) -> None:
@@ -122,9 +128,12 @@ class SparseBuilder:
         return impact_scale(self.max_weight)
 
     def stats(self) -> dict[str, Any]:
-        """Build-summary fields for the manifest's ``stats``."""
-        return {"sparse_scale": self.scale, "sparse_vocab_size": self.vocab_size, "sparse_nnz": self.nnz,
-                "sparse_precomputed": self._vectors is not None,
+        """Corpus-wide statistics for the manifest's ``stats``."""
+        return {"sparse_scale": self.scale, "sparse_vocab_size": self.vocab_size, "sparse_nnz": self.nnz}
+
+    def build_info(self) -> dict[str, Any]:
+        """Build information for the manifest's ``build`` section (not statistics)."""
+        return {"sparse_precomputed": self._vectors is not None,
                 "sparse_truncated_docs": self.encoder.n_truncated,
                 "sparse_doc_max_length": self.config.doc_max_length}
 
@@ -137,3 +146,4 @@ class SparseBuilder:
                                         scale=self.scale, n_postings=sc.n_postings, block_size=sc.block_size,
                                         summary_energy=sc.summary_energy)
             writer.write_file_arrays(f"{d}/sparse_index.arrow", arrays)
+            writer.shard_stats[d]["sparse"]["scale"] = self.scale
