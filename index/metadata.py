@@ -342,13 +342,13 @@ def column_pylist(arr: pa.Array) -> list[Any]:
     return vals
 
 
-def metadata_dicts(struct: pa.Array, nulls: pa.Array) -> list[dict[str, Any]]:
+def metadata_dicts(struct: pa.Array, nulls: pa.Array | None) -> list[dict[str, Any]]:
     """The metadata dicts of ``len(struct)`` rows: each row's non-null fields (in column order)
-    and the fields it gave as ``None``.
+    and the fields it gave as ``None``; every dict a new object.
 
     Args:
         struct: the ``metadata`` struct column (a ``StructArray`` or ``ChunkedArray``).
-        nulls: the ``metadata_nulls`` column, same length.
+        nulls: the ``metadata_nulls`` column, same length (None: no row has explicit nulls).
     """
     if isinstance(struct, pa.ChunkedArray):
         struct = struct.combine_chunks()
@@ -356,23 +356,22 @@ def metadata_dicts(struct: pa.Array, nulls: pa.Array) -> list[dict[str, Any]]:
         nulls = nulls.combine_chunks()
     n = len(struct)
     typ = struct.type
-    names = [typ.field(i).name for i in range(typ.num_fields)]
-    cols = [column_pylist(struct.field(i)) for i in range(typ.num_fields)]
-    if nulls.null_count == len(nulls):
-        null_rows: list[Any] = []
+    if typ.num_fields == 0:
+        out: list[dict[str, Any]] = [{} for _ in range(n)]
     else:
-        null_rows = nulls.to_pylist()
-    if len(names) == 1:  # the common case (e.g. one JSON field)
-        name, col = names[0], cols[0]
-        out = [{} if v is None else {name: v} for v in col]
-    else:
-        out = []
-        for i in range(n):
-            out.append({name: col[i] for name, col in zip(names, cols) if col[i] is not None})
-    for i, row in enumerate(null_rows):
-        if row:
-            for name in row:
-                out[i][name] = None
+        names = [typ.field(i).name for i in range(typ.num_fields)]
+        children = [struct.field(i) for i in range(typ.num_fields)]
+        cols = [column_pylist(c) for c in children]
+        out = [dict(zip(names, vals)) for vals in zip(*cols)]
+        for name, child in zip(names, children):  # drop the nulls (missing fields) again
+            if child.null_count:
+                for i in np.flatnonzero(child.is_null().to_numpy(zero_copy_only=False)).tolist():
+                    del out[i][name]
+    if nulls is not None and nulls.null_count != len(nulls):
+        for i, row in enumerate(nulls.to_pylist()):
+            if row:
+                for name in row:
+                    out[i][name] = None
     return out
 
 

@@ -322,6 +322,11 @@ def test_fetch_batch_equals_fetch_across_shards(tmp_path):
     assert r.fetch_batch(grid)["id"] == [docs[o]["_id"] for o in grid.reshape(-1)]
     b = r.fetch_batch(np.array([3, 3]))
     assert b["metadata"][0] == b["metadata"][1] and b["metadata"][0] is not b["metadata"][1]
+    part = r.fetch_batch(grid, fields=("id", "metadata"))
+    full = r.fetch_batch(grid)
+    assert set(part) == {"id", "metadata"} and part["id"] == full["id"] and part["metadata"] == full["metadata"]
+    with pytest.raises(ValueError, match="unknown fetch field.*'body'"):
+        r.fetch_batch(grid, fields=("id", "body"))
     with pytest.raises(IndexError, match="95"):
         r.fetch_batch(np.array([0, 95]))
     with pytest.raises(IndexError, match="-1"):
