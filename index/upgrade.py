@@ -30,8 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import IndexFormatError
+from .faults import FaultHook, no_faults
 from .format import (FORMAT_NAME, MANIFEST_V1, MAX_MANIFEST_BYTES, SHARD_STATS, is_index, manifest_digest,
-                     read_arrays, read_current, read_table, safe_join, sha256_file, write_table)
+                     read_arrays, read_current, read_table, safe_join, sha256_file)
 from .metadata import MetadataColumns, normalize_metadata, type_name
 from .writer import IndexWriter
 
@@ -131,8 +132,12 @@ def _shard_stats(root: Path, entry: dict[str, Any], files: dict[str, Any], v1_st
     return st
 
 
-def upgrade_index(path: str | Path) -> dict[str, Any]:
+def upgrade_index(path: str | Path, *, faults: FaultHook = no_faults) -> dict[str, Any]:
     """Convert the format-1 index at ``path`` to format 2 in place (atomically).
+
+    Args:
+        path: the index directory.
+        faults: fault-injection hook (the writer's points: ``shard_docs`` ... ``swap``; tests).
 
     Returns:
         ``{"path", "from_version": 1, "to_version": 2, "n_docs", "n_shards", "metadata_schema",
@@ -162,7 +167,7 @@ def upgrade_index(path: str | Path) -> dict[str, Any]:
         pos += len(recs)
     cols = MetadataColumns(on_conflict="json", schema=infer.schema)
     v1_stats = dict(m["stats"])
-    with IndexWriter(root, overwrite=True) as w:
+    with IndexWriter(root, overwrite=True, faults=faults) as w:
         pos = 0
         for s in m["shards"]:
             rel = f"{s['dir']}/docs.arrow"
@@ -171,13 +176,11 @@ def upgrade_index(path: str | Path) -> dict[str, Any]:
             struct, nulls = cols.columns(recs)
             docs = pa.table({"id": t.column("id"), "title": t.column("title"), "text": t.column("text"),
                              "metadata": struct, "metadata_nulls": nulls})
-            (w.tmp / s["dir"]).mkdir(parents=True, exist_ok=True)
-            write_table(w.tmp / rel, docs)
-            w._record(w.tmp / rel)
+            w.write_table(rel, docs)
         for rel, info in m["files"].items():
             if rel.endswith("/docs.arrow") or rel.endswith(f"/{SHARD_STATS}"):
                 continue
-            _link(root / rel, w.tmp / rel)
+            _link(root / rel, w.tmp / rel)  # same bytes: the recorded SHA-256 holds
             w.files[rel] = {"bytes": (w.tmp / rel).stat().st_size, "sha256": info["sha256"]}
         for s in m["shards"]:
             entry = {k: v for k, v in s.items() if k not in ("stats", "deletes")}

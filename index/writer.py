@@ -18,13 +18,14 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable, NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from .errors import IndexExistsError, IndexFormatError
-from .testhooks import crash_point
+from .builders import ShardHandle, ShardOutput
+from .faults import FaultHook, no_faults
 from .format import (CURRENT, FORMAT_NAME, FORMAT_VERSION, SHARD_STATS, is_index, manifest_digest, manifest_name,
                      sha256_file, write_arrays, write_table)
 from .metadata import MetadataColumns, combine_schema, normalize_metadata, type_name
@@ -138,13 +139,17 @@ class IndexWriter:
     Args:
         out: final index directory.
         overwrite: replace an existing index at ``out`` (atomically).
+        faults: fault-injection hook, called at ``shard_docs``, ``shard_done``, ``manifest`` and
+            ``swap`` (see :mod:`retriever.index.faults`).
 
-    Use as a context manager: leaving the block with an exception removes the temporary
+    Leg builders write a shard's files with :meth:`write_arrays`, :meth:`write_table` and
+    :meth:`write_bytes` between :meth:`begin_shard` and :meth:`end_shard`. Use as a context manager: leaving the block with an exception removes the temporary
     directory and leaves ``out`` untouched.
     """
 
-    def __init__(self, out: str | Path, *, overwrite: bool = False) -> None:
+    def __init__(self, out: str | Path, *, overwrite: bool = False, faults: FaultHook = no_faults) -> None:
         self.out = Path(out)
+        self._faults = faults
         self.overwrite = overwrite
         check_target(self.out, overwrite)
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -154,6 +159,7 @@ class IndexWriter:
         self.files: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
         self.shard_stats: dict[str, dict[str, Any]] = {}
+        self._open: dict[str, dict[str, Any]] = {}  # shards begun, not ended: dir -> statistics so far
         self._committed = False
 
     def __enter__(self) -> "IndexWriter":
@@ -167,31 +173,52 @@ class IndexWriter:
         rel = path.relative_to(self.tmp).as_posix()
         self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
-    def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
-                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None,
-                    bm25: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None, dense: np.ndarray | None = None,
-                    dense_index: bytes | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write one immutable shard.
+    def _path(self, rel: str) -> Path:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def write_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> str:
+        """Write an array file (:func:`retriever.index.format.write_arrays`) at ``rel`` (relative to the index root); returns ``rel``."""
+        p = self._path(rel)
+        write_arrays(p, arrays)
+        self._record(p)
+        return rel
+
+    def write_table(self, rel: str, table: pa.Table) -> str:
+        """Write an Arrow IPC file at ``rel``; returns ``rel``."""
+        p = self._path(rel)
+        write_table(p, table)
+        self._record(p)
+        return rel
+
+    def write_bytes(self, rel: str, data: bytes) -> str:
+        """Write raw bytes (e.g. a serialised FAISS index) at ``rel``, fsynced; returns ``rel``."""
+        p = self._path(rel)
+        with open(p, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._record(p)
+        return rel
+
+    def begin_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
+                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None) -> ShardHandle:
+        """Start the next shard: write its ``docs.arrow``.
 
         Args:
-            ids, titles, texts: n documents' columns.
+            ids, titles, texts: the n documents' columns.
             metadata: the ``metadata`` struct and ``metadata_nulls`` columns
                 (:meth:`retriever.index.metadata.MetadataColumns.columns`, types over the whole
                 build); or a list of per-document metadata (dicts, or JSON object strings, ``""``
                 for none), typed for this shard alone; None: no metadata.
-            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n];
-                or a function returning them, called after the docs table is written (so the
-                caller can compute the postings meanwhile, e.g. on another thread).
-            dense: (n, dim) float16 or float32 vectors.
-            dense_index: serialised FAISS index bytes (``faiss.serialize_index``), if any.
-            extra: more fields for the shard's manifest entry.
 
         Returns:
-            the shard's manifest entry. Its statistics (``bm25``, ``dense`` sections) are kept
-            for the shard's ``stats.json``, written at :meth:`commit` (leg builders add theirs
-            with :meth:`add_shard_stats`).
+            the shard's handle (number, directory relative to the index root, rows).
         """
-        sdir = self.tmp / "shards" / f"{len(self.shards):05d}"
+        index = len(self.shards) + len(self._open)
+        rel_dir = f"shards/{index:05d}"
+        sdir = self.tmp / rel_dir
         sdir.mkdir(parents=True)
         n = len(ids)
         if metadata is None or isinstance(metadata, list):
@@ -201,64 +228,74 @@ class IndexWriter:
             raise ValueError(f"metadata columns have {len(struct)} / {len(nulls)} rows, expected {n}")
         table = pa.table({"id": pa.array(ids, pa.string()), "title": pa.array(titles, pa.large_string()),
                           "text": pa.array(texts, pa.large_string()), "metadata": struct, "metadata_nulls": nulls})
-        write_table(sdir / "docs.arrow", table)
-        self._record(sdir / "docs.arrow")
-        crash_point("shard_docs")
-        rel_dir = sdir.relative_to(self.tmp).as_posix()
-        entry: dict[str, Any] = {"dir": rel_dir, "rows": n}
-        stats: dict[str, Any] = {"rows": n, "metadata_fields": {f.name: type_name(f.type) for f in struct.type}}
-        if callable(bm25):
-            bm25 = bm25()
-        if bm25 is not None:
-            write_arrays(sdir / "bm25.arrow", bm25)
-            self._record(sdir / "bm25.arrow")
-            crash_point("shard_bm25")
-            entry["n_terms"] = int(len(bm25["offsets"]) - 1)
-            entry["nnz"] = int(len(bm25["doc_ids"]))
-            stats["bm25"] = {"n_docs": n, "sum_dl": int(np.asarray(bm25["doc_len"]).sum(dtype=np.int64)),
-                             "n_terms": entry["n_terms"], "nnz": entry["nnz"]}
-        if dense is not None:
-            if dense.ndim != 2 or dense.shape[0] != n:
-                raise ValueError(f"dense vectors have shape {dense.shape}, expected ({n}, dim)")
-            dim = dense.shape[1]
-            flat = pa.array(np.ascontiguousarray(dense).reshape(-1))
-            vec = pa.FixedSizeListArray.from_arrays(flat, dim)
-            write_table(sdir / "dense.arrow", pa.table({"vector": vec}))
-            self._record(sdir / "dense.arrow")
-            crash_point("shard_dense")
-            stats["dense"] = {"count": n, "dim": int(dim), "dtype": str(dense.dtype)}
-        if dense_index is not None:
-            p = sdir / "dense.faiss"
-            with open(p, "wb") as f:
-                f.write(dense_index)
-                f.flush()
-                os.fsync(f.fileno())
-            self._record(p)
-            crash_point("shard_faiss")
-        if extra:
-            entry.update(extra)
-        _fsync_dir(sdir)
-        crash_point("shard_done")
+        self.write_table(f"{rel_dir}/docs.arrow", table)
+        self._faults("shard_docs")
+        handle = ShardHandle(index, rel_dir, n)
+        self._open[rel_dir] = {"rows": n, "metadata_fields": {f.name: type_name(f.type) for f in struct.type}}
+        return handle
+
+    def end_shard(self, shard: ShardHandle, outputs: dict[str, ShardOutput]) -> dict[str, Any]:
+        """Finish ``shard``: its manifest entry and statistics from the legs' ``outputs`` (leg name →
+        what its builder wrote), fsync of its directory.
+
+        Returns:
+            the shard's manifest entry.
+        """
+        stats = self._open.pop(shard.dir)
+        entry: dict[str, Any] = {"dir": shard.dir, "rows": shard.rows}
+        for leg, out in outputs.items():
+            entry.update(out.entry)
+            if out.stats is not None:
+                stats[leg] = out.stats
+        _fsync_dir(self.tmp / shard.dir)
+        self._faults("shard_done")
         self.shards.append(entry)
-        self.shard_stats[rel_dir] = stats
+        self.shard_stats[shard.dir] = stats
         return entry
+
+    def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
+                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None,
+                    bm25: dict[str, np.ndarray] | None = None, dense: np.ndarray | None = None,
+                    dense_index: bytes | None = None) -> dict[str, Any]:
+        """Write one whole shard from ready arrays (tests and tools; builds go through the leg
+        builders, :mod:`retriever.index.pipeline`).
+
+        Args:
+            ids, titles, texts, metadata: as in :meth:`begin_shard`.
+            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n].
+            dense: (n, dim) float16 or float32 stored vectors; dense_index: FAISS index bytes.
+
+        Returns:
+            the shard's manifest entry.
+        """
+        shard = self.begin_shard(ids=ids, titles=titles, texts=texts, metadata=metadata)
+        outputs: dict[str, ShardOutput] = {}
+        if bm25 is not None:
+            self.write_arrays(f"{shard.dir}/bm25.arrow", bm25)
+            n_terms, nnz = int(len(bm25["offsets"]) - 1), int(len(bm25["doc_ids"]))
+            outputs["bm25"] = ShardOutput(stats={"n_docs": shard.rows, "sum_dl": int(np.asarray(bm25["doc_len"]).sum(dtype=np.int64)),
+                                                 "n_terms": n_terms, "nnz": nnz}, entry={"n_terms": n_terms, "nnz": nnz})
+        if dense is not None:
+            if dense.ndim != 2 or dense.shape[0] != shard.rows:
+                raise ValueError(f"dense vectors have shape {dense.shape}, expected ({shard.rows}, dim)")
+            flat = pa.array(np.ascontiguousarray(dense).reshape(-1))
+            self.write_table(f"{shard.dir}/dense.arrow", pa.table({"vector": pa.FixedSizeListArray.from_arrays(flat, dense.shape[1])}))
+            outputs["dense"] = ShardOutput(stats={"count": shard.rows, "dim": int(dense.shape[1]), "dtype": str(dense.dtype)})
+        if dense_index is not None:
+            self.write_bytes(f"{shard.dir}/dense.faiss", dense_index)
+        return self.end_shard(shard, outputs)
 
     def add_shard_stats(self, shard_dir: str, section: str, values: dict[str, Any]) -> None:
         """Add (or replace) one section of a written shard's statistics (e.g. ``"sparse"``)."""
         self.shard_stats[shard_dir][section] = values
 
     def write_file_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> None:
-        """Write an index-level array file (e.g. the Matryoshka rotation)."""
-        p = self.tmp / rel
-        write_arrays(p, arrays)
-        self._record(p)
+        """Write an array file at ``rel`` (e.g. the Matryoshka rotation); :meth:`write_arrays`."""
+        self.write_arrays(rel, arrays)
 
     def write_vocab(self, terms: list[str]) -> None:
-        """Write the global BM25 vocabulary (row i = term id i)."""
-        p = self.tmp / "vocab.arrow"
-        write_table(p, pa.table({"term": pa.array(terms, pa.large_string())}))
-        self._record(p)
-        crash_point("vocab")
+        """Write the global BM25 vocabulary ``vocab.arrow`` (row i = term id i)."""
+        self.write_table("vocab.arrow", pa.table({"term": pa.array(terms, pa.large_string())}))
 
     def _write_json(self, rel: str, obj: Any) -> None:
         p = self.tmp / rel
@@ -312,12 +349,8 @@ class IndexWriter:
         mpath = self.tmp / manifest_name(1)
         mpath.parent.mkdir()
 
-        text = json.dumps(manifest, indent=1, sort_keys=False)
         with open(mpath, "w", encoding="utf-8") as f:
-            f.write(text[:len(text) // 2])
-            f.flush()
-            crash_point("manifest_partial")
-            f.write(text[len(text) // 2:])
+            f.write(json.dumps(manifest, indent=1, sort_keys=False))
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(mpath.parent)
@@ -326,7 +359,7 @@ class IndexWriter:
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp)
-        crash_point("manifest")
+        self._faults("manifest")
         if self.out.exists():
             check_target(self.out, self.overwrite)
             if self.out.is_dir() and not any(self.out.iterdir()):
@@ -339,12 +372,12 @@ class IndexWriter:
                 os.rename(self.out, old)
                 os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
-            crash_point("swap")
+            self._faults("swap")
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
-            crash_point("swap")
+            self._faults("swap")
         self._committed = True
         return manifest
 

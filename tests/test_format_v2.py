@@ -273,8 +273,9 @@ def test_upgrade_killed_leaves_format1_intact(tmp_path):
     path = tmp_path / "v1"
     shutil.copytree(V1, path)
     before = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "RETRIEVER_CRASH_AT": "manifest"}
-    r = subprocess.run([sys.executable, "-m", "retriever", "index", "upgrade", str(path)], cwd=ROOT, env=env,
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "tests" / "crash_build.py"), "manifest",
+                        json.dumps({"kind": "upgrade", "out": str(path)})], cwd=ROOT, env=env,
                        capture_output=True, text=True)
     assert r.returncode == -9, r.stderr
     after = {p.relative_to(path).as_posix(): p.read_bytes() for p in path.rglob("*") if p.is_file()}
