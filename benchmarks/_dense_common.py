@@ -22,7 +22,10 @@ def scifact_index(path: Path | None = None) -> Path:
     from retriever import BuildConfig, DenseConfig, build_index
 
     path = Path(path) if path else CACHE / "scifact-dense-f32"
-    if not (path / "manifest.json").is_file():
+    if (path / "manifest.json").is_file() and not (path / "CURRENT").is_file():  # cached at format 1
+        from retriever.index.upgrade import upgrade_index
+        upgrade_index(path)
+    if not (path / "CURRENT").is_file():
         print(f"building {path} (dense encoding of SciFact, a few minutes)...", file=sys.stderr)
         build_index(DATA / "scifact", path, BuildConfig(legs=("dense",), dense=DenseConfig(dtype="float32")),
                     show_progress=False)

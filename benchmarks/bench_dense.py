@@ -78,7 +78,7 @@ def generator_bytes(dim: int, index: str, scan_dtype: str = "float32") -> float:
 
 
 def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
-    from retriever.index.matryoshka import build_vector_index
+    from retriever.index.pipeline import build_vector_index
     from retriever import Retriever
     from retriever.metrics import recall_at_k
 

@@ -478,7 +478,7 @@ def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...], **override
     """One ``build_index`` of ``docs`` (one pipeline batch: ``batch_size`` ≥ len(docs), so the
     encoders length-sort the same set of texts as the raw loops; ``overrides`` go to
     ``build_index``, e.g. ``dense=DenseConfig(precision="bfloat16")``): wall seconds, and wall
-    seconds minus the model loading measured inside that call (``stats.model_load_seconds``)."""
+    seconds minus the model loading measured inside that call (``build.model_load_seconds``)."""
     import shutil
 
     from retriever import build_index
@@ -487,7 +487,7 @@ def _pipeline_run(docs: list[dict], out: Path, legs: tuple[str, ...], **override
     m = build_index(docs, out, legs=legs, show_progress=False, batch_size=max(1024, len(docs)), **overrides)
     wall = time.perf_counter() - t0
     shutil.rmtree(out, ignore_errors=True)
-    st = m["stats"]
+    st = m["build"]
     return {"wall_s": wall, "model_load_s": float(st["model_load_seconds"]),
             "encode_s": dict(st["encode_seconds"]), "excl_load_s": wall - float(st["model_load_seconds"])}
 

@@ -11,12 +11,15 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import compress
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from .analyzer import _IDEO, Analyzer
 from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens, utf8_arrays
+
+if TYPE_CHECKING:
+    from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
 
 
 class PostingsBuilder:
@@ -289,3 +292,61 @@ class _Shard:
         self.tfs: list[np.ndarray] = []
         self.lens: list[np.ndarray] = []
 
+
+
+class BM25Builder:
+    """The BM25 leg's builder (:class:`retriever.index.builders.LegBuilder`): analysed postings
+    per shard (``bm25.arrow``) and the index's vocabulary (``vocab.arrow``).
+
+    Args:
+        analyzer: the index's analyzer.
+        faults: fault-injection hook (``encode_bm25``, ``shard_bm25``, ``vocab``).
+        background: analyse on worker threads (see :class:`PostingsBuilder`).
+    """
+
+    name = "bm25"
+
+    def __init__(self, analyzer: Analyzer, faults: Callable[[str], None], *, background: bool = True) -> None:
+        self.postings = PostingsBuilder(analyzer, background=background)
+        self._faults = faults
+        self._pending: Future | None = None
+
+    def add(self, batch: "Batch") -> None:
+        """Analyse one batch (on the worker threads)."""
+        self.postings.add(batch.texts)
+        self._faults("encode_bm25")
+
+    def end_shard(self) -> None:
+        """Start the shard's counting sort on the worker thread (it runs while docs are written)."""
+        self._pending = self.postings.flush_async()
+
+    def finish_shard(self, writer: Any, shard: "ShardHandle") -> "ShardOutput":
+        """Write ``bm25.arrow``: ``offsets`` u64[T_s+1], ``doc_ids`` u32, ``tfs`` u32, ``doc_len`` u32."""
+        from .builders import ShardOutput
+
+        fut = self._pending if self._pending is not None else self.postings.flush_async()
+        self._pending = None
+        arrays = fut.result()
+        if len(arrays["doc_len"]) != shard.rows:
+            raise RuntimeError(f"internal error: {len(arrays['doc_len'])} document lengths for {shard.rows} rows")
+        rel = writer.write_arrays(f"{shard.dir}/bm25.arrow", arrays)
+        self._faults("shard_bm25")
+        n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))
+        stats = {"n_docs": shard.rows, "sum_dl": int(arrays["doc_len"].sum(dtype=np.int64)), "n_terms": n_terms,
+                 "nnz": nnz}
+        return ShardOutput(files=[rel], stats=stats, entry={"n_terms": n_terms, "nnz": nnz})
+
+    def finish(self, writer: Any, n_docs: int) -> "IndexOutput":
+        """Write ``vocab.arrow`` (row i = term id i); corpus ``n_terms`` and ``sum_dl``."""
+        from .builders import IndexOutput
+
+        terms = self.postings.terms
+        writer.write_vocab(terms)
+        self._faults("vocab")
+        out = IndexOutput(stats={"n_terms": len(terms), "sum_dl": self.postings.sum_dl})
+        self.postings.close()
+        return out
+
+    def close(self, *, raise_errors: bool = True) -> None:
+        """Stop the analysis threads."""
+        self.postings.close(raise_errors=raise_errors)

@@ -6,7 +6,7 @@ import dataclasses
 import math
 import numbers
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterable
 
 from .errors import ConfigError
 
@@ -16,6 +16,37 @@ LEGS = ("bm25", "dense", "sparse")
 def _is_int(v: Any) -> bool:
     """An integer (Python or numpy), not a bool or a float."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
+
+
+def check_dims(dims: Iterable[int] | str | None) -> tuple[int, ...]:
+    """Validate Matryoshka prefix dimensions.
+
+    Args:
+        dims: iterable of positive integers, or a comma list such as ``"64,128,256,384"``;
+            ``None`` or empty means none.
+
+    Returns:
+        the dimensions as a strictly ascending tuple of ints.
+
+    Raises:
+        ConfigError: a non-integer, a value < 1, duplicates or a non-ascending order (names the value).
+    """
+    if dims is None:
+        return ()
+    if isinstance(dims, str):
+        parts = [p.strip() for p in dims.split(",") if p.strip()]
+        try:
+            dims = [int(p) for p in parts]
+        except ValueError:
+            raise ConfigError(f"matryoshka_dims must be a comma list of integers, got {dims!r}") from None
+    out = []
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
+            raise ConfigError(f"matryoshka_dims entries must be integers >= 1, got {d!r}")
+        out.append(int(d))
+    if any(b <= a for a, b in zip(out, out[1:])):
+        raise ConfigError(f"matryoshka_dims must be strictly ascending without duplicates, got {tuple(out)!r}")
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -111,8 +142,6 @@ class DenseConfig:
     precision: str = "float32"
 
     def __post_init__(self) -> None:
-        from .matryoshka import check_dims  # Matryoshka validation lives with its logic
-
         if not isinstance(self.precision, str) or self.precision not in ENCODER_PRECISIONS:
             raise ConfigError(f"dense precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {self.precision!r}")
 

@@ -56,3 +56,7 @@ class QueryError(RetrieverError, ValueError):
 
 class ModelError(RetrieverError, ValueError):
     """An encoder model that cannot be found or loaded (names the path)."""
+
+
+class IndexLockedError(RetrieverError):
+    """Another writer holds the index's writer lock (the message names its process id)."""

@@ -1,14 +1,22 @@
-"""On-disk index format: Arrow IPC files, ``manifest.json``, checksums and validation.
+"""On-disk index format (version 2): Arrow IPC files, generation manifests, checksums, validation.
 
 Layout of an index directory (all Arrow files are uncompressed IPC *file* format, memory-mappable,
-readable by plain pyarrow / DuckDB / Polars)::
+readable by plain pyarrow / DuckDB / Polars; ``docs/FORMAT.md`` is the full description)::
 
-    manifest.json                 format version, build config, shard list, per-file size + SHA-256
+    CURRENT                       one line: the current generation's manifest, "manifests/NNNNNN.json"
+    manifests/NNNNNN.json         generation N (immutable): format version, build config, shard list,
+                                  per-file size + SHA-256, corpus statistics, build info, fusion
     vocab.arrow                   BM25 terms; row i is term id i (global across shards)
-    shards/NNNNN/docs.arrow       id, title, text, metadata (JSON string)
+    shards/NNNNN/docs.arrow       id, title, text, metadata (struct of typed columns), metadata_nulls
+    shards/NNNNN/stats.json       per-shard statistics (BM25 n_docs / sum_dl, dense count / dim, sparse
+                                  max weight ...), what corpus-wide statistics are combined from
     shards/NNNNN/bm25.arrow       CSR postings: offsets u64[T_s+1], doc_ids u32, tfs u32; doc_len u32
     shards/NNNNN/dense.arrow      vector: fixed_size_list<float16|float32>[dim]
     shards/NNNNN/dense.faiss      FAISS index (only for factory strings other than "Flat")
+
+Files are never modified once a manifest lists them: a later generation shares them, or lists new
+files under new names (tombstones ``shards/NNNNN/deletes.GGGGGG.arrow``, ...), and switches
+``CURRENT`` atomically (written beside it, fsynced, renamed over it).
 
 "Array files" (``bm25.arrow``) hold one row whose columns are ``large_list`` arrays, one per
 named numpy array, so each array is read back zero-copy from the memory map.
@@ -30,18 +38,40 @@ import pyarrow as pa
 from .errors import IndexFormatError
 
 FORMAT_NAME = "retriever-index"
-FORMAT_VERSION = 1
-MANIFEST = "manifest.json"
+FORMAT_VERSION = 2
+#: the pointer file naming the current generation's manifest
+CURRENT = "CURRENT"
+#: folder of the generation manifests
+MANIFEST_DIR = "manifests"
+#: the single manifest of a format-1 index (read only to say how to upgrade it)
+MANIFEST_V1 = "manifest.json"
+#: a generation manifest's name, relative to the index root
+MANIFEST_NAME_RE = re.compile(r"^manifests/([0-9]{6,12})\.json$")
+MAX_GENERATION = 10**12 - 1
+#: per-shard statistics file (JSON), beside the shard's other files
+SHARD_STATS = "stats.json"
+MAX_STATS_BYTES = 1 << 20
 MAX_MANIFEST_BYTES = 64 << 20
 #: Names of a build's temporary directories (index/writer.py); never opened as an index.
 TEMP_DIR_RE = re.compile(r"^\..+\.(tmp|old)-[0-9a-f-]+$")
 
-DOCS_SCHEMA = pa.schema([
-    pa.field("id", pa.string(), nullable=False),
-    pa.field("title", pa.large_string()),
-    pa.field("text", pa.large_string()),
-    pa.field("metadata", pa.large_string()),
-])
+#: the fixed leading columns of ``docs.arrow``; ``metadata`` (a struct of typed columns, see
+#: :mod:`retriever.index.metadata`) and ``metadata_nulls`` follow
+DOCS_COLUMNS = ("id", "title", "text", "metadata", "metadata_nulls")
+
+
+def manifest_name(generation: int) -> str:
+    """Relative path of generation ``generation``'s manifest, e.g. ``manifests/000001.json``."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or not 1 <= generation <= MAX_GENERATION:
+        raise ValueError(f"generation must be an integer in [1, {MAX_GENERATION}], got {generation!r}")
+    return f"{MANIFEST_DIR}/{generation:06d}.json"
+
+
+def is_index(path: str | Path) -> bool:
+    """True when ``path`` looks like an index directory of any format version (has ``CURRENT``
+    or a format-1 ``manifest.json``); nothing is validated."""
+    p = Path(path)
+    return (p / CURRENT).is_file() or (p / MANIFEST_V1).is_file()
 
 
 def write_table(path: Path, table: pa.Table) -> None:
@@ -56,27 +86,43 @@ def write_table(path: Path, table: pa.Table) -> None:
 ARROW_MAGIC = b"ARROW1"
 
 
+def _check_array_offsets(path: Path, name: str, arr: pa.Array) -> None:
+    """Offsets of one array (and of its children: struct fields, list values, extension storage)."""
+    typ = arr.type
+    if isinstance(typ, pa.BaseExtensionType):
+        _check_array_offsets(path, name, arr.storage)
+        return
+    if pa.types.is_struct(typ):
+        for i in range(typ.num_fields):
+            _check_array_offsets(path, f"{name}.{typ.field(i).name}", arr.field(i))
+        return
+    is_str = (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+              or pa.types.is_large_binary(typ))
+    is_list = pa.types.is_list(typ) or pa.types.is_large_list(typ)
+    if not (is_str or is_list):
+        return
+    large = pa.types.is_large_string(typ) or pa.types.is_large_binary(typ) or pa.types.is_large_list(typ)
+    odt = np.int64 if large else np.int32
+    bufs = arr.buffers()
+    if len(arr) and bufs[1] is not None:
+        n_off = arr.offset + len(arr) + 1
+        if bufs[1].size < n_off * np.dtype(odt).itemsize:
+            raise IndexFormatError(f"{path}: column {name!r} has a truncated offsets buffer")
+        off = np.frombuffer(bufs[1], dtype=odt, count=n_off)[arr.offset:]
+        limit = (0 if bufs[2] is None else bufs[2].size) if is_str else len(arr.values)
+        if off[0] < 0 or off[-1] > limit or (len(off) > 1 and (np.diff(off) < 0).any()):
+            raise IndexFormatError(f"{path}: column {name!r} has corrupted offsets")
+    if is_list:
+        _check_array_offsets(path, name, arr.values)
+
+
 def _check_offsets(path: Path, table: pa.Table) -> None:
-    """O(rows) check of every string/binary column's offsets (monotone, inside the data buffer),
-    so a corrupted offset can never make a later read leave the buffer. UTF-8 content is not
-    scanned here (``verify`` covers payload bytes)."""
+    """O(rows) check of the offsets of every string, binary and list column, nested ones included
+    (monotone, inside the data buffer), so a corrupted offset can never make a later read leave
+    the buffer. UTF-8 content is not scanned here (``verify`` covers payload bytes)."""
     for name, col in zip(table.column_names, table.columns):
-        typ = col.type
-        if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
-                or pa.types.is_large_binary(typ)):
-            continue
-        odt = np.int64 if (pa.types.is_large_string(typ) or pa.types.is_large_binary(typ)) else np.int32
         for chunk in col.chunks:
-            bufs = chunk.buffers()
-            if len(chunk) == 0 or bufs[1] is None:
-                continue
-            n_off = chunk.offset + len(chunk) + 1
-            if bufs[1].size < n_off * np.dtype(odt).itemsize:
-                raise IndexFormatError(f"{path}: column {name!r} has a truncated offsets buffer")
-            off = np.frombuffer(bufs[1], dtype=odt, count=n_off)[chunk.offset:]
-            data_len = 0 if bufs[2] is None else bufs[2].size
-            if off[0] < 0 or off[-1] > data_len or (len(off) > 1 and (np.diff(off) < 0).any()):
-                raise IndexFormatError(f"{path}: column {name!r} has corrupted offsets")
+            _check_array_offsets(path, name, chunk)
 
 
 def read_table(path: Path, *, full: bool = False) -> pa.Table:
@@ -163,23 +209,27 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def safe_join(root: Path, rel: str) -> Path:
+def safe_join(root: Path, rel: str, where: str | None = None) -> Path:
     """Resolve a manifest-relative path, refusing anything that leaves ``root``.
+
+    Args:
+        where: the file that names ``rel`` (for the message; default the index root).
 
     Raises:
         IndexFormatError: absolute path, ``..`` component, or a symlink leading outside ``root``.
     """
+    src = where or str(root)
     if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or os.path.isabs(rel):
-        raise IndexFormatError(f"{root / MANIFEST}: illegal path in manifest: {rel!r}")
+        raise IndexFormatError(f"{src}: illegal path in manifest: {rel!r}")
     parts = Path(rel).parts
     if any(p in ("..", "") for p in parts):
-        raise IndexFormatError(f"{root / MANIFEST}: illegal path in manifest: {rel!r}")
+        raise IndexFormatError(f"{src}: illegal path in manifest: {rel!r}")
     p = root / rel
     real_root = root.resolve()
     try:
         p.resolve().relative_to(real_root)
     except ValueError:
-        raise IndexFormatError(f"{root / MANIFEST}: path {rel!r} leaves the index directory") from None
+        raise IndexFormatError(f"{src}: path {rel!r} leaves the index directory") from None
     return p
 
 
@@ -190,22 +240,90 @@ def manifest_digest(m: Mapping[str, Any]) -> str:
                                      allow_nan=False).encode("utf-8")).hexdigest()
 
 
-def read_manifest(root: Path) -> dict[str, Any]:
-    """Read and validate ``manifest.json`` of the index at ``root``.
+def upgrade_hint(root: Path) -> str:
+    """The sentence that tells how to convert an older index at ``root``."""
+    return f"convert it with 'retriever index upgrade {root}' (atomic; postings and vectors are kept)"
+
+
+def read_current(root: Path) -> int:
+    """The generation that ``root/CURRENT`` points to.
 
     Raises:
-        IndexFormatError: not an index, unknown version, malformed manifest, or listed files with
-            the wrong size (a fast truncation check; :func:`verify_checksums` checks content).
+        IndexFormatError: not an index, a format-1 index (the message names
+            ``retriever index upgrade``), or a malformed pointer (names ``CURRENT``).
     """
-    mpath = root / MANIFEST
     if TEMP_DIR_RE.match(root.name):
         raise IndexFormatError(f"{root}: temporary directory of an unfinished or replaced build, not an index")
     if not root.is_dir():
         raise IndexFormatError(f"{root}: index directory not found")
+    cpath = root / CURRENT
     try:
+        if cpath.is_symlink():
+            raise IndexFormatError(f"{cpath}: index files may not be symlinks")
+        raw = cpath.read_bytes()[:256]
+    except FileNotFoundError:
+        if (root / MANIFEST_V1).is_file():
+            raise IndexFormatError(f"{root}: index of format version 1 (written by an older retriever; this "
+                                   f"build reads version {FORMAT_VERSION}): {upgrade_hint(root)}") from None
+        raise IndexFormatError(f"{root}: not an index (no {CURRENT} file)") from None
+    try:
+        text = raw.decode("ascii")
+    except UnicodeDecodeError:
+        text = ""
+    m = MANIFEST_NAME_RE.fullmatch(text[:-1]) if text.endswith("\n") else None
+    if m is None:
+        raise IndexFormatError(f"{cpath}: malformed pointer {raw[:64]!r} (expected one line 'manifests/NNNNNN.json')")
+    return int(m.group(1))
+
+
+def current_manifest_path(root: str | Path) -> Path:
+    """Path of the manifest that ``root/CURRENT`` points to (see :func:`read_current`)."""
+    root = Path(root)
+    return root / manifest_name(read_current(root))
+
+
+def _check_fields(mpath: Path, m: dict[str, Any]) -> None:
+    for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict), ("build", dict),
+                     ("metadata_schema", dict)):
+        if not isinstance(m.get(key), typ):
+            raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
+    if not isinstance(m.get("models", {}), dict):
+        raise IndexFormatError(f"{mpath}: field 'models' is not a dict")
+    if m.get("fusion") is not None and not isinstance(m["fusion"], dict):
+        raise IndexFormatError(f"{mpath}: field 'fusion' is not null or an object")
+    parent = m.get("parent_generation")
+    if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)
+                               or not 1 <= parent < m["generation"]):
+        raise IndexFormatError(f"{mpath}: bad parent_generation {parent!r}")
+
+
+def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
+    """Read and validate the manifest of generation ``generation`` (default: the one ``CURRENT``
+    points to) of the index at ``root``.
+
+    Every file the manifest lists must exist with its recorded size (a fast truncation check;
+    :func:`verify_checksums` checks content).
+
+    Raises:
+        IndexFormatError: not an index, a format-1 index (names ``retriever index upgrade``),
+            unknown version, malformed manifest, unknown generation, or listed files missing or
+            with the wrong size.
+    """
+    current = read_current(root)
+    gen = current if generation is None else generation
+    try:
+        rel = manifest_name(gen)
+    except ValueError as e:
+        raise IndexFormatError(f"{root}: {e}") from None
+    mpath = root / rel
+    try:
+        if mpath.is_symlink():
+            raise IndexFormatError(f"{mpath}: index files may not be symlinks")
         size = mpath.stat().st_size
     except FileNotFoundError:
-        raise IndexFormatError(f"{root}: not an index (no {MANIFEST})") from None
+        if generation is None:
+            raise IndexFormatError(f"{root / CURRENT}: points to {rel}, which does not exist") from None
+        raise IndexFormatError(f"{root}: generation {gen} does not exist (current is {current})") from None
     if size > MAX_MANIFEST_BYTES:
         raise IndexFormatError(f"{mpath}: manifest is implausibly large ({size} bytes)")
     try:
@@ -214,24 +332,22 @@ def read_manifest(root: Path) -> dict[str, Any]:
         raise IndexFormatError(f"{mpath}: manifest is not valid JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
-    if "manifest_sha256" in m and m["manifest_sha256"] != manifest_digest(m):
-        raise IndexFormatError(f"{mpath}: manifest checksum mismatch (manifest.json corrupted or edited)")
+    if "manifest_sha256" not in m or m["manifest_sha256"] != manifest_digest(m):
+        raise IndexFormatError(f"{mpath}: manifest checksum mismatch (manifest corrupted or edited)")
     if m.get("format_version") != FORMAT_VERSION:
         raise IndexFormatError(f"{mpath}: unsupported format_version {m.get('format_version')!r} "
                                f"(this build reads {FORMAT_VERSION})")
-    for key, typ in (("files", dict), ("shards", list), ("build_config", dict), ("stats", dict)):
-        if not isinstance(m.get(key), typ):
-            raise IndexFormatError(f"{mpath}: field {key!r} missing or not a {typ.__name__}")
-    if not isinstance(m.get("models", {}), dict):
-        raise IndexFormatError(f"{mpath}: field 'models' is not a dict")
+    if m.get("generation") != gen:
+        raise IndexFormatError(f"{mpath}: says generation {m.get('generation')!r}, its name says {gen}")
+    _check_fields(mpath, m)
     if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
                                                   for i, s in enumerate(m["shards"])}) != len(m["shards"]):
         raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
                                f"shard directory listed twice)")
-    for rel, info in m["files"].items():
-        p = safe_join(root, rel)
+    for frel, info in m["files"].items():
+        p = safe_join(root, frel, str(mpath))
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
-            raise IndexFormatError(f"{mpath}: bad entry for file {rel!r}")
+            raise IndexFormatError(f"{mpath}: bad entry for file {frel!r}")
         try:
             st = p.lstat()
         except FileNotFoundError:
@@ -246,10 +362,37 @@ def read_manifest(root: Path) -> dict[str, Any]:
         for key in ("n_terms", "nnz"):
             if key in s and (not isinstance(s[key], int) or s[key] < 0):
                 raise IndexFormatError(f"{mpath}: shard #{i} has a bad {key!r}: {s[key]!r}")
-        if f"{s['dir']}/docs.arrow" not in m["files"]:
-            raise IndexFormatError(f"{mpath}: shard #{i} ({s['dir']!r}) has no docs.arrow in the file list")
-        safe_join(root, s["dir"])
+        for key, required in (("docs", True), ("stats", True), ("deletes", False)):
+            f = f"{s['dir']}/docs.arrow" if key == "docs" else s.get(key)
+            if f is None and not required:
+                continue
+            if not isinstance(f, str) or f not in m["files"]:
+                raise IndexFormatError(f"{mpath}: shard #{i} ({s['dir']!r}) has no {key} file in the file list "
+                                       f"(got {f!r})")
+        safe_join(root, s["dir"], str(mpath))
     return m
+
+
+def read_shard_stats(path: Path, rows: int) -> dict[str, Any]:
+    """Read a shard's ``stats.json`` (see :mod:`retriever.index.shard_stats` for the fields).
+
+    Raises:
+        IndexFormatError: unreadable, not a JSON object, or ``rows`` differs from the manifest's.
+    """
+    try:
+        raw = path.read_bytes()[:MAX_STATS_BYTES + 1]
+    except FileNotFoundError:
+        raise IndexFormatError(f"{path}: index file is missing") from None
+    if len(raw) > MAX_STATS_BYTES:
+        raise IndexFormatError(f"{path}: statistics file is implausibly large")
+    try:
+        st = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise IndexFormatError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(st, dict) or st.get("rows") != rows:
+        raise IndexFormatError(f"{path}: statistics for {st.get('rows') if isinstance(st, dict) else st!r} rows, "
+                               f"the manifest says {rows}")
+    return st
 
 
 def verify_checksums(root: Path, manifest: Mapping[str, Any]) -> None:

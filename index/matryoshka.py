@@ -20,47 +20,20 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
+from .config import check_dims
 from .errors import ConfigError, IndexFormatError
+
+__all__ = ["ROTATION_FILE", "MatryoshkaBuilder", "check_dims", "fit_pca_rotation", "load_rotation",
+           "prefix_normalize", "to_storage"]
 
 log = logging.getLogger(__name__)
 
 FLOAT16_MAX = 65504.0
 ROTATION_FILE = "matryoshka.arrow"
-
-
-def check_dims(dims: Iterable[int] | str | None) -> tuple[int, ...]:
-    """Validate Matryoshka prefix dimensions.
-
-    Args:
-        dims: iterable of positive integers, or a comma list such as ``"64,128,256,384"``;
-            ``None`` or empty means none.
-
-    Returns:
-        the dimensions as a strictly ascending tuple of ints.
-
-    Raises:
-        ConfigError: a non-integer, a value < 1, duplicates or a non-ascending order (names the value).
-    """
-    if dims is None:
-        return ()
-    if isinstance(dims, str):
-        parts = [p.strip() for p in dims.split(",") if p.strip()]
-        try:
-            dims = [int(p) for p in parts]
-        except ValueError:
-            raise ConfigError(f"matryoshka_dims must be a comma list of integers, got {dims!r}") from None
-    out = []
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
-            raise ConfigError(f"matryoshka_dims entries must be integers >= 1, got {d!r}")
-        out.append(int(d))
-    if any(b <= a for a, b in zip(out, out[1:])):
-        raise ConfigError(f"matryoshka_dims must be strictly ascending without duplicates, got {tuple(out)!r}")
-    return tuple(out)
 
 
 def fit_pca_rotation(sample: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -250,62 +223,3 @@ def load_rotation(root: Path, manifest: dict[str, Any], dim: int) -> np.ndarray 
     if arrs["rotation"].size != dim * dim:
         raise IndexFormatError(f"{path}: rotation has {arrs['rotation'].size} values, expected {dim}x{dim}")
     return np.array(arrs["rotation"]).reshape(dim, dim)
-
-
-def build_vector_index(ids: Sequence[str], vectors: np.ndarray, out: str | Path, *,
-                       dims: Sequence[int] = (), mrl_trained: bool = False, dtype: str = "float16",
-                       shard_size: int = 1_000_000, faiss_factory: str = "Flat", rotation_sample: int = 100_000,
-                       model_info: dict[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
-    """Write a dense-only index from precomputed embeddings (benchmarks, cached vectors).
-
-    The result is an ordinary index directory (same format as :func:`retriever.index.pipeline.build_index`
-    with ``legs=("dense",)``); titles and texts are empty.
-
-    Args:
-        ids: n document ids (unique strings).
-        vectors: (n, d) float32 model-space vectors (typically unit-norm).
-        out: index directory to create (atomically).
-        dims, mrl_trained, dtype, rotation_sample: as in :class:`retriever.index.config.DenseConfig`.
-        shard_size: rows per shard.
-        faiss_factory: build-time FAISS factory string for the full-dimension index.
-        model_info: manifest ``models.dense`` entry (``path`` lets the leg encode text queries).
-        overwrite: replace an existing index at ``out``.
-
-    Returns:
-        the manifest.
-
-    Raises:
-        ConfigError: shape mismatch, NaN/inf, bad dims or dtype.
-        IndexExistsError: ``out`` exists and ``overwrite`` is False.
-    """
-    from .config import BuildConfig, DenseConfig
-    from .writer import IndexWriter
-
-    vectors = np.asarray(vectors)
-    if vectors.ndim != 2 or vectors.shape[0] != len(ids) or vectors.shape[0] == 0:
-        raise ConfigError(f"vectors must have shape ({len(ids)}, d) with at least one row, got {vectors.shape}")
-    if len(set(ids)) != len(ids):
-        raise ConfigError("ids must be unique")
-    n, d = vectors.shape
-    dense_cfg = DenseConfig(model=(model_info or {}).get("path"), dtype=dtype, faiss_factory=faiss_factory,
-                            matryoshka_dims=tuple(dims), mrl_trained=mrl_trained, rotation_sample=rotation_sample)
-    cfg = BuildConfig(legs=("dense",), shard_size=shard_size, dense=dense_cfg)
-    mat = MatryoshkaBuilder(d, dims, mrl_trained=mrl_trained, dtype=dtype, rotation_sample=rotation_sample)
-    with IndexWriter(out, overwrite=overwrite) as writer:
-        for start in range(0, n, shard_size):
-            stop = min(n, start + shard_size)
-            stored = mat.transform(vectors[start:stop])
-            faiss_bytes = None
-            if faiss_factory != "Flat":
-                from .faiss_build import build_faiss_index
-                faiss_bytes = build_faiss_index(stored.astype(np.float32), faiss_factory)
-            m = stop - start
-            writer.write_shard(ids=list(ids[start:stop]), titles=[""] * m, texts=[""] * m, metadata=[""] * m,
-                               dense=stored, dense_index=faiss_bytes)
-        extra: dict[str, Any] = {"models": {"dense": {**(model_info or {}), "dim": d}}}
-        if dims:
-            extra["matryoshka"] = mat.finish(writer)
-        bc = cfg.to_dict()
-        bc["dense"]["dtype"] = mat.dtype
-        return writer.commit(build_config=bc, stats={"n_docs": n, "dense_dim": d, "dense_dtype": mat.dtype},
-                             extra=extra)

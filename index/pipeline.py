@@ -1,41 +1,30 @@
-"""``build_index``: corpus reader → analyzer and encoders → shard writer → atomic commit."""
+"""``build_index``: corpus reader → leg builders → writer → one atomic commit.
+
+The leg builders (:mod:`retriever.index.builders` protocol: :class:`retriever.index.bm25_build.BM25Builder`,
+:class:`retriever.index.dense_build.DenseBuilder`, :class:`retriever.index.sparse_build.SparseBuilder`)
+each build their files for one shard at a time; the writer (:class:`retriever.index.writer.IndexWriter`)
+writes the documents, collects files and statistics, and commits generation 1 atomically.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .analyzer import Analyzer
-from .bm25_build import PostingsBuilder
+from .builders import Batch, IndexOutput, LegBuilder, ShardOutput
 from .config import BuildConfig, DenseConfig
 from .errors import ConfigError, CorpusError
+from .faults import FaultHook, no_faults
+from .metadata import MetadataColumns
 from .readers import Document, read_corpus
-from .testhooks import crash_point
 from .writer import IndexWriter, check_target
 
 log = logging.getLogger(__name__)
-
-FLOAT16_MAX = 65504.0
-
-
-def _model_fingerprint(path: Path) -> dict[str, Any]:
-    from .format import sha256_file
-
-    weights = sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".bin") and p.is_file())
-    return {"path": str(path), "name": path.name,
-            "sha256": {p.name: sha256_file(p) for p in weights}}
-
-
-def _dense_store(vectors: np.ndarray, dtype: str, first_id: str) -> np.ndarray:
-    if not np.isfinite(vectors).all():
-        raise ConfigError(f"dense encoder produced NaN/inf (batch starting at document {first_id!r})")
-    if dtype == "float16":
-        return vectors.astype(np.float16)
-    return vectors.astype(np.float32)
 
 
 def _batches(docs: Iterable[Document], config: BuildConfig):
@@ -65,72 +54,161 @@ def _batches(docs: Iterable[Document], config: BuildConfig):
         yield pending[0], True
 
 
-class _VectorFeed:
-    """Precomputed dense vectors handed out in corpus order (an array, or an iterable of rows or
-    2-D blocks)."""
+def _resolve_config(config: BuildConfig | None, overrides: Mapping[str, Any]) -> BuildConfig:
+    config = config or BuildConfig()
+    if overrides:
+        try:
+            config = dataclasses.replace(config, **overrides)
+        except TypeError as e:
+            raise ConfigError(str(e)) from None
+    return config
 
-    def __init__(self, src: Any) -> None:
-        if isinstance(src, (str, bytes, dict)) or not (isinstance(src, np.ndarray) or hasattr(src, "__iter__")):
-            raise ConfigError(f"dense_vectors must be a 2-D array or an iterable of rows/blocks, "
-                              f"got {type(src).__name__}")
-        self._arr = src if isinstance(src, np.ndarray) else None
-        self._it = None if self._arr is not None else iter(src)
-        self._buf: list[np.ndarray] = []
-        self._pos = 0
-        self.taken = 0
-        self.dim: int | None = None
-        if self._arr is not None and self._arr.ndim != 2:
-            raise ConfigError(f"dense_vectors must be 2-D (n_docs, dim), got shape {self._arr.shape}")
 
-    def _pull(self, m: int) -> np.ndarray:
-        if self._arr is not None:
-            out = self._arr[self._pos:self._pos + m]
-            self._pos += len(out)
-            return out
-        have = sum(len(b) for b in self._buf)
-        while have < m:
-            nxt = next(self._it, None)  # type: ignore[arg-type]
-            if nxt is None:
-                break
-            nxt = np.asarray(nxt)
-            nxt = nxt[None, :] if nxt.ndim == 1 else nxt
-            self._buf.append(nxt)
-            have += len(nxt)
-        if not self._buf:
-            return np.zeros((0, self.dim or 0), np.float32)
-        cat = np.concatenate(self._buf) if len(self._buf) > 1 else self._buf[0]
-        self._buf = [cat[m:]] if len(cat) > m else []
-        return cat[:m]
+def make_builders(config: BuildConfig, *, faults: FaultHook = no_faults, dense_vectors: Any = None,
+                  sparse_vectors: Any = None, dense_model_info: dict[str, Any] | None = None) -> list[LegBuilder]:
+    """The leg builders of ``config.legs`` (models are loaded here), in leg order.
 
-    def take(self, m: int, ids: Sequence[str]) -> np.ndarray:
-        """The next ``m`` rows as float32 (m, dim), for the documents ``ids`` (used in errors).
+    Raises:
+        ConfigError: precomputed vectors for a leg that is not built, or bad vectors.
+        ModelError: a model that cannot be loaded.
+    """
+    if dense_vectors is not None and "dense" not in config.legs:
+        raise ConfigError("dense_vectors given but 'dense' is not in legs")
+    if sparse_vectors is not None and "sparse" not in config.legs:
+        raise ConfigError("sparse_vectors given but 'sparse' is not in legs")
+    builders: list[LegBuilder] = []
+    try:
+        for leg in config.legs:
+            if leg == "bm25":
+                from .analyzer import Analyzer
+                from .bm25_build import BM25Builder
 
-        Raises:
-            ConfigError: too few rows (names the first document without a vector), rows that are
-                not 1-D of one width ≥ 1, or values that are not numbers.
-        """
-        rows = self._pull(m)
-        if len(rows) < m:
-            raise ConfigError(f"dense_vectors has fewer rows than the corpus (ran out at document "
-                              f"{ids[len(rows)]!r}, position {self.taken + len(rows)} counting from 0)")
-        if rows.ndim != 2 or (self.dim is not None and rows.shape[1] != self.dim) or rows.shape[1] == 0:
-            raise ConfigError(f"dense_vectors rows have shape {rows.shape[1:]}, expected "
-                              f"({self.dim if self.dim is not None else 'dim >= 1'},)")
-        if rows.dtype.kind not in "iuf":
-            raise ConfigError(f"dense_vectors must hold numbers, got dtype {rows.dtype}")
-        self.dim = int(rows.shape[1])
-        self.taken += m
-        return np.asarray(rows, dtype=np.float32)
+                builders.append(BM25Builder(Analyzer(config.analyzer), faults))
+            elif leg == "dense":
+                from .dense_build import DenseBuilder
 
-    def exhausted(self) -> bool:
-        """True when no record is left to read."""
-        return len(self._pull(1)) == 0
+                builders.append(DenseBuilder(config.dense, faults, device=config.device, vectors=dense_vectors,
+                                             model_info=dense_model_info))
+            elif leg == "sparse":
+                from .sparse_build import SparseBuilder
+
+                builders.append(SparseBuilder(config, device=config.device, vectors=sparse_vectors))
+    except BaseException:
+        for b in builders:
+            b.close(raise_errors=False)
+        raise
+    return builders
+
+
+class _ShardDocs:
+    """The documents of the shard being filled."""
+
+    def __init__(self) -> None:
+        self.docs: list[Document] = []
+
+    def columns(self) -> tuple[list[str], list[str], list[str]]:
+        return [d.id for d in self.docs], [d.title for d in self.docs], [d.text for d in self.docs]
+
+
+def _write_shards(documents: Iterator[Document], config: BuildConfig, builders: Sequence[LegBuilder],
+                  writer: IndexWriter, faults: FaultHook, progress: Any) -> int:
+    """Feed every batch to every builder and write each shard; returns the document count.
+
+    Raises:
+        CorpusError: a duplicate id or mixed metadata types (names the records).
+    """
+    seen: set[str] = set()
+    meta = MetadataColumns()
+    shard = _ShardDocs()
+    n_docs = 0
+    for docs, end_of_shard in _batches(documents, config):
+        for d in docs:
+            if d.id in seen:
+                raise CorpusError(f"duplicate document id {d.id!r}", path=d.path, line=d.line, field="_id")
+            seen.add(d.id)
+        faults("read")
+        batch = Batch(docs, [f"{d.title} {d.text}" if d.title else d.text for d in docs])
+        shard.docs.extend(docs)
+        for b in builders:
+            b.add(batch)
+        n_docs += len(docs)
+        if progress is not None:
+            progress.update(len(docs))
+        if end_of_shard:
+            _write_shard(writer, shard, meta, builders)
+            shard = _ShardDocs()
+    return n_docs
+
+
+def _write_shard(writer: IndexWriter, shard: _ShardDocs, meta: MetadataColumns, builders: Sequence[LegBuilder]) -> None:
+    """One shard: builders told the shard is complete, docs written, each builder's files written."""
+    for b in builders:
+        b.end_shard()  # e.g. the postings' counting sort runs on its thread while docs are written
+    ids, titles, texts = shard.columns()
+    handle = writer.begin_shard(ids=ids, titles=titles, texts=texts, metadata=meta.columns(shard.docs))
+    outputs: dict[str, ShardOutput] = {b.name: b.finish_shard(writer, handle) for b in builders}
+    writer.end_shard(handle, outputs)
+
+
+def _manifest_parts(config: BuildConfig, n_docs: int, outputs: Mapping[str, IndexOutput],
+                    seconds: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Build config, corpus statistics, build information and extra manifest fields, assembled
+    in one place from the builders' outputs."""
+    cfg = config.to_dict()
+    stats: dict[str, Any] = {"n_docs": n_docs}
+    build: dict[str, Any] = {"build_seconds": round(seconds, 3)}
+    models: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    load_s, encode_s = 0.0, {}
+    for leg, out in outputs.items():
+        stats.update(out.stats)
+        b = dict(out.build)
+        load = b.pop("model_load_seconds", None)
+        enc = b.pop("encode_seconds", None)
+        if load is not None:
+            load_s += load
+        if enc is not None:
+            encode_s[leg] = round(enc, 3)
+        build.update(b)
+        if out.model is not None:
+            models[leg] = out.model
+        cfg[leg].update(out.config)
+        extra.update(out.extra)
+    if encode_s:  # model loading (checkpoint + tokenizer + weight hashes) and time inside the encoders
+        build["model_load_seconds"] = round(load_s, 3)
+        build["encode_seconds"] = encode_s
+    return cfg, stats, build, {"models": models, **extra}
+
+
+def _run_build(documents: Iterator[Document], out: Path, config: BuildConfig, builders: Sequence[LegBuilder], *,
+               overwrite: bool, faults: FaultHook, show_progress: bool, t0: float,
+               corpus_path: Any = None) -> dict[str, Any]:
+    """Write every shard, finish every builder, commit; on any error nothing is left at ``out``."""
+    progress = None
+    if show_progress:
+        from tqdm import tqdm
+        progress = tqdm(desc="indexing", unit="doc")
+    try:
+        with IndexWriter(out, overwrite=overwrite, faults=faults) as writer:
+            n_docs = _write_shards(documents, config, builders, writer, faults, progress)
+            if n_docs == 0:
+                raise CorpusError("corpus is empty (no documents)", path=corpus_path)
+            outputs = {b.name: b.finish(writer, n_docs) for b in builders}
+            cfg, stats, build, extra = _manifest_parts(config, n_docs, outputs, time.perf_counter() - t0)
+            return writer.commit(build_config=cfg, stats=stats, build=build, extra=extra)
+    except BaseException:
+        for b in builders:  # stop worker threads; the error being raised wins
+            b.close(raise_errors=False)
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
 
 
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
                 config: BuildConfig | None = None, *, overwrite: bool = False,
                 show_progress: bool = True, dense_vectors: Any = None, sparse_vectors: Any = None,
-                **overrides: Any) -> dict[str, Any]:
+                faults: FaultHook | None = None, **overrides: Any) -> dict[str, Any]:
     """Build an index directory from a corpus.
 
     Args:
@@ -154,8 +232,11 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             encoded with it); the manifest's ``stats.sparse_precomputed`` says they were supplied.
             Needs ``"sparse"`` in ``legs``.
 
+        faults: fault-injection hook called at each point of
+            :data:`retriever.index.faults.CRASH_POINTS` (tests; default: none).
+
     Returns:
-        the manifest (dict) of the new index.
+        the manifest (dict) of generation 1 of the new index.
 
     Raises:
         CorpusError: bad record (names file, line, field), duplicate id, or empty corpus.
@@ -164,170 +245,58 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
         ConfigError: invalid configuration.
     On any error nothing is left at ``out`` (an existing index there is untouched).
     """
-    import dataclasses
-
-    config = config or BuildConfig()
-    if overrides:
-        try:
-            config = dataclasses.replace(config, **overrides)
-        except TypeError as e:
-            raise ConfigError(str(e)) from None
+    config = _resolve_config(config, overrides)
     out = Path(out)
     check_target(out, overwrite)
     t0 = time.perf_counter()
     documents = read_corpus(corpus)  # a missing or unknown corpus fails here, before models load
-
-    analyzer = Analyzer(config.analyzer) if "bm25" in config.legs else None
-    postings = PostingsBuilder(analyzer) if analyzer is not None else None
-    t_load = time.perf_counter()
-    dense_enc = None
-    model_info: dict[str, Any] = {}
-    feed = None
-    if dense_vectors is not None:
-        if "dense" not in config.legs:
-            raise ConfigError("dense_vectors given but 'dense' is not in legs")
-        feed = _VectorFeed(dense_vectors)
-    elif "dense" in config.legs:
-        from .encoders.dense import DenseEncoder
-
-        dc: DenseConfig = config.dense
-        dense_enc = DenseEncoder(dc.model, max_length=dc.max_length, batch_size=dc.batch_size,
-                                 device=config.device, normalize=dc.normalize, precision=dc.precision)
-        model_info["dense"] = {**_model_fingerprint(dense_enc.path), "dim": dense_enc.dim}
-    mat = None
-    if dense_enc is not None and config.dense.matryoshka_dims:
-        from .matryoshka import MatryoshkaBuilder  # rotation fitted on the first shard, applied to all
-
-        mat = MatryoshkaBuilder(dense_enc.dim, config.dense.matryoshka_dims, mrl_trained=config.dense.mrl_trained,
-                                dtype=config.dense.dtype, rotation_sample=config.dense.rotation_sample)
-    sparse_builder = None
-    if sparse_vectors is not None and "sparse" not in config.legs:
-        raise ConfigError("sparse_vectors given but 'sparse' is not in legs")
-    if "sparse" in config.legs:
-        from .sparse_build import SparseBuilder  # provided by the learned-sparse leg
-
-        sparse_builder = SparseBuilder(config, device=config.device, vectors=sparse_vectors)
-        model_info["sparse"] = sparse_builder.model_info()
-    model_load_s = time.perf_counter() - t_load
-    encode_s = {"dense": 0.0, "sparse": 0.0}
-
-    seen: set[str] = set()
-    n_docs = 0
-    dense_dtype = config.dense.dtype
-    shard_docs: dict[str, list] = {"ids": [], "titles": [], "texts": [], "metadata": []}
-    shard_dense: list[np.ndarray] = []
-    progress = None
-    if show_progress:
-        from tqdm import tqdm
-        progress = tqdm(desc="indexing", unit="doc")
-
-    with IndexWriter(out, overwrite=overwrite) as writer:
-        try:
-            for batch, end_of_shard in _batches(documents, config):
-                for d in batch:
-                    if d.id in seen:
-                        raise CorpusError(f"duplicate document id {d.id!r}", path=d.path, line=d.line, field="_id")
-                    seen.add(d.id)
-                crash_point("read")
-                full = [f"{d.title} {d.text}" if d.title else d.text for d in batch]
-                shard_docs["ids"].extend(d.id for d in batch)
-                shard_docs["titles"].extend(d.title for d in batch)
-                shard_docs["texts"].extend(d.text for d in batch)
-                shard_docs["metadata"].extend(d.metadata for d in batch)
-                if postings is not None:
-                    postings.add(full)
-                    crash_point("encode_bm25")
-                if dense_enc is not None or feed is not None:
-                    if feed is not None:
-                        vecs = feed.take(len(batch), [d.id for d in batch])
-                        dims = config.dense.matryoshka_dims
-                        if dims and max(dims) > vecs.shape[1]:
-                            raise ConfigError(f"matryoshka_dims {tuple(dims)} exceed the dimension "
-                                              f"{vecs.shape[1]} of dense_vectors")
-                    else:
-                        t_enc = time.perf_counter()
-                        vecs = dense_enc.encode([config.dense.document_prefix + t for t in full])
-                        encode_s["dense"] += time.perf_counter() - t_enc
-                    if mat is not None:  # stored dtype chosen after the rotation, in _flush
-                        shard_dense.append(_dense_store(vecs, "float32", batch[0].id))
-                    elif dense_dtype == "float16" and np.abs(vecs).max(initial=0.0) > FLOAT16_MAX:
-                        log.warning("dense values exceed float16 range; storing float32")
-                        dense_dtype = "float32"
-                        shard_dense = [v.astype(np.float32) for v in shard_dense]
-                    if mat is None:
-                        shard_dense.append(_dense_store(vecs, dense_dtype, batch[0].id))
-                    crash_point("encode_dense")
-                if sparse_builder is not None:
-                    t_enc = time.perf_counter()
-                    sparse_builder.add(full, batch[0].id)
-                    encode_s["sparse"] += time.perf_counter() - t_enc
-                n_docs += len(batch)
-                if progress is not None:
-                    progress.update(len(batch))
-                if end_of_shard:
-                    _flush(writer, shard_docs, postings, shard_dense, sparse_builder, config, mat)
-                    shard_docs = {"ids": [], "titles": [], "texts": [], "metadata": []}
-                    shard_dense = []
-            if n_docs == 0:
-                raise CorpusError("corpus is empty (no documents)",
-                                  path=None if not isinstance(corpus, (str, Path)) else corpus)
-            stats: dict[str, Any] = {"n_docs": n_docs, "build_seconds": None}
-            if postings is not None:
-                writer.write_vocab(postings.terms)
-                stats.update(n_terms=len(postings.terms), sum_dl=postings.sum_dl)
-            if dense_enc is not None:
-                stats.update(dense_dim=dense_enc.dim, dense_dtype=dense_dtype,
-                             dense_truncated_docs=dense_enc.n_truncated)
-            if feed is not None:
-                if not feed.exhausted():
-                    raise ConfigError(f"dense_vectors has more rows than the corpus ({n_docs} documents)")
-                stats.update(dense_dim=feed.dim, dense_dtype=dense_dtype, dense_truncated_docs=0)
-                model_info["dense"] = {"path": None, "name": "precomputed", "precomputed": True, "dim": feed.dim}
-            if sparse_builder is not None:
-                sparse_builder.check_exhausted(n_docs)
-                stats.update(sparse_builder.stats())
-                sparse_builder.write_global(writer)
-            extra: dict[str, Any] = {"models": model_info}
-            if mat is not None:
-                extra["matryoshka"] = mat.finish(writer)
-                dense_dtype = mat.dtype
-                stats["dense_dtype"] = dense_dtype
-            if postings is not None:
-                postings.close()
-            stats["build_seconds"] = round(time.perf_counter() - t0, 3)
-            if dense_enc is not None or (sparse_builder is not None and sparse_vectors is None):
-                # model loading (checkpoint + tokenizer + weight hashes) and time inside the
-                # encoders' encode calls, so a reader can split build_seconds
-                stats["model_load_seconds"] = round(model_load_s, 3)
-                stats["encode_seconds"] = {k: round(v, 3) for k, v in encode_s.items()
-                                           if (k == "dense" and dense_enc is not None)
-                                           or (k == "sparse" and sparse_builder is not None and sparse_vectors is None)}
-            cfg = config.to_dict()
-            cfg["dense"]["dtype"] = dense_dtype
-            return writer.commit(build_config=cfg, stats=stats, extra=extra)
-        except BaseException:
-            if postings is not None:  # stop the analysis thread; the error being raised wins
-                postings.close(raise_errors=False)
-            raise
-        finally:
-            if progress is not None:
-                progress.close()
+    faults = faults or no_faults
+    builders = make_builders(config, faults=faults, dense_vectors=dense_vectors, sparse_vectors=sparse_vectors)
+    return _run_build(documents, out, config, builders, overwrite=overwrite, faults=faults,
+                      show_progress=show_progress, t0=t0,
+                      corpus_path=corpus if isinstance(corpus, (str, Path)) else None)
 
 
-def _flush(writer: IndexWriter, docs: dict[str, list], postings: PostingsBuilder | None,
-           dense: list[np.ndarray], sparse_builder: Any, config: BuildConfig, mat: Any = None) -> None:
-    vectors = np.concatenate(dense) if dense else None
-    if vectors is not None and mat is not None:
-        vectors = mat.transform(vectors)
-    faiss_bytes = None
-    if vectors is not None and config.dense.faiss_factory != "Flat":
-        from .faiss_build import build_faiss_index
+def build_vector_index(ids: Sequence[str], vectors: np.ndarray, out: str | Path, *,
+                       dims: Sequence[int] = (), mrl_trained: bool = False, dtype: str = "float16",
+                       shard_size: int = 1_000_000, faiss_factory: str = "Flat", rotation_sample: int = 100_000,
+                       model_info: dict[str, Any] | None = None, overwrite: bool = False) -> dict[str, Any]:
+    """Write a dense-only index from precomputed embeddings (benchmarks, cached vectors): the
+    dense pipeline of :func:`build_index` with ``legs=("dense",)``, titles and texts empty.
 
-        faiss_bytes = build_faiss_index(vectors.astype(np.float32), config.dense.faiss_factory)
-        crash_point("faiss")
-    # the postings' counting sort runs on the analysis thread while the docs table is written
-    entry = writer.write_shard(ids=docs["ids"], titles=docs["titles"], texts=docs["texts"], metadata=docs["metadata"],
-                               bm25=postings.flush_async().result if postings is not None else None,
-                               dense=vectors, dense_index=faiss_bytes)
-    if sparse_builder is not None:  # writes into the shard's directory, adds manifest fields
-        entry.update(sparse_builder.flush(writer, entry["dir"]) or {})
+    Args:
+        ids: n document ids (unique strings).
+        vectors: (n, d) float32 model-space vectors (typically unit-norm).
+        out: index directory to create (atomically).
+        dims, mrl_trained, dtype, rotation_sample: as in :class:`retriever.index.config.DenseConfig`.
+        shard_size: rows per shard.
+        faiss_factory: build-time FAISS factory string for the full-dimension index.
+        model_info: manifest ``models.dense`` entry (``path`` lets the leg encode text queries).
+        overwrite: replace an existing index at ``out``.
+
+    Returns:
+        the manifest.
+
+    Raises:
+        ConfigError: shape mismatch, NaN/inf, bad dims or dtype, duplicate ids.
+        IndexExistsError: ``out`` exists and ``overwrite`` is False.
+    """
+    vectors = np.asarray(vectors)
+    if vectors.ndim != 2 or vectors.shape[0] != len(ids) or vectors.shape[0] == 0:
+        raise ConfigError(f"vectors must have shape ({len(ids)}, d) with at least one row, got {vectors.shape}")
+    if len(set(ids)) != len(ids):
+        raise ConfigError("ids must be unique")
+    dims = tuple(dims)
+    if dims and max(dims) > vectors.shape[1]:
+        raise ConfigError(f"matryoshka_dims {dims} exceed the model dimension {vectors.shape[1]}")
+    dense = DenseConfig(model=(model_info or {}).get("path"), dtype=dtype, faiss_factory=faiss_factory,
+                        matryoshka_dims=dims, mrl_trained=mrl_trained, rotation_sample=rotation_sample)
+    config = BuildConfig(legs=("dense",), shard_size=shard_size, dense=dense)
+    out = Path(out)
+    check_target(out, overwrite)
+    t0 = time.perf_counter()
+    info = {**(model_info or {})}
+    builders = make_builders(config, dense_vectors=vectors, dense_model_info=info)
+    documents = (Document(str(i), "", "", {}, None, k + 1) for k, i in enumerate(ids))
+    return _run_build(documents, out, config, builders, overwrite=overwrite, faults=no_faults, show_progress=False,
+                      t0=t0)

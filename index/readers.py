@@ -4,7 +4,7 @@ Corpora stream as :class:`Document` records, each carrying its provenance (file 
 errors name where the bad input is. Supported: a BEIR folder (``corpus.jsonl`` or
 ``corpus.jsonl.gz``), JSONL(.gz), Parquet, CSV/TSV (header row), and Python iterables of dicts.
 A record needs an id (``_id``, or ``id`` / ``docid``) and a text (``text``, or ``contents``);
-``title`` is optional; every other field is kept as JSON metadata.
+``title`` is optional; every other field is metadata (typed columns, see :mod:`retriever.index.metadata`).
 """
 
 from __future__ import annotations
@@ -18,32 +18,23 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping, NamedTuple
 
 from .errors import CorpusError
+from .metadata import normalize_metadata
 
 ID_FIELDS = ("_id", "id", "docid")
 TEXT_FIELDS = ("text", "contents")
 
 
 class Document(NamedTuple):
-    """One corpus record (immutable). ``metadata`` is a JSON object string (``"{}"`` when there is
-    none). A named tuple rather than a frozen dataclass: it is built once per document, and a
+    """One corpus record (immutable). ``metadata``: the other fields, values normalised by
+    :func:`retriever.index.metadata.normalize_metadata` (``{}`` when there are none). A named tuple rather than a frozen dataclass: it is built once per document, and a
     frozen dataclass's ``__init__`` costs about 3 µs."""
 
     id: str
     title: str
     text: str
-    metadata: str
+    metadata: dict[str, Any]
     path: str | None
     line: int
-
-
-def _json_default(v: Any) -> Any:
-    if hasattr(v, "isoformat"):
-        return v.isoformat()
-    if isinstance(v, (bytes, bytearray)):
-        return v.decode("utf-8", errors="replace")
-    if hasattr(v, "tolist"):
-        return v.tolist()
-    return str(v)
 
 
 def _check_encodable(value: str, doc_id: str, name: str, path: str | None, line: int) -> None:
@@ -72,7 +63,7 @@ def to_document(rec: Any, path: str | None, line: int) -> Document:
                 and len(rec) == (3 if "title" in rec else 2) and doc_id.strip()
                 and "\x00" not in doc_id and "\x00" not in text and "\x00" not in title
                 and doc_id.isascii() and text.isascii() and title.isascii()):
-            return Document(doc_id, title, text, "{}", path, line)
+            return Document(doc_id, title, text, {}, path, line)
     if not isinstance(rec, Mapping):
         raise CorpusError(f"expected a JSON object / dict, got {type(rec).__name__}", path=path, line=line)
     id_key = next((k for k in ID_FIELDS if k in rec), None)
@@ -106,13 +97,17 @@ def to_document(rec: Any, path: str | None, line: int) -> Document:
         if not value.isascii():
             _check_encodable(value, doc_id, name, path, line)
     extra = {k: v for k, v in rec.items() if k not in (id_key, text_key, "title")}
+    if not extra:
+        return Document(doc_id, title, text, {}, path, line)
     try:
-        metadata = json.dumps(extra, ensure_ascii=False, allow_nan=False, default=_json_default) if extra else "{}"
-    except (ValueError, TypeError) as e:
-        raise CorpusError(f"document {doc_id!r}: metadata is not JSON-serialisable ({e})", path=path,
+        metadata = normalize_metadata(extra)
+    except ValueError as e:
+        raise CorpusError(f"document {doc_id!r}: metadata is not storable ({e})", path=path,
                           line=line, field="metadata") from None
-    if not metadata.isascii():
-        _check_encodable(metadata, doc_id, "metadata", path, line)
+    for key, value in metadata.items():
+        for s in (key, *(value if type(value) is list else (value,))):
+            if isinstance(s, str) and not s.isascii():
+                _check_encodable(s, doc_id, "metadata", path, line)
     return Document(doc_id, title, text, metadata, path, line)
 
 

@@ -1,8 +1,9 @@
 """Index writer: shards into a temporary directory, then one atomic rename (or swap) into place.
 
 A build never exposes a partial index: everything is written under a hidden sibling directory
-``.<name>.tmp-<random>``, every file is fsynced, the manifest (with each file's size and SHA-256)
-is written last, and the directory is renamed onto the target. With ``overwrite=True`` an existing
+``.<name>.tmp-<random>``, every file is fsynced, the per-shard statistics files, the generation-1
+manifest (with each file's size and SHA-256) and the ``CURRENT`` pointer are written last, and
+the directory is renamed onto the target. With ``overwrite=True`` an existing
 index is swapped atomically (Linux ``renameat2(RENAME_EXCHANGE)``) and the old one deleted after;
 without it, an existing non-empty target is refused before any work starts.
 """
@@ -17,15 +18,17 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
 from .errors import IndexExistsError, IndexFormatError
-from .testhooks import crash_point
-from .format import (DOCS_SCHEMA, FORMAT_NAME, FORMAT_VERSION, MANIFEST, manifest_digest, sha256_file, write_arrays,
-                     write_table)
+from .builders import ShardHandle, ShardOutput
+from .faults import FaultHook, no_faults
+from .format import (CURRENT, FORMAT_NAME, FORMAT_VERSION, SHARD_STATS, is_index, manifest_digest, manifest_name,
+                     sha256_file, write_arrays, write_table)
+from .metadata import MetadataColumns, combine_schema, normalize_metadata, type_name
 
 _RENAME_EXCHANGE = 2
 
@@ -71,7 +74,7 @@ def check_target(out: Path, overwrite: bool) -> None:
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise IndexExistsError(f"{out}: already exists and is not empty (pass overwrite=True, or --overwrite on the CLI, to replace it)")
-        if not (out / MANIFEST).is_file():
+        if not is_index(out):
             raise IndexFormatError(f"{out}: refusing to overwrite a non-empty directory that is not an index")
 
 
@@ -112,19 +115,41 @@ def clean_stale_temps(out: Path) -> list[Path]:
     return removed
 
 
+class _Rec(NamedTuple):
+    id: str
+    path: str | None
+    line: int
+    metadata: dict[str, Any]
+
+
+def _shard_metadata(ids: list[str], metadata: list[Any] | None) -> tuple[pa.Array, pa.Array]:
+    """Metadata columns of one shard from per-document dicts or JSON strings (None: none)."""
+    recs = []
+    for i, doc_id in enumerate(ids):
+        md = metadata[i] if metadata is not None else None
+        if isinstance(md, str):
+            md = json.loads(md) if md else None
+        recs.append(_Rec(doc_id, None, i + 1, normalize_metadata(md) if md else {}))
+    return MetadataColumns().columns(recs)
+
+
 class IndexWriter:
     """Writes shards and the manifest of one index build.
 
     Args:
         out: final index directory.
         overwrite: replace an existing index at ``out`` (atomically).
+        faults: fault-injection hook, called at ``shard_docs``, ``shard_done``, ``manifest`` and
+            ``swap`` (see :mod:`retriever.index.faults`).
 
-    Use as a context manager: leaving the block with an exception removes the temporary
+    Leg builders write a shard's files with :meth:`write_arrays`, :meth:`write_table` and
+    :meth:`write_bytes` between :meth:`begin_shard` and :meth:`end_shard`. Use as a context manager: leaving the block with an exception removes the temporary
     directory and leaves ``out`` untouched.
     """
 
-    def __init__(self, out: str | Path, *, overwrite: bool = False) -> None:
+    def __init__(self, out: str | Path, *, overwrite: bool = False, faults: FaultHook = no_faults) -> None:
         self.out = Path(out)
+        self._faults = faults
         self.overwrite = overwrite
         check_target(self.out, overwrite)
         self.out.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +158,8 @@ class IndexWriter:
         self.tmp.mkdir()
         self.files: dict[str, dict[str, Any]] = {}
         self.shards: list[dict[str, Any]] = []
+        self.shard_stats: dict[str, dict[str, Any]] = {}
+        self._open: dict[str, dict[str, Any]] = {}  # shards begun, not ended: dir -> statistics so far
         self._committed = False
 
     def __enter__(self) -> "IndexWriter":
@@ -146,81 +173,149 @@ class IndexWriter:
         rel = path.relative_to(self.tmp).as_posix()
         self.files[rel] = {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
-    def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str], metadata: list[str],
-                    bm25: dict[str, np.ndarray] | Callable[[], dict[str, np.ndarray]] | None = None, dense: np.ndarray | None = None,
-                    dense_index: bytes | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write one immutable shard.
+    def _path(self, rel: str) -> Path:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def write_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> str:
+        """Write an array file (:func:`retriever.index.format.write_arrays`) at ``rel`` (relative to the index root); returns ``rel``."""
+        p = self._path(rel)
+        write_arrays(p, arrays)
+        self._record(p)
+        return rel
+
+    def write_table(self, rel: str, table: pa.Table) -> str:
+        """Write an Arrow IPC file at ``rel``; returns ``rel``."""
+        p = self._path(rel)
+        write_table(p, table)
+        self._record(p)
+        return rel
+
+    def write_bytes(self, rel: str, data: bytes) -> str:
+        """Write raw bytes (e.g. a serialised FAISS index) at ``rel``, fsynced; returns ``rel``."""
+        p = self._path(rel)
+        with open(p, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        self._record(p)
+        return rel
+
+    def begin_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
+                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None) -> ShardHandle:
+        """Start the next shard: write its ``docs.arrow``.
 
         Args:
-            ids, titles, texts, metadata: n documents' columns (metadata as JSON strings).
-            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n];
-                or a function returning them, called after the docs table is written (so the
-                caller can compute the postings meanwhile, e.g. on another thread).
-            dense: (n, dim) float16 or float32 vectors.
-            dense_index: serialised FAISS index bytes (``faiss.serialize_index``), if any.
-            extra: more fields for the shard's manifest entry.
+            ids, titles, texts: the n documents' columns.
+            metadata: the ``metadata`` struct and ``metadata_nulls`` columns
+                (:meth:`retriever.index.metadata.MetadataColumns.columns`, types over the whole
+                build); or a list of per-document metadata (dicts, or JSON object strings, ``""``
+                for none), typed for this shard alone; None: no metadata.
+
+        Returns:
+            the shard's handle (number, directory relative to the index root, rows).
+        """
+        index = len(self.shards) + len(self._open)
+        rel_dir = f"shards/{index:05d}"
+        sdir = self.tmp / rel_dir
+        sdir.mkdir(parents=True)
+        n = len(ids)
+        if metadata is None or isinstance(metadata, list):
+            metadata = _shard_metadata(ids, metadata)
+        struct, nulls = metadata
+        if len(struct) != n or len(nulls) != n:
+            raise ValueError(f"metadata columns have {len(struct)} / {len(nulls)} rows, expected {n}")
+        table = pa.table({"id": pa.array(ids, pa.string()), "title": pa.array(titles, pa.large_string()),
+                          "text": pa.array(texts, pa.large_string()), "metadata": struct, "metadata_nulls": nulls})
+        self.write_table(f"{rel_dir}/docs.arrow", table)
+        self._faults("shard_docs")
+        handle = ShardHandle(index, rel_dir, n)
+        self._open[rel_dir] = {"rows": n, "metadata_fields": {f.name: type_name(f.type) for f in struct.type}}
+        return handle
+
+    def end_shard(self, shard: ShardHandle, outputs: dict[str, ShardOutput]) -> dict[str, Any]:
+        """Finish ``shard``: its manifest entry and statistics from the legs' ``outputs`` (leg name →
+        what its builder wrote), fsync of its directory.
 
         Returns:
             the shard's manifest entry.
         """
-        sdir = self.tmp / "shards" / f"{len(self.shards):05d}"
-        sdir.mkdir(parents=True)
-        n = len(ids)
-        table = pa.Table.from_arrays([pa.array(ids, pa.string()), pa.array(titles, pa.large_string()),
-                                      pa.array(texts, pa.large_string()), pa.array(metadata, pa.large_string())],
-                                     schema=DOCS_SCHEMA)
-        write_table(sdir / "docs.arrow", table)
-        self._record(sdir / "docs.arrow")
-        crash_point("shard_docs")
-        entry: dict[str, Any] = {"dir": sdir.relative_to(self.tmp).as_posix(), "rows": n}
-        if callable(bm25):
-            bm25 = bm25()
-        if bm25 is not None:
-            write_arrays(sdir / "bm25.arrow", bm25)
-            self._record(sdir / "bm25.arrow")
-            crash_point("shard_bm25")
-            entry["n_terms"] = int(len(bm25["offsets"]) - 1)
-            entry["nnz"] = int(len(bm25["doc_ids"]))
-        if dense is not None:
-            if dense.ndim != 2 or dense.shape[0] != n:
-                raise ValueError(f"dense vectors have shape {dense.shape}, expected ({n}, dim)")
-            dim = dense.shape[1]
-            flat = pa.array(np.ascontiguousarray(dense).reshape(-1))
-            vec = pa.FixedSizeListArray.from_arrays(flat, dim)
-            write_table(sdir / "dense.arrow", pa.table({"vector": vec}))
-            self._record(sdir / "dense.arrow")
-            crash_point("shard_dense")
-        if dense_index is not None:
-            p = sdir / "dense.faiss"
-            with open(p, "wb") as f:
-                f.write(dense_index)
-                f.flush()
-                os.fsync(f.fileno())
-            self._record(p)
-            crash_point("shard_faiss")
-        if extra:
-            entry.update(extra)
-        _fsync_dir(sdir)
-        crash_point("shard_done")
+        stats = self._open.pop(shard.dir)
+        entry: dict[str, Any] = {"dir": shard.dir, "rows": shard.rows}
+        for leg, out in outputs.items():
+            entry.update(out.entry)
+            if out.stats is not None:
+                stats[leg] = out.stats
+        _fsync_dir(self.tmp / shard.dir)
+        self._faults("shard_done")
         self.shards.append(entry)
+        self.shard_stats[shard.dir] = stats
         return entry
 
+    def write_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
+                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None,
+                    bm25: dict[str, np.ndarray] | None = None, dense: np.ndarray | None = None,
+                    dense_index: bytes | None = None) -> dict[str, Any]:
+        """Write one whole shard from ready arrays (tests and tools; builds go through the leg
+        builders, :mod:`retriever.index.pipeline`).
+
+        Args:
+            ids, titles, texts, metadata: as in :meth:`begin_shard`.
+            bm25: ``offsets`` u64[T+1], ``doc_ids`` u32[nnz], ``tfs`` u32[nnz], ``doc_len`` u32[n].
+            dense: (n, dim) float16 or float32 stored vectors; dense_index: FAISS index bytes.
+
+        Returns:
+            the shard's manifest entry.
+        """
+        shard = self.begin_shard(ids=ids, titles=titles, texts=texts, metadata=metadata)
+        outputs: dict[str, ShardOutput] = {}
+        if bm25 is not None:
+            self.write_arrays(f"{shard.dir}/bm25.arrow", bm25)
+            n_terms, nnz = int(len(bm25["offsets"]) - 1), int(len(bm25["doc_ids"]))
+            outputs["bm25"] = ShardOutput(stats={"n_docs": shard.rows, "sum_dl": int(np.asarray(bm25["doc_len"]).sum(dtype=np.int64)),
+                                                 "n_terms": n_terms, "nnz": nnz}, entry={"n_terms": n_terms, "nnz": nnz})
+        if dense is not None:
+            if dense.ndim != 2 or dense.shape[0] != shard.rows:
+                raise ValueError(f"dense vectors have shape {dense.shape}, expected ({shard.rows}, dim)")
+            flat = pa.array(np.ascontiguousarray(dense).reshape(-1))
+            self.write_table(f"{shard.dir}/dense.arrow", pa.table({"vector": pa.FixedSizeListArray.from_arrays(flat, dense.shape[1])}))
+            outputs["dense"] = ShardOutput(stats={"count": shard.rows, "dim": int(dense.shape[1]), "dtype": str(dense.dtype)})
+        if dense_index is not None:
+            self.write_bytes(f"{shard.dir}/dense.faiss", dense_index)
+        return self.end_shard(shard, outputs)
+
+    def add_shard_stats(self, shard_dir: str, section: str, values: dict[str, Any]) -> None:
+        """Add (or replace) one section of a written shard's statistics (e.g. ``"sparse"``)."""
+        self.shard_stats[shard_dir][section] = values
+
     def write_file_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> None:
-        """Write an index-level array file (e.g. the Matryoshka rotation)."""
-        p = self.tmp / rel
-        write_arrays(p, arrays)
-        self._record(p)
+        """Write an array file at ``rel`` (e.g. the Matryoshka rotation); :meth:`write_arrays`."""
+        self.write_arrays(rel, arrays)
 
     def write_vocab(self, terms: list[str]) -> None:
-        """Write the global BM25 vocabulary (row i = term id i)."""
-        p = self.tmp / "vocab.arrow"
-        write_table(p, pa.table({"term": pa.array(terms, pa.large_string())}))
-        self._record(p)
-        crash_point("vocab")
+        """Write the global BM25 vocabulary ``vocab.arrow`` (row i = term id i)."""
+        self.write_table("vocab.arrow", pa.table({"term": pa.array(terms, pa.large_string())}))
 
-    def commit(self, *, build_config: dict[str, Any], stats: dict[str, Any],
+    def _write_json(self, rel: str, obj: Any) -> None:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+            f.flush()
+            os.fsync(f.fileno())
+        self._record(p)
+
+    def commit(self, *, build_config: dict[str, Any], stats: dict[str, Any], build: dict[str, Any] | None = None,
                extra: dict[str, Any] | None = None) -> dict[str, Any]:
-        """Write the manifest and move the index into place atomically.
+        """Write every shard's ``stats.json``, the generation-1 manifest and ``CURRENT``, and move
+        the index into place atomically.
+
+        Args:
+            build_config: the build configuration (``BuildConfig.to_dict``).
+            stats: corpus-wide statistics (``n_docs``, ``n_terms``, ``sum_dl``, ``dense_dim``...).
+            build: build information that is not a statistic (timings, truncation counts...).
+            extra: more top-level manifest fields (``models``, ``matryoshka``...).
 
         Returns:
             the manifest dict.
@@ -229,29 +324,42 @@ class IndexWriter:
         if "n_docs" in stats and stats["n_docs"] != rows:  # never publish an inconsistent index
             raise IndexFormatError(f"{self.out}: internal error, shards hold {rows} documents but "
                                    f"{stats['n_docs']} were read; nothing was written")
+        for entry in self.shards:
+            rel = f"{entry['dir']}/{SHARD_STATS}"
+            self._write_json(rel, self.shard_stats[entry["dir"]])
+            entry["stats"] = rel
+            entry["deletes"] = None
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
             "format_version": FORMAT_VERSION,
+            "generation": 1,
+            "parent_generation": None,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "build_config": build_config,
             "stats": stats,
+            "build": build or {},
+            "metadata_schema": combine_schema(st.get("metadata_fields", {}) for st in self.shard_stats.values()),
+            "fusion": None,
             "shards": self.shards,
             "files": self.files,
         }
         if extra:
             manifest.update(extra)
         manifest["manifest_sha256"] = manifest_digest(manifest)
-        mpath = self.tmp / MANIFEST
-        text = json.dumps(manifest, indent=1, sort_keys=False)
+        mpath = self.tmp / manifest_name(1)
+        mpath.parent.mkdir()
+
         with open(mpath, "w", encoding="utf-8") as f:
-            f.write(text[:len(text) // 2])
+            f.write(json.dumps(manifest, indent=1, sort_keys=False))
             f.flush()
-            crash_point("manifest_partial")
-            f.write(text[len(text) // 2:])
+            os.fsync(f.fileno())
+        _fsync_dir(mpath.parent)
+        with open(self.tmp / CURRENT, "w", encoding="ascii") as f:
+            f.write(manifest_name(1) + "\n")
             f.flush()
             os.fsync(f.fileno())
         _fsync_dir(self.tmp)
-        crash_point("manifest")
+        self._faults("manifest")
         if self.out.exists():
             check_target(self.out, self.overwrite)
             if self.out.is_dir() and not any(self.out.iterdir()):
@@ -264,12 +372,12 @@ class IndexWriter:
                 os.rename(self.out, old)
                 os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
-            crash_point("swap")
+            self._faults("swap")
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(self.tmp, self.out)
             _fsync_dir(self.out.parent)
-            crash_point("swap")
+            self._faults("swap")
         self._committed = True
         return manifest
 

@@ -1,4 +1,4 @@
-"""Command line: ``retriever index build|info|verify``, ``retriever search``, ``retriever eval``,
+"""Command line: ``retriever index build|info|verify|upgrade``, ``retriever search``, ``retriever eval``,
 ``retriever bench``.
 
 A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
@@ -68,7 +68,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``retriever`` argument parser (sub-commands index build / info / verify, search, eval, bench)."""
+    """The ``retriever`` argument parser (sub-commands index build / info / verify / upgrade, search, eval, bench)."""
     ap = argparse.ArgumentParser(prog="retriever", description="Hybrid BM25 + dense + learned-sparse retrieval.",
                                  formatter_class=_HelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true", help="log progress at INFO level")
@@ -103,6 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("dir", help="index directory")
     v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest", formatter_class=_HelpFormatter)
     v.add_argument("dir", help="index directory")
+    u = idx.add_parser("upgrade", help="convert an index of an older format version to the current one (atomically)",
+                       formatter_class=_HelpFormatter)
+    u.add_argument("dir", help="index directory")
 
     s = sub.add_parser("search", help="search an index", formatter_class=_HelpFormatter)
     s.add_argument("dir", help="index directory")
@@ -159,8 +162,8 @@ def cmd_build(args: argparse.Namespace) -> int:
                       sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,
                                           n_postings=args.sparse_n_postings, block_size=args.sparse_block_size))
     m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
-    st = m["stats"]
-    print(f"built {args.out}: {st['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
+    st = m["build"]
+    print(f"built {args.out}: {m['stats']['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
           f"{st['build_seconds']:.1f} s")
     if st.get("dense_truncated_docs"):
         print(f"note: {st['dense_truncated_docs']} documents were longer than the dense model's "
@@ -185,6 +188,18 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
     r = IndexReader(args.dir, verify=True)
     print(f"ok: {len(r.manifest['files'])} files verified (SHA-256)")
+    return 0
+
+
+def cmd_upgrade(args: argparse.Namespace) -> int:
+    """``retriever index upgrade``: convert a format-1 index to the current format in place, atomically (:func:`retriever.index.upgrade.upgrade_index`); returns the exit status."""
+    from retriever.index.upgrade import upgrade_index
+
+    rep = upgrade_index(args.dir)
+    print(f"upgraded {rep['path']}: format {rep['from_version']} -> {rep['to_version']}, {rep['n_docs']} documents "
+          f"in {rep['n_shards']} shard(s)")
+    if rep["json_fallbacks"]:
+        print(f"note: metadata fields {rep['json_fallbacks']} hold values of more than one type; stored as JSON columns")
     return 0
 
 
@@ -294,6 +309,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
+            ("index", "upgrade"): cmd_upgrade,
             ("search", None): cmd_search, ("eval", None): cmd_eval,
             ("bench", None): cmd_bench}
 

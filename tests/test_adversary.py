@@ -179,14 +179,14 @@ def test_legs_as_comma_string():
 def test_manifest_models_must_be_a_dict(small, tmp_path):
     import shutil
 
-    from retriever.index.format import manifest_digest
+    from retriever.index.format import current_manifest_path, manifest_digest
 
     d = tmp_path / "i"
     shutil.copytree(small.reader.path, d)
-    m = json.loads((d / "manifest.json").read_text())
+    m = json.loads(current_manifest_path(d).read_text())
     m["models"] = 5
     m["manifest_sha256"] = manifest_digest(m)
-    (d / "manifest.json").write_text(json.dumps(m))
+    current_manifest_path(d).write_text(json.dumps(m))
     with pytest.raises(IndexFormatError, match="'models'"):
         Retriever.open(d)
 

@@ -206,7 +206,7 @@ def test_hybrid_index_cache(tmp_path, monkeypatch):
     assert run.hybrid_index(900, tmp_path, n_queries=10, cache_dir=tmp_path / "c", sparse=False)["path"] != a["path"]
     a["path"].with_name(a["path"].name + ".json").unlink()
     c = run.hybrid_index(900, tmp_path, **kw)
-    assert not c["cached"] and c["path"] == a["path"] and (c["path"] / "manifest.json").is_file()
+    assert not c["cached"] and c["path"] == a["path"] and (c["path"] / "CURRENT").is_file()
     with pytest.raises(ValueError, match="n_docs"):
         run.hybrid_index(0, tmp_path, **kw)
 

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from retriever.cli import main
+from retriever.index.format import current_manifest_path
 
 
 def test_index_info(medline_index, capsys):
@@ -22,7 +23,7 @@ def test_index_info_shows_only_built_legs_config(medline_index, capsys):
     assert main(["index", "info", str(medline_index)]) == 0
     cfg = json.loads(capsys.readouterr().out)["build_config"]
     assert {"bm25", "analyzer", "dense"} <= set(cfg) and "sparse" not in cfg
-    m = json.loads((medline_index / "manifest.json").read_text())
+    m = json.loads(current_manifest_path(medline_index).read_text())
     assert "sparse" in m["build_config"]
 
 

@@ -54,11 +54,11 @@ def test_build_stats_split_model_time(tmp_path):
         m = build_index(docs, tmp_path / "ix", legs=("bm25", "dense"), show_progress=False)
     except ModelError as e:
         pytest.skip(f"bundled dense model not installed: {e}")
-    st = m["stats"]
+    st = m["build"]
     assert 0 <= st["model_load_seconds"] <= st["build_seconds"]
     assert set(st["encode_seconds"]) == {"dense"} and 0 < st["encode_seconds"]["dense"] <= st["build_seconds"]
     m2 = build_index(docs, tmp_path / "ix2", legs=("bm25",), show_progress=False)
-    assert "model_load_seconds" not in m2["stats"] and "encode_seconds" not in m2["stats"]
+    assert "model_load_seconds" not in m2["build"] and "encode_seconds" not in m2["build"]
 
 
 def test_bfloat16_precision_close_to_float32(enc):

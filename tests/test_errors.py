@@ -100,7 +100,7 @@ def test_bad_index_paths(tmp_path, capsys):
     with pytest.raises(IndexFormatError, match="not found"):
         Retriever.open(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(IndexFormatError, match="no manifest.json"):
+    with pytest.raises(IndexFormatError, match="not an index"):
         Retriever.open(tmp_path / "empty")
     for cmd in (["search", str(tmp_path / "empty"), "q"], ["index", "info", str(tmp_path / "missing")],
                 ["index", "verify", str(tmp_path / "empty")]):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from retriever.index.errors import ConfigError, QueryError
-from retriever.index.matryoshka import build_vector_index
+from retriever.index.pipeline import build_vector_index
 from retriever import Retriever, _kernels
 from retriever.metrics import recall_at_k
 from retriever.int8scan import BLOCK_DOCS, int8_scan, quantize_prefix, quantize_queries

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT, random_corpus
 from retriever.index.errors import IndexFormatError
-from retriever.index.format import manifest_digest
+from retriever.index.format import current_manifest_path, manifest_digest
 from retriever import Retriever, build_index
 from retriever.cli import main as cli_main
 
@@ -113,10 +113,10 @@ def test_flipped_bytes_in_every_file(hybrid_index, tmp_path, n_random):
             outcome = _check_damaged(copy, rel, good)
             tally[outcome] += 1
             kinds[f.name] += 1
-            if f.name == "manifest.json":  # the manifest checksums itself: caught at open
+            if f.parent.name == "manifests" or f.name == "CURRENT":  # checksummed / validated: caught at open
                 assert outcome in ("open", "same"), (off, outcome)
         (copy / rel).write_bytes(data)
-    assert {"manifest.json", "vocab.arrow", "docs.arrow", "bm25.arrow", "dense.arrow"} <= set(kinds)
+    assert {"CURRENT", "000001.json", "stats.json", "vocab.arrow", "docs.arrow", "bm25.arrow", "dense.arrow"} <= set(kinds)
     print(f"flip outcomes over {sum(tally.values())} flips: {tally}")
     assert tally["open"] > 0 and tally["verify"] > 0
 
@@ -169,7 +169,7 @@ def test_verify_cli(hybrid_index, tmp_path, capsys):
 # ---------------------------------------------------------------------------
 
 def _forge(root: Path, edit) -> None:
-    mp = root / "manifest.json"
+    mp = current_manifest_path(root)
     m = json.loads(mp.read_text())
     edit(m)
     m["manifest_sha256"] = manifest_digest(m)
@@ -217,9 +217,9 @@ def test_symlinks_leaving_index_refused(bm25_index, tmp_path):
 def test_manifest_edit_without_checksum_update_refused(bm25_index, tmp_path):
     copy = tmp_path / "i"
     shutil.copytree(bm25_index, copy)
-    m = json.loads((copy / "manifest.json").read_text())
+    m = json.loads(current_manifest_path(copy).read_text())
     m["build_config"]["bm25"]["k1"] = 2.0
-    (copy / "manifest.json").write_text(json.dumps(m))
+    current_manifest_path(copy).write_text(json.dumps(m))
     with pytest.raises(IndexFormatError, match="manifest checksum"):
         Retriever.open(copy)
 
@@ -285,7 +285,7 @@ def test_forged_huge_counts_refused_without_allocating(bm25_index, tmp_path):
 def test_forged_huge_manifest_refused(bm25_index, tmp_path):
     copy = tmp_path / "i"
     shutil.copytree(bm25_index, copy)
-    with open(copy / "manifest.json", "r+b") as f:
+    with open(current_manifest_path(copy), "r+b") as f:
         f.seek((64 << 20) + 10)
         f.write(b" ")
     with pytest.raises(IndexFormatError, match="implausibly large"):

@@ -12,7 +12,8 @@ import pytest
 
 from retriever.index.config import BuildConfig, DenseConfig
 from retriever.index.errors import ConfigError, QueryError
-from retriever.index.matryoshka import (ROTATION_FILE, build_vector_index, check_dims, fit_pca_rotation, prefix_normalize,
+from retriever.index.pipeline import build_vector_index
+from retriever.index.matryoshka import (ROTATION_FILE, check_dims, fit_pca_rotation, prefix_normalize,
                               to_storage)
 from retriever import Retriever, build_index
 from retriever.funnel import choose_prefix_dim

@@ -19,7 +19,7 @@ DOCS = [{"_id": "a", "title": "Alpha", "text": "first document about cats", "yea
 
 
 def _expect(docs):
-    return [(d.id, d.title, d.text, json.loads(d.metadata)) for d in docs]
+    return [(d.id, d.title, d.text, d.metadata) for d in docs]
 
 
 WANT = [(d["_id"], d["title"], d["text"], {"year": d["year"]}) for d in DOCS]

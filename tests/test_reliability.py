@@ -19,12 +19,11 @@ import pytest
 from conftest import ROOT, random_corpus
 from retriever.index.errors import IndexExistsError, IndexFormatError
 from retriever.index.format import read_manifest, verify_checksums
-from retriever.index.testhooks import CRASH_POINTS
+from retriever.index.faults import CRASH_POINTS
 from retriever.index.writer import clean_stale_temps
 from retriever import Retriever, build_index
 
-BM25_POINTS = ("read", "encode_bm25", "shard_docs", "shard_bm25", "shard_done", "vocab",
-               "manifest_partial", "manifest", "swap")
+BM25_POINTS = ("read", "encode_bm25", "shard_docs", "shard_bm25", "shard_done", "vocab", "manifest", "swap")
 DENSE_POINTS = ("encode_dense", "faiss", "shard_dense", "shard_faiss")
 QUERIES = ["vitamin bone", "heart blood pressure", "gene cell cancer", "sleep memory", "zzz"]
 
@@ -36,11 +35,20 @@ def _write_jsonl(path: Path, docs: list[dict]) -> Path:
     return path
 
 
-def _cli(args: list[str], env_extra: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
-    env.pop("RETRIEVER_CRASH_AT", None) if not env_extra or "RETRIEVER_CRASH_AT" not in env_extra else None
-    return subprocess.Popen([sys.executable, "-m", "retriever", *args], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _cli(args: list[str], crash: dict | None = None) -> subprocess.Popen:
+    """``retriever ARGS``, or (``crash``: ``{"point": ..., "job": ...}``) a build that SIGKILLs
+    itself at a fault point (tests/crash_build.py)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-m", "retriever", *args] if not crash else \
+        [sys.executable, str(ROOT / "tests" / "crash_build.py"), crash["point"], json.dumps(crash["job"])]
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _crash(point: str, corpus: Path, out: Path, overwrite: bool = False, **config) -> tuple[list[str], dict]:
+    """A job for :func:`_run_all`: build ``corpus`` into ``out``, dying at ``point``."""
+    config = {"legs": ["bm25"], "shard_size": 30, "batch_size": 10, **config}
+    return ([], {"point": point, "job": {"kind": "build", "corpus": str(corpus), "out": str(out),
+                                          "overwrite": overwrite, "config": config}})
 
 
 def _run_all(jobs: list[tuple[list[str], dict[str, str]]], parallel: int = 3) -> list[tuple[int, str]]:
@@ -64,10 +72,12 @@ def _temps(parent: Path, name: str) -> list[Path]:
 
 
 def test_crash_points_are_documented_and_known():
-    src = (ROOT / "index" / "pipeline.py").read_text() + (ROOT / "index" / "writer.py").read_text()
-    used = set(re.findall(r'crash_point\("([a-z_0-9]+)"\)', src))
+    src = "".join(p.read_text() for p in (ROOT / "index").glob("*.py"))
+    used = set(re.findall(r'faults\("([a-z_0-9]+)"\)', src))
     assert used == set(CRASH_POINTS)
     assert set(BM25_POINTS) | set(DENSE_POINTS) == set(CRASH_POINTS)
+    # production modules take the hook as a parameter: none reads the environment for faults
+    assert "RETRIEVER_CRASH_AT" not in src and "testhooks" not in src
 
 
 @pytest.fixture(scope="module")
@@ -83,14 +93,13 @@ BUILD = ["index", "build", "--legs", "bm25", "--shard-size", "30", "--batch-size
 
 def test_sigkill_fresh_build_leaves_nothing_visible(corpora, tmp_path):
     _, a, _ = corpora
-    jobs = [([*BUILD, "--corpus", str(a), "--out", str(tmp_path / p)], {"RETRIEVER_CRASH_AT": p})
-            for p in BM25_POINTS]
+    jobs = [_crash(p, a, tmp_path / p) for p in BM25_POINTS]
     # the n-th occurrence form: die in the second shard's postings
-    jobs.append(([*BUILD, "--corpus", str(a), "--out", str(tmp_path / "nth")], {"RETRIEVER_CRASH_AT": "shard_bm25:2"}))
+    jobs.append(_crash("shard_bm25:2", a, tmp_path / "nth"))
     results = _run_all(jobs)
-    for (args, env), (rc, err) in zip(jobs, results):
-        point = env["RETRIEVER_CRASH_AT"]
-        out = Path(args[args.index("--out") + 1])
+    for (_, crash), (rc, err) in zip(jobs, results):
+        point = crash["point"]
+        out = Path(crash["job"]["out"])
         assert rc == -9, (point, rc, err)
         if point == "swap":  # the rename already happened: a complete index
             read_manifest(out)
@@ -123,11 +132,11 @@ def test_sigkill_overwrite_keeps_previous_index(corpora, tmp_path):
     for p in BM25_POINTS:
         out = tmp_path / f"ow_{p}"
         shutil.copytree(base, out)
-        jobs.append(([*BUILD, "--corpus", str(b), "--out", str(out), "--overwrite"], {"RETRIEVER_CRASH_AT": p}))
+        jobs.append(_crash(p, b, out, overwrite=True))
     results = _run_all(jobs)
-    for (args, env), (rc, err) in zip(jobs, results):
-        point = env["RETRIEVER_CRASH_AT"]
-        out = Path(args[args.index("--out") + 1])
+    for (_, crash), (rc, err) in zip(jobs, results):
+        point = crash["point"]
+        out = Path(crash["job"]["out"])
         assert rc == -9, (point, rc, err)
         m = read_manifest(out)
         verify_checksums(out, m)
@@ -147,11 +156,11 @@ def test_overwrite_required_and_atomic(corpora, tmp_path):
     with pytest.raises(IndexExistsError, match="--overwrite"):
         build_index(str(b), out, legs=("bm25",), show_progress=False)
     assert _snapshot(out) == before
-    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out)], {})])[0]
+    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out)], None)])[0]
     assert rc == 1 and err.startswith("error: ") and "--overwrite" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
     assert _snapshot(out) == before
-    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out), "--overwrite"], {})])[0]
+    rc, err = _run_all([([*BUILD, "--corpus", str(b), "--out", str(out), "--overwrite"], None)])[0]
     assert rc == 0, err
     assert Retriever.open(out).reader.n_docs == 70
     assert not _temps(tmp_path, "idx")
@@ -185,16 +194,15 @@ def test_sigkill_dense_points(tmp_path):
                 dense=__import__("retriever.index.config", fromlist=["DenseConfig"]).DenseConfig(faiss_factory="HNSW8"))
     before = _snapshot(base)
     jobs = []
+    cfg = {"legs": ["bm25", "dense"], "shard_size": 12, "batch_size": 1024, "dense": {"faiss_factory": "HNSW8"}}
     for p in DENSE_POINTS:
-        jobs.append(([*BUILD[:2], "--corpus", str(a), "--out", str(tmp_path / f"fresh_{p}"), "--legs", "bm25,dense",
-                      "--shard-size", "12", "--faiss-factory", "HNSW8", "--no-progress"], {"RETRIEVER_CRASH_AT": p}))
+        jobs.append(_crash(p, a, tmp_path / f"fresh_{p}", **cfg))
         out = tmp_path / f"ow_{p}"
         shutil.copytree(base, out)
-        jobs.append(([*BUILD[:2], "--corpus", str(a), "--out", str(out), "--legs", "bm25,dense", "--shard-size", "12",
-                      "--faiss-factory", "HNSW8", "--no-progress", "--overwrite"], {"RETRIEVER_CRASH_AT": p}))
-    for (args, env), (rc, err) in zip(jobs, _run_all(jobs, parallel=2)):
-        out = Path(args[args.index("--out") + 1])
-        assert rc == -9, (env, rc, err)
+        jobs.append(_crash(p, a, out, overwrite=True, **cfg))
+    for (_, crash), (rc, err) in zip(jobs, _run_all(jobs, parallel=2)):
+        out = Path(crash["job"]["out"])
+        assert rc == -9, (crash["point"], rc, err)
         if out.name.startswith("fresh_"):
             assert not out.exists()
         else:

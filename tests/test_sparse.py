@@ -218,7 +218,7 @@ def test_sparse_leg_end_to_end(tmp_path):
 
     docs = random_corpus(40, seed=7, min_len=3)
     m = build_index(docs, tmp_path / "ix", legs=("bm25", "sparse"), shard_size=15, show_progress=False)
-    assert "sparse_truncated_docs" in m["stats"] and m["stats"]["sparse_scale"] > 0
+    assert "sparse_truncated_docs" in m["build"] and m["stats"]["sparse_scale"] > 0
     qs = ["vitamin bone fracture", "insulin liver sugar", "brain sleep memory"]
     with Retriever.open(tmp_path / "ix") as r1:
         x = r1.search_arrays(qs, k=10, mode="sparse")
@@ -326,7 +326,7 @@ def test_build_index_precomputed_sparse_vectors_equal_encoded(tmp_path):
         perm_t[ip[i]:ip[i + 1]], perm_w[ip[i]:ip[i + 1]] = t[p], w[p]
     b = build_index(docs, tmp_path / "pre", legs=("sparse",), shard_size=11, show_progress=False,
                     sparse_vectors=(ip, perm_t, perm_w))
-    assert b["stats"]["sparse_precomputed"] and not a["stats"]["sparse_precomputed"]
+    assert b["build"]["sparse_precomputed"] and not a["build"]["sparse_precomputed"]
     assert a["stats"]["sparse_scale"] == b["stats"]["sparse_scale"]
     for s in ("00000", "00001", "00002"):
         x = read_arrays(tmp_path / "enc" / "shards" / s / "sparse.arrow", SPARSE_FWD)
@@ -706,7 +706,7 @@ def test_sparse_index_file_round_trip(tmp_path):
     import json
 
     from retriever.index.errors import IndexFormatError
-    from retriever.index.format import manifest_digest, read_arrays, sha256_file, write_arrays
+    from retriever.index.format import current_manifest_path, manifest_digest, read_arrays, sha256_file, write_arrays
     from retriever import Retriever, build_index
     from retriever.legs.sparse import SPARSE_INDEX_ARRAYS
     from tests.conftest import random_corpus
@@ -755,7 +755,7 @@ def test_sparse_index_file_round_trip(tmp_path):
     old.update(summary_offsets=np.zeros(1, np.uint64), summary_terms=np.zeros(0, np.uint32))
     write_arrays(path.with_name("old.arrow"), old)  # the open file is memory-mapped: replace, not overwrite
     path.with_name("old.arrow").replace(path)
-    mpath = tmp_path / "ix" / "manifest.json"
+    mpath = current_manifest_path(tmp_path / "ix")
     man = json.loads(mpath.read_text())
     entry = man["files"]["shards/00000/sparse_index.arrow"]
     entry.update(bytes=path.stat().st_size, sha256=sha256_file(path))

@@ -1,0 +1,139 @@
+"""Manifest generations: commit a new immutable manifest and switch ``CURRENT`` to it atomically.
+
+A generation is one manifest file ``manifests/NNNNNN.json``; ``CURRENT`` names the current one.
+Committing generation N+1 writes its manifest beside the others (temporary name, fsync, rename),
+then replaces ``CURRENT`` the same way (write ``CURRENT.tmp-…``, fsync, rename over ``CURRENT``,
+fsync the directory). A crash before the last rename leaves generation N current and complete;
+after it, N+1. Readers hold the manifest they opened, so they keep their snapshot (files listed
+by a manifest are never modified; a file that a later generation no longer lists stays until a
+compaction removes it, and memory maps of it stay valid). One writer at a time: ``LOCK`` is held
+with ``fcntl.flock`` while committing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import fcntl
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from .errors import IndexFormatError, IndexLockedError
+from .format import CURRENT, manifest_digest, manifest_name, read_current, read_manifest, sha256_file
+
+LOCK = "LOCK"
+#: manifest fields a new generation may change (the rest is the parent's)
+MUTABLE_FIELDS = ("shards", "files", "stats", "fusion", "metadata_schema", "build")
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` by a temporary sibling, fsync, rename, fsync of the directory."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    _fsync_dir(path.parent)
+
+
+@contextlib.contextmanager
+def writer_lock(root: Path) -> Iterator[None]:
+    """Hold the index's writer lock (``root/LOCK``, ``flock``) for the block.
+
+    Raises:
+        IndexLockedError: another process (or another lock holder in this one) holds it; names
+            the holder's pid.
+    """
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            raise IndexLockedError(f"{root}: another writer holds the index (pid {holder})") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def file_entry(root: Path, rel: str) -> dict[str, Any]:
+    """The manifest ``files`` entry (size, SHA-256) of the file ``root/rel``."""
+    p = root / rel
+    return {"bytes": p.stat().st_size, "sha256": sha256_file(p)}
+
+
+def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, Any],
+                      fault: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Commit generation ``parent + 1``: the parent's manifest with ``changes`` applied.
+
+    Args:
+        root: index directory.
+        parent: the generation the changes were made against; it must still be current
+            (optimistic concurrency: a writer that lost a race gets an error, not a lost update).
+        changes: new values of top-level manifest fields among :data:`MUTABLE_FIELDS` (``shards``
+            with ``deletes`` / ``stats`` file names, ``files`` — every file the new generation
+            lists, already written, fsynced and never to be modified —, ``fusion``, ...).
+        fault: called with ``"generation_manifest"`` after the new manifest is durable and with
+            ``"generation_current"`` after ``CURRENT`` is switched (fault injection in tests).
+
+    Returns:
+        the new manifest.
+
+    Raises:
+        IndexLockedError: another writer holds the index.
+        IndexFormatError: ``parent`` is not current any more, an unknown field in ``changes``,
+            or the new manifest does not validate (nothing is switched then).
+    """
+    root = Path(root)
+    bad = sorted(set(changes) - set(MUTABLE_FIELDS))
+    if bad:
+        raise IndexFormatError(f"{root}: a generation cannot change {bad}; it may change {list(MUTABLE_FIELDS)}")
+    with writer_lock(root):
+        current = read_current(root)
+        if current != parent:
+            raise IndexFormatError(f"{root}: generation {current} was committed after {parent}; "
+                                   f"reopen the index and redo the change")
+        m = dict(read_manifest(root, parent))
+        m.update(changes)
+        m.pop("manifest_sha256", None)
+        gen = parent + 1
+        m["generation"] = gen
+        m["parent_generation"] = parent
+        m["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        m["manifest_sha256"] = manifest_digest(m)
+        rel = manifest_name(gen)
+        _write_atomic(root / rel, json.dumps(m, indent=1).encode("utf-8"))
+        try:
+            read_manifest(root, gen)  # the same checks as opening it, before CURRENT is switched
+        except IndexFormatError:
+            (root / rel).unlink()
+            raise
+        if fault is not None:
+            fault("generation_manifest")
+        _write_atomic(root / CURRENT, (rel + "\n").encode("ascii"))
+        if fault is not None:
+            fault("generation_current")
+        return m
+
