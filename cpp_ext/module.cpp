@@ -338,6 +338,31 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
     return res.result();
 }
 
+carray<float> py_bm25_score_docs(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
+                                 const carray<uint32_t>& tfs, const carray<float>& doc_norm,
+                                 const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                                 const carray<float>& q_weights, const carray<int64_t>& cand_offsets,
+                                 const carray<int64_t>& cand_docs, int n_threads, const opt_carray<float>& impacts) {
+    bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+    attach_impacts(data, impacts, std::nullopt, std::nullopt);
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    candidates_view cand;
+    cand.offsets = cand_offsets.data();
+    cand.n_offsets = len1d(cand_offsets, "cand_offsets");
+    cand.docs = cand_docs.data();
+    cand.n_docs = len1d(cand_docs, "cand_docs");
+    carray<float> scores(std::vector<py::ssize_t>{static_cast<py::ssize_t>(cand.n_docs)});
+    float* out = scores.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        check_query_batch(queries, data.csr.n_terms);
+        check_query_term_ranges(data.csr, queries);
+        check_candidates(cand, queries.nq, data.n_docs);
+        bm25_score_docs(data, queries, cand, n_threads, out);
+    }
+    return scores;
+}
+
 std::tuple<carray<int32_t>, carray<float>> py_bm25_impact_rows(const carray<uint64_t>& offsets,
                                                                const carray<uint32_t>& doc_ids,
                                                                const carray<float>& impacts, int64_t n_docs,
@@ -770,6 +795,17 @@ PYBIND11_MODULE(_kernels, m) {
           "bm25_impact_rows (same impacts): exhaustive scoring adds such a list as one vector\n"
           "pass over the accumulator; results are identical.\n"
           "Returns (ids, scores, n_found).");
+
+    m.def("bm25_score_docs", &py_bm25_score_docs, py::arg("offsets").noconvert(),
+          py::arg("doc_ids").noconvert(), py::arg("tfs").noconvert(), py::arg("doc_norm").noconvert(),
+          py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
+          py::arg("cand_offsets").noconvert(), py::arg("cand_docs").noconvert(), py::arg("n_threads") = 0,
+          py::arg("impacts").noconvert() = py::none(),
+          "BM25 scores of given documents (full-score fusion): for query i, the score of each\n"
+          "shard-local document cand_docs[cand_offsets[i]:cand_offsets[i+1]] (int64, any order,\n"
+          "repeats allowed, each in [0, n_docs)), computed with exactly bm25_topk's float32\n"
+          "arithmetic and term order (bit-identical to the score bm25_topk reports), 0.0 when no\n"
+          "query term matches. Inputs as bm25_topk. Returns f32[len(cand_docs)].");
 
     m.def("bm25_impact_rows", &py_bm25_impact_rows, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("n_docs"),

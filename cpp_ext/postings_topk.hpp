@@ -232,6 +232,32 @@ void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_of
                     const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
                     uint8_t* status, const std::function<void(const query_batch_view&)>& check);
 
+/// Candidate documents of a query batch: query i's are
+/// docs[offsets[i] : offsets[i+1]] (shard-local ids, any order, repeats allowed).
+struct candidates_view {
+    const int64_t* offsets = nullptr;  // n_offsets == nq + 1
+    size_t n_offsets = 0;
+    const int64_t* docs = nullptr;     // n_docs entries
+    size_t n_docs = 0;
+};
+
+/// O(nq + candidates) per-call check: n_offsets == nq + 1, offsets[0] == 0,
+/// non-decreasing, offsets[nq] == c.n_docs, every doc in [0, n_docs).
+void check_candidates(const candidates_view& c, size_t nq, size_t n_docs);
+
+/// BM25 scores of given documents: scores[j] for j in [cand.offsets[i],
+/// cand.offsets[i+1]) is the score of document cand.docs[j] for query i, the
+/// float32 sum from +0.0f, in query-term order, of w * tf part over the terms
+/// whose list holds it (0.0f when none does): the exhaustive algorithm's
+/// arithmetic, so bit-identical to the score bm25_topk reports for it. Reads
+/// data.impacts when set (impact rows are not needed). Each term's cursor
+/// gallops through the query's candidates in doc order: O(m * c log(len / c))
+/// per query. Precondition: check_query_batch and check_candidates passed;
+/// lists strictly increasing (check_csr), else scores are unspecified (never
+/// a memory error). Parallel over queries.
+void bm25_score_docs(const bm25_view& data, const query_batch_view& queries, const candidates_view& cand,
+                     int n_threads, float* scores);
+
 /// Exact learned-sparse top-k with float32 impacts:
 /// score = sum over query terms (query order) of q_weight * impact, in float32.
 /// The number of documents is not needed: the accumulator grows to the largest
