@@ -255,6 +255,65 @@ void check_impact_row_slots(const bm25_view& data, const query_batch_view& queri
     }
 }
 
+/// term_ub (and term_kth, which needs term_ub) of a pruning algorithm, checked against the postings.
+void attach_term_bounds(bm25_bounds_view& bounds, const bm25_view& data, const std::string& algorithm, int64_t k,
+                        const opt_carray<float>& term_ub, const opt_carray<float>& term_kth, int64_t term_kth_depth) {
+    if (!term_ub) {
+        fail("algorithm '" + algorithm + "' requires term_ub (compute it once with bm25_upper_bounds)");
+    }
+    require_eq(len1d(*term_ub, "term_ub"), data.csr.n_terms, "len(term_ub)", "n_terms");
+    bounds.term_ub = term_ub->data();
+    if (term_kth) {
+        require_eq(len1d(*term_kth, "term_kth"), data.csr.n_terms, "len(term_kth)", "n_terms");
+        if (term_kth_depth != k) {
+            fail("term_kth_depth = " + std::to_string(term_kth_depth) + " must equal k = " + std::to_string(k) +
+                 " (term_kth must come from bm25_term_kth with depth = k)");
+        }
+        bounds.term_kth = term_kth->data();
+    }
+}
+
+/// The membership bitmaps of bm25_dense_bitmaps (all three or none), checked against the postings.
+void attach_dense_bitmaps(bm25_bounds_view& bounds, const bm25_view& data, const opt_carray<int32_t>& dense_slot,
+                          const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank) {
+    if (!dense_slot && !dense_bits && !dense_rank) return;
+    if (!dense_slot || !dense_bits || !dense_rank) {
+        fail("dense_slot, dense_bits and dense_rank go together (from bm25_dense_bitmaps)");
+    }
+    require_eq(len1d(*dense_slot, "dense_slot"), data.csr.n_terms, "len(dense_slot)", "n_terms");
+    const size_t words = (data.n_docs + 63) / 64;
+    const size_t nb = len1d(*dense_bits, "dense_bits");
+    require_eq(len1d(*dense_rank, "dense_rank"), nb, "len(dense_rank)", "len(dense_bits)");
+    if (words == 0 ? nb != 0 : nb % words != 0) {
+        fail("len(dense_bits) = " + std::to_string(nb) + " is not a multiple of ceil(n_docs / 64) = " +
+             std::to_string(words));
+    }
+    bounds.dense_slot = dense_slot->data();
+    bounds.dense_bits = dense_bits->data();
+    bounds.dense_rank = dense_rank->data();
+    bounds.dense_words = words;
+    bounds.dense_rows = words == 0 ? 0 : nb / words;
+}
+
+/// The block bounds of bm25_upper_bounds that the block-max algorithms need, checked against the postings.
+void attach_blocks(bm25_bounds_view& bounds, const bm25_view& data, const std::string& algorithm,
+                   const opt_carray<uint64_t>& block_offsets, const opt_carray<float>& block_ub, int64_t block_size) {
+    if (!block_offsets || !block_ub) {
+        fail("algorithm '" + algorithm +
+             "' requires block_offsets and block_ub (compute them once with bm25_upper_bounds)");
+    }
+    bounds.block_size = check_block_size(block_size);
+    require_eq(len1d(*block_offsets, "block_offsets"), data.csr.n_terms + 1, "len(block_offsets)", "n_terms + 1");
+    bounds.block_offsets = block_offsets->data();
+    bounds.block_ub = block_ub->data();
+    bounds.n_blocks = len1d(*block_ub, "block_ub");
+    require_eq(static_cast<size_t>(bounds.block_offsets[data.csr.n_terms]), bounds.n_blocks, "block_offsets[-1]",
+               "len(block_ub)");
+}
+
+/// Python's bm25_topk: one argument per keyword of the public signature (retriever/_kernels.pyi);
+/// they are grouped at once into the kernel's views (postings, bounds, queries) and its
+/// bm25_search_params.
 topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
                          const carray<uint32_t>& tfs, const carray<float>& doc_norm,
                          const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
@@ -271,69 +330,26 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_impact_row_slots(data, queries);
     check_k(k);
-    const uint8_t* allow_p = allow_ptr(allow, data.n_docs, true);
-    const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
-
+    bm25_search_params params;
+    params.allow = allow_ptr(allow, data.n_docs, true);
+    params.algorithm = parse_bm25_algorithm(algorithm);
+    params.n_threads = n_threads;
     bm25_bounds_view bounds;
-    const bool need_ub = algo != bm25_algorithm::exhaustive;
-    const bool need_blocks =
-        algo == bm25_algorithm::block_max_wand || algo == bm25_algorithm::block_max_maxscore;
+    const bool need_ub = params.algorithm != bm25_algorithm::exhaustive;
     if (need_ub) {
-        if (!term_ub) {
-            fail("algorithm '" + algorithm +
-                 "' requires term_ub (compute it once with bm25_upper_bounds)");
-        }
-        require_eq(len1d(*term_ub, "term_ub"), data.csr.n_terms, "len(term_ub)", "n_terms");
-        bounds.term_ub = term_ub->data();
-        if (term_kth) {
-            require_eq(len1d(*term_kth, "term_kth"), data.csr.n_terms, "len(term_kth)", "n_terms");
-            if (term_kth_depth != k) {
-                fail("term_kth_depth = " + std::to_string(term_kth_depth) + " must equal k = " +
-                     std::to_string(k) + " (term_kth must come from bm25_term_kth with depth = k)");
-            }
-            bounds.term_kth = term_kth->data();
-        }
-        if (dense_slot || dense_bits || dense_rank) {
-            if (!dense_slot || !dense_bits || !dense_rank) {
-                fail("dense_slot, dense_bits and dense_rank go together (from bm25_dense_bitmaps)");
-            }
-            require_eq(len1d(*dense_slot, "dense_slot"), data.csr.n_terms, "len(dense_slot)", "n_terms");
-            const size_t words = (data.n_docs + 63) / 64;
-            const size_t nb = len1d(*dense_bits, "dense_bits");
-            require_eq(len1d(*dense_rank, "dense_rank"), nb, "len(dense_rank)", "len(dense_bits)");
-            if (words == 0 ? nb != 0 : nb % words != 0) {
-                fail("len(dense_bits) = " + std::to_string(nb) + " is not a multiple of ceil(n_docs / 64) = " +
-                     std::to_string(words));
-            }
-            bounds.dense_slot = dense_slot->data();
-            bounds.dense_bits = dense_bits->data();
-            bounds.dense_rank = dense_rank->data();
-            bounds.dense_words = words;
-            bounds.dense_rows = words == 0 ? 0 : nb / words;
-        }
+        attach_term_bounds(bounds, data, algorithm, k, term_ub, term_kth, term_kth_depth);
+        attach_dense_bitmaps(bounds, data, dense_slot, dense_bits, dense_rank);
     }
-    if (need_blocks) {
-        if (!block_offsets || !block_ub) {
-            fail("algorithm '" + algorithm +
-                 "' requires block_offsets and block_ub (compute them once with bm25_upper_bounds)");
-        }
-        bounds.block_size = check_block_size(block_size);
-        require_eq(len1d(*block_offsets, "block_offsets"), data.csr.n_terms + 1,
-                   "len(block_offsets)", "n_terms + 1");
-        bounds.block_offsets = block_offsets->data();
-        bounds.block_ub = block_ub->data();
-        bounds.n_blocks = len1d(*block_ub, "block_ub");
-        require_eq(static_cast<size_t>(bounds.block_offsets[data.csr.n_terms]), bounds.n_blocks,
-                   "block_offsets[-1]", "len(block_ub)");
+    if (params.algorithm == bm25_algorithm::block_max_wand || params.algorithm == bm25_algorithm::block_max_maxscore) {
+        attach_blocks(bounds, data, algorithm, block_offsets, block_ub, block_size);
     }
-
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_query_batch(queries, data.csr.n_terms);
         check_query_term_ranges(data.csr, queries);
         if (need_ub) check_bounds_for_queries(data.csr, bounds, queries);
-        bm25_topk(data, need_ub ? &bounds : nullptr, queries, allow_p, algo, n_threads, res.out);
+        bm25_topk(data, need_ub ? &bounds : nullptr, queries, params, res.out);
     }
     return res.result();
 }
@@ -490,9 +506,19 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     bm25_view postings = make_bm25(offsets, doc_ids, tfs, doc_norm);
     attach_impacts(postings, impacts, impact_rows, impact_row_slot);
     check_k(k);
-    const uint8_t* allow_p = allow_ptr(allow, postings.n_docs, true);
-    const size_t n_idf = len1d(idf, "idf");
-    const size_t text_len = len1d(data, "data");
+    bm25_search_params params;
+    params.algorithm = bm25_algorithm::exhaustive;
+    params.allow = allow_ptr(allow, postings.n_docs, true);
+    params.n_threads = n_threads;
+    query_texts_view texts;
+    texts.text = data.data();
+    texts.text_len = len1d(data, "data");
+    texts.offsets = text_offsets.data();
+    texts.nq = nq;
+    texts.table = table;
+    texts.chars = chars;
+    texts.idf = idf.data();
+    texts.n_idf = len1d(idf, "idf");
     topk_arrays res(nq, static_cast<size_t>(k));
     carray<uint8_t> status(std::vector<py::ssize_t>{static_cast<py::ssize_t>(nq)});
     uint8_t* sp = status.mutable_data();
@@ -515,8 +541,7 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     };
     {
         py::gil_scoped_release nogil;
-        bm25_topk_text(data.data(), text_len, text_offsets.data(), nq, table, chars, idf.data(), n_idf, postings,
-                       allow_p, n_threads, res.out, sp, check);
+        bm25_topk_text(texts, postings, params, res.out, sp, check);
     }
     return {res.ids, res.scores, res.n_found, status};
 }

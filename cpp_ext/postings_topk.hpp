@@ -1,13 +1,15 @@
 // Query-time top-k over CSR postings: BM25 (exhaustive, MaxScore, block-max
 // WAND, block-max MaxScore) and learned-sparse impacts (exhaustive).
 //
-// Plain C++ over raw pointers and sizes; no pybind11 here (module.cpp is the
-// only binding file). All functions throw std::invalid_argument on bad input,
+// Plain C++ over raw pointers and sizes; no pybind11 here (the bind_*.cpp files
+// are the binding layer). All functions throw std::invalid_argument on bad input,
 // with a message naming the argument and the offending value.
 //
-// Split after PISA: posting access (cursors), the formula (bm25_tf_part), the
-// algorithm (one function each in postings_topk.cpp) and the top-k collector
-// (topk.hpp) are separate pieces.
+// Split after PISA: posting access (posting_cursor.hpp), the formula
+// (bm25_tf_part; bm25_query.hpp turns a posting into a contribution), one file
+// per algorithm (bm25_exhaustive.hpp, bm25_maxscore.hpp, bm25_block_max.hpp,
+// dispatched per query in bm25_topk.cpp), the pruning bounds (bound_check.hpp at
+// query time, bm25_bounds.cpp at index open) and the top-k collector (topk.hpp).
 #pragma once
 
 #include <cstddef>
@@ -206,31 +208,52 @@ void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const 
 /// std::invalid_argument for another value or one this CPU lacks.
 int set_bm25_scatter_impl(int impl);
 
+/// Per-call settings of bm25_topk / bm25_topk_text (the search parameters of a
+/// call, as FAISS's SearchParameters; the data and the bounds are views).
+struct bm25_search_params {
+    bm25_algorithm algorithm = bm25_algorithm::maxscore;
+    /// n_docs bytes, nonzero = allowed; null = every document.
+    const uint8_t* allow = nullptr;
+    /// Worker threads; <= 0: std::thread::hardware_concurrency().
+    int n_threads = 0;
+};
+
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
-/// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.
+/// exhaustive algorithm.
 /// With bounds->term_kth (and no allow filter, non-negative weights), the
 /// pruning algorithms start from the safe threshold max over the query's
-/// terms of weight * term_kth[t] (see bm25_worker::operator()).
+/// terms of weight * term_kth[t] (see bm25_query::single_term_threshold).
 /// Precondition: doc ids strictly increasing within each list (check_csr);
 /// an id >= n_docs throws, a repeated id gives unspecified (memory-safe)
 /// scores.
-void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
-               const query_batch_view& queries, const uint8_t* allow,
-               bm25_algorithm algorithm, int n_threads, const topk_out& out);
+void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& queries,
+               const bm25_search_params& params, const topk_out& out);
+
+/// Query texts for bm25_topk_text: text i is text[offsets[i] : offsets[i+1]]
+/// (UTF-8), analysed with the token table and character tables of
+/// bm25_query_terms against idf (n_idf terms).
+struct query_texts_view {
+    const uint8_t* text = nullptr;
+    size_t text_len = 0;
+    const int64_t* offsets = nullptr;  // nq + 1
+    size_t nq = 0;
+    token_table_view table;
+    char_tables_view chars;
+    const float* idf = nullptr;
+    size_t n_idf = 0;
+};
 
 /// bm25_topk with the exhaustive algorithm for query texts instead of
 /// analysed queries: each thread analyses a query (query_analyzer over
-/// text[text_offsets[i] : text_offsets[i+1]], the token table and character
-/// tables of bm25_query_terms, idf of n_idf terms), passes its one-query
-/// batch to `check` (which throws on a term or weight the postings cannot
-/// take) and scores it into output row i, so analysis runs in the same
-/// parallel pass as scoring. status[i] = 1 (and an empty row) for a query
-/// the analyzer leaves to the caller (bm25_query_terms' status 1), else 0.
-/// Results equal bm25_query_terms followed by bm25_topk. Throws as those do.
-void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_offsets, size_t nq,
-                    const token_table_view& table, const char_tables_view& chars, const float* idf, size_t n_idf,
-                    const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
-                    uint8_t* status, const std::function<void(const query_batch_view&)>& check);
+/// texts), passes its one-query batch to `check` (which throws on a term or
+/// weight the postings cannot take) and scores it into output row i, so
+/// analysis runs in the same parallel pass as scoring. status[i] = 1 (and an
+/// empty row) for a query the analyzer leaves to the caller (bm25_query_terms'
+/// status 1), else 0. params.algorithm is ignored (exhaustive). Results equal
+/// bm25_query_terms followed by bm25_topk. Throws as those do.
+void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const bm25_search_params& params,
+                    const topk_out& out, uint8_t* status,
+                    const std::function<void(const query_batch_view&)>& check);
 
 /// Candidate documents of a query batch: query i's are
 /// docs[offsets[i] : offsets[i+1]] (shard-local ids, any order, repeats allowed).
