@@ -193,7 +193,8 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
                          const opt_carray<float>& impacts, const opt_carray<float>& term_kth,
                          int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
                          const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank,
-                         const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot) {
+                         const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot,
+                         const std::string& impl) {
     bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     attach_impacts(data, impacts, impact_rows, impact_row_slot);
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
@@ -203,6 +204,7 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
     params.allow = allow_ptr(allow, data.n_docs, true);
     params.algorithm = parse_bm25_algorithm(algorithm);
     params.n_threads = n_threads;
+    params.scatter = parse_bm25_scatter(impl);
     bm25_bounds_view bounds;
     const bool need_ub = params.algorithm != bm25_algorithm::exhaustive;
     if (need_ub) {
@@ -366,7 +368,7 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     const carray<float>& idf, const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
     const carray<uint32_t>& tfs, const carray<float>& doc_norm, int64_t k, int n_threads,
     const opt_carray<uint8_t>& allow, const opt_carray<float>& impacts, const opt_carray<float>& impact_rows,
-    const opt_carray<int32_t>& impact_row_slot) {
+    const opt_carray<int32_t>& impact_row_slot, const std::string& impl) {
     const size_t n_off = len1d(text_offsets, "text_offsets");
     if (n_off == 0) fail("text_offsets must have length n_texts + 1 >= 1, got length 0");
     const size_t nq = n_off - 1;
@@ -379,6 +381,7 @@ std::tuple<carray<int64_t>, carray<float>, carray<int32_t>, carray<uint8_t>> py_
     params.algorithm = bm25_algorithm::exhaustive;
     params.allow = allow_ptr(allow, postings.n_docs, true);
     params.n_threads = n_threads;
+    params.scatter = parse_bm25_scatter(impl);
     query_texts_view texts;
     texts.text = data.data();
     texts.text_len = len1d(data, "data");
@@ -500,7 +503,7 @@ void register_bm25(py::module_& m) {
           py::arg("term_kth").noconvert() = py::none(), py::arg("term_kth_depth") = 0,
           py::arg("dense_slot").noconvert() = py::none(), py::arg("dense_bits").noconvert() = py::none(),
           py::arg("dense_rank").noconvert() = py::none(), py::arg("impact_rows").noconvert() = py::none(),
-          py::arg("impact_row_slot").noconvert() = py::none(),
+          py::arg("impact_row_slot").noconvert() = py::none(), py::arg("impl") = "auto",
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
@@ -514,7 +517,9 @@ void register_bm25(py::module_& m) {
           "(same postings): MaxScore probes those lists without seeking; results are identical.\n"
           "impact_rows / impact_row_slot: optional dense impact rows of the longest lists from\n"
           "bm25_impact_rows (same impacts): exhaustive scoring adds such a list as one vector\n"
-          "pass over the accumulator; results are identical.\n"
+          "pass over the accumulator; results are identical. impl: scatter of the dense exhaustive\n"
+          "path with impacts, 'auto' (chosen once per process from the CPU), 'scalar', 'avx2' or\n"
+          "'avx512' (bit-identical results).\n"
           "Returns (ids, scores, n_found).");
 
     m.def("bm25_score_docs", &py_bm25_score_docs, py::arg("offsets").noconvert(),
@@ -557,10 +562,11 @@ void register_bm25(py::module_& m) {
           py::arg("doc_norm").noconvert(), py::arg("k"), py::arg("n_threads") = 0,
           py::arg("allow").noconvert() = py::none(), py::arg("impacts").noconvert() = py::none(),
           py::arg("impact_rows").noconvert() = py::none(), py::arg("impact_row_slot").noconvert() = py::none(),
+          py::arg("impl") = "auto",
           "bm25_query_terms followed by bm25_topk(algorithm='exhaustive') in one parallel pass: each\n"
           "thread analyses a query and scores it at once (its terms still in cache), GIL released.\n"
           "data, text_offsets (bm25_query_terms' offsets) and the table arguments as bm25_query_terms;\n"
-          "offsets, doc_ids, tfs, doc_norm, k, allow, impacts, impact_rows, impact_row_slot as\n"
+          "offsets, doc_ids, tfs, doc_norm, k, allow, impacts, impact_rows, impact_row_slot, impl as\n"
           "bm25_topk. Returns (ids i64[n, k],\n"
           "scores f32[n, k], n_found i32[n], status u8[n]): equal to the two calls' results;\n"
           "status 1 marks a query left to the caller (as bm25_query_terms), whose row is empty.");

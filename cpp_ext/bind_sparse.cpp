@@ -149,16 +149,17 @@ topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<u
                                  const carray<uint16_t>& impacts, const carray<uint64_t>& fwd_offsets,
                                  const carray<uint32_t>& fwd_terms, const carray<uint16_t>& fwd_values,
                                  double scale, const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
-                                 const carray<float>& q_weights, int64_t k, int n_threads) {
+                                 const carray<float>& q_weights, int64_t k, int n_threads, const std::string& impl) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, static_cast<int64_t>(f.n_docs));
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
+    const forward_score_impl score_impl = parse_forward_score_impl(impl);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, p.csr.n_terms);
-        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, res.out);
+        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, score_impl, res.out);
     }
     return res.result();
 }
@@ -173,7 +174,8 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
                                    const carray<uint32_t>& fwd_packed, const carray<uint32_t>& fwd_term_rank,
                                    const carray<uint64_t>& q_offsets,
                                    const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
-                                   int64_t query_cut, double heap_factor, int n_threads) {
+                                   int64_t query_cut, double heap_factor, int n_threads,
+                                   const std::string& impl) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
                                       summary_entry_offsets, summary_entries, summary_scale, fwd_packed,
@@ -188,12 +190,13 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
     if (!(std::isfinite(heap_factor) && heap_factor > 0 && heap_factor <= 1)) {
         fail("heap_factor must be in (0, 1], got " + std::to_string(heap_factor));
     }
+    const forward_score_impl score_impl = parse_forward_score_impl(impl);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, b.n_terms);
         sparse_seismic_topk(f, b, queries, static_cast<size_t>(query_cut), static_cast<float>(heap_factor),
-                            n_threads, res.out);
+                            n_threads, score_impl, res.out);
     }
     return res.result();
 }
@@ -218,14 +221,6 @@ void register_sparse(py::module_& m) {
           py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(),
           "O(size) structural check of a shard's forward index and Seismic blocks, run once at open.\n"
           "Raises ValueError naming the first violation.");
-    m.def("_set_bm25_scatter_impl", &set_bm25_scatter_impl, py::arg("impl"),
-          "Test / benchmark hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best for\n"
-          "this CPU: AVX-512 on Intel, else AVX2, else scalar; 1 = scalar; 2 = AVX2; 3 = AVX-512;\n"
-          "bit-identical). Returns the previous value. Raises ValueError for an impl outside 0-3 or\n"
-          "one this CPU lacks.");
-    m.def("_set_forward_score_impl", &set_forward_score_impl, py::arg("impl"),
-          "Test hook: forward-index score implementation of the sparse kernels (0 = best available,\n"
-          "1 = scalar, 2 = SSE2; all bit-identical). Returns the previous value.");
     m.def("check_impact_postings", &py_check_impact_postings, py::arg("offsets").noconvert(),
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("n_docs"),
           "O(nnz) check of impact-ordered postings (offsets, doc ids < n_docs, impacts >= 1 and\n"
@@ -234,12 +229,13 @@ void register_sparse(py::module_& m) {
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
-          py::arg("k"), py::arg("n_threads") = 0,
+          py::arg("k"), py::arg("n_threads") = 0, py::arg("impl") = "auto",
           "Exact learned-sparse top-k over uint16 impacts: score = scale * sum_t q_t * impact(t, d)\n"
           "(float32, summed in the document's stored term order). Postings must be impact-ordered\n"
           "(index.sparse_index.invert); safe early termination, candidates re-scored from the forward\n"
           "index. Only documents with score > 0 are returned. Query weights must be finite and >= 0\n"
-          "and terms unique per query (ValueError otherwise).\n"
+          "and terms unique per query (ValueError otherwise). impl: forward-index score 'auto' (AVX2\n"
+          "where available, else SSE2), 'scalar', 'sse2' or 'avx2' (bit-identical scores).\n"
           "Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
     m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
@@ -249,12 +245,12 @@ void register_sparse(py::module_& m) {
           py::arg("summary_entries").noconvert(),
           py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
           py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,
-          py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0,
+          py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0, py::arg("impl") = "auto",
           "Approximate learned-sparse top-k (Seismic, Bruch et al. SIGIR 2024): the query_cut largest\n"
           "query weights' blocks are visited; a block is skipped when the heap is full and its summary\n"
           "score < heap_factor * k-th score; other documents are scored exactly from the forward index\n"
           "(same score formula as sparse_exact_topk), read from fwd_packed / fwd_term_rank when they are\n"
-          "non-empty (index.sparse_index.pack_forward; bit-identical scores). Block summaries are the\n"
+          "non-empty (index.sparse_index.pack_forward; bit-identical scores); impl as sparse_exact_topk. Block summaries are the\n"
           "per-term inverted arrays of index.sparse_index.invert_summaries. Returns (ids, scores, n_found).");
 }
 

@@ -437,18 +437,28 @@ __attribute__((target("avx2"))) float forward_score_avx2(const forward_view& f, 
     return finish_lanes(a, b, f.scale);
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
-/// Which implementation forward_score uses: 0 = best available, 1 = scalar, 2 = SSE2 (tests).
-std::atomic<int> g_score_impl{0};
-
-inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
+/// Whether this CPU has AVX2, read once per process (a function-local static).
+bool cpu_has_avx2() {
 #if defined(RETRIEVER_AVX2_SCORE)
-    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return forward_score_avx2(f, qd, d);
+    static const bool avx2 = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") != 0;
+    }();
+    return avx2;
+#else
+    return false;
+#endif
+}
+
+/// forward_score with a resolved (never automatic) implementation supported by this CPU.
+inline float forward_score(const forward_view& f, const float* qd, uint32_t d, forward_score_impl impl) {
+#if defined(RETRIEVER_AVX2_SCORE)
+    if (impl == forward_score_impl::avx2) return forward_score_avx2(f, qd, d);
 #endif
 #if defined(__SSE2__)
-    if (g_score_impl.load(std::memory_order_relaxed) != 1) return forward_score_sse2(f, qd, d);
+    if (impl != forward_score_impl::scalar) return forward_score_sse2(f, qd, d);
 #endif
     return forward_score_scalar(f, qd, d);
 }
@@ -533,12 +543,13 @@ __attribute__((target("avx2"))) float packed_score_avx2(const uint64_t* off, con
 }
 #endif
 
-inline float packed_score(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d) {
+inline float packed_score(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d,
+                          forward_score_impl impl) {
 #if defined(RETRIEVER_AVX2_SCORE)
-    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return packed_score_avx2(off, pk, scale, qr, d);
+    if (impl == forward_score_impl::avx2) return packed_score_avx2(off, pk, scale, qr, d);
 #endif
 #if defined(__SSE2__)
-    if (g_score_impl.load(std::memory_order_relaxed) != 1) return packed_score_sse2(off, pk, scale, qr, d);
+    if (impl != forward_score_impl::scalar) return packed_score_sse2(off, pk, scale, qr, d);
 #endif
     return packed_score_scalar(off, pk, scale, qr, d);
 }
@@ -652,13 +663,44 @@ struct scratch_lease {
 
 }  // namespace
 
-int set_forward_score_impl(int impl) {
-    if (impl < 0 || impl > 2) bad("impl must be 0 (best available), 1 (scalar) or 2 (SSE2), got " + std::to_string(impl));
-    return g_score_impl.exchange(impl);
+forward_score_impl forward_score_impl_for_cpu() {
+    static const forward_score_impl best = [] {
+        if (cpu_has_avx2()) return forward_score_impl::avx2;
+#if defined(__SSE2__)
+        return forward_score_impl::sse2;
+#else
+        return forward_score_impl::scalar;
+#endif
+    }();
+    return best;
+}
+
+forward_score_impl parse_forward_score_impl(const std::string& name) {
+    forward_score_impl impl;
+    bool supported = true;
+    if (name == "auto") {
+        impl = forward_score_impl::automatic;
+    } else if (name == "scalar") {
+        impl = forward_score_impl::scalar;
+    } else if (name == "sse2") {
+        impl = forward_score_impl::sse2;
+#if !defined(__SSE2__)
+        supported = false;
+#endif
+    } else if (name == "avx2") {
+        impl = forward_score_impl::avx2;
+        supported = cpu_has_avx2();
+    } else {
+        bad("impl must be one of 'auto', 'scalar', 'sse2', 'avx2'; got '" + name + "'");
+    }
+    if (!supported) bad("impl '" + name + "' is not supported on this CPU");
+    return impl;
 }
 
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
-                       size_t vocab, int n_threads, const topk_out& out) {
+                       size_t vocab, int n_threads, forward_score_impl score_impl, const topk_out& out) {
+    const forward_score_impl impl =
+        score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t n_docs = p.n_docs;
     const float avg_nnz = n_docs ? static_cast<float>(f.nnz) / static_cast<float>(n_docs) + 1.0f : 1.0f;
     constexpr float kEps = 1e-4f;  // slack for float rounding between accumulation orders
@@ -755,7 +797,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
                 std::fill(a, a + n_docs, 0.0f);
                 for (uint32_t d : s.cand) {
-                    const float score = forward_score(f, qd, d);
+                    const float score = forward_score(f, qd, d, impl);
                     if (score > 0.0f) s.heap.push(score, d);
                 }
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
@@ -837,7 +879,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             for (size_t i = 0; i < nc; ++i) {
                 if (i + 4 < nc) prefetch_doc(f, s.cand[i + 4]);
                 const uint32_t d = s.cand[i];
-                const float score = forward_score(f, qd, d);
+                const float score = forward_score(f, qd, d, impl);
                 if (score > 0.0f) s.heap.push(score, d);
             }
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
@@ -848,7 +890,10 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
 }
 
 void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const query_batch_view& queries,
-                         size_t query_cut, float heap_factor, int n_threads, const topk_out& out) {
+                         size_t query_cut, float heap_factor, int n_threads, forward_score_impl score_impl,
+                         const topk_out& out) {
+    const forward_score_impl impl =
+        score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t vocab = bl.n_terms;
     parallel_for_items(queries.nq, n_threads, kChunk, [&]() {
         struct state {
@@ -977,14 +1022,14 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                         for (size_t i = 0; i < nt; ++i) {
                             if (i + 1 < nt) prefetch_packed_row(f.offsets, bl.packed, s.todo[i + 1]);
                             const uint32_t d = s.todo[i];
-                            const float sc = packed_score(f.offsets, bl.packed, f.scale, qr, d);
+                            const float sc = packed_score(f.offsets, bl.packed, f.scale, qr, d, impl);
                             if (sc > 0.0f) s.heap.push(sc, d);
                         }
                     } else {
                         for (size_t i = 0; i < nt; ++i) {
                             if (i + 1 < nt) prefetch_row(f, s.todo[i + 1]);
                             const uint32_t d = s.todo[i];
-                            const float sc = forward_score(f, qd, d);
+                            const float sc = forward_score(f, qd, d, impl);
                             if (sc > 0.0f) s.heap.push(sc, d);
                         }
                     }

@@ -109,7 +109,7 @@ class exhaustive_query {
                     }
                 }
                 const size_t n = static_cast<size_t>(pe - pb);
-                const size_t done = scatter_impacts(acc, doc_ids + pb, imp + pb, w, n, n_docs);
+                const size_t done = scatter_impacts(acc, doc_ids + pb, imp + pb, w, n, n_docs, m_ctx.scatter);
                 if (done < n) m_ctx.check_doc(doc_ids[pb + done]);
                 continue;
             }

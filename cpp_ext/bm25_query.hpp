@@ -56,9 +56,10 @@ struct bm25_query {
     /// norm_min: a lower bound of doc_norm (>= 0) that enables per-posting
     /// tf bounds, or a negative value to disable them.
     bm25_query(const bm25_view& data_, const bm25_bounds_view* bounds_, const query_batch_view& q_,
-               const uint8_t* allow_, bm25_algorithm algo_, const topk_out& out_, float norm_min_)
+               const uint8_t* allow_, bm25_algorithm algo_, const topk_out& out_, float norm_min_,
+               bm25_scatter scatter_)
         : data(data_), bounds(bounds_), q(q_), allow(allow_), algo(algo_), out(out_), imp(data_.impacts),
-          norm_min(imp != nullptr ? -1.0f : norm_min_) {}
+          norm_min(imp != nullptr ? -1.0f : norm_min_), scatter(scatter_) {}
 
     bool allowed(uint32_t d) const { return allow == nullptr || allow[d] != 0; }
 
@@ -119,6 +120,7 @@ struct bm25_query {
     const topk_out& out;
     const float* imp;  // precomputed impacts or null
     float norm_min;
+    bm25_scatter scatter;  // resolved: never automatic
     topk_heap heap;
     float theta0 = -std::numeric_limits<float>::infinity();     // primed threshold
     float theta_ext = -std::numeric_limits<float>::infinity();  // single_term_threshold

@@ -8,7 +8,6 @@
 #pragma once
 
 #include <algorithm>
-#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -21,15 +20,10 @@
 #define RETRIEVER_AVX512_SCATTER 1
 #endif
 
+#include "postings_topk.hpp"
+
 namespace retriever {
 namespace {
-
-/// Which scatter exhaustive_dense uses for precomputed impacts: 0 = best
-/// for this CPU (see scatter_impacts), 1 = scalar, 2 = AVX2 products,
-/// 3 = AVX-512 gathers / scatters (tests and benchmarks pick one; 2 and 3
-/// only where the CPU has the instructions). All add the same float32
-/// products in the same order (bit-identical accumulators).
-std::atomic<int> g_scatter_impl{0};
 
 /// Scalar scatter of one term's list: acc[docs[p]] += w * imp[p] for p < n.
 /// Returns n, or the first position whose doc id is >= n_docs (nothing at or
@@ -57,8 +51,12 @@ inline size_t scatter_impacts_scalar(float* acc, const uint32_t* docs, const flo
 }
 
 #if defined(RETRIEVER_AVX512_SCATTER)
-/// CPU features, read once after __builtin_cpu_init() (this file's statics may
-/// be initialised before libgcc's own detection has run).
+/// CPU features, read once per process when the extension is loaded, after
+/// __builtin_cpu_init() (this file's statics may be initialised before libgcc's
+/// own detection has run); constant afterwards. The helpers below that have one
+/// vector variant take it whenever the CPU has it; the scatter, which has
+/// three, is chosen per call (bm25_search_params::scatter, "auto" =
+/// bm25_scatter_for_cpu()).
 struct cpu_features {
     bool avx512, avx2, intel, popcnt;
 };
@@ -247,17 +245,21 @@ inline void add_impact_row(float* acc, const float* row, float w, size_t n) {
 }
 
 /// acc[docs[p]] += w * imp[p] for p < n in order (distinct doc ids); returns
-/// n, or the first position whose doc id is >= n_docs. Default (impl 0):
-/// AVX-512 on Intel CPUs that have it, else AVX2 products, else scalar.
+/// n, or the first position whose doc id is >= n_docs. `impl` is resolved
+/// (never automatic: bm25_topk resolves "auto" with bm25_scatter_for_cpu) and
+/// supported by this CPU (parse_bm25_scatter checks); every one adds the same
+/// float32 products in the same order (bit-identical accumulators).
 inline size_t scatter_impacts(float* acc, const uint32_t* docs, const float* imp, float w, size_t n,
-                              size_t n_docs) {
+                              size_t n_docs, bm25_scatter impl) {
 #if defined(RETRIEVER_AVX512_SCATTER)
     if (n >= 16) {
-        int impl = g_scatter_impl.load(std::memory_order_relaxed);
-        if (impl == 0) impl = (kHaveAvx512 && kIntel) ? 3 : kHaveAvx2 ? 2 : 1;
         // n_docs < 2^31: the gather's signed 32-bit indices (scale 4) cover every id
-        if (impl == 3 && n_docs < (size_t{1} << 31)) return scatter_impacts_avx512(acc, docs, imp, w, n, n_docs);
-        if (impl >= 2) return scatter_impacts_avx2(acc, docs, imp, w, n, n_docs);
+        if (impl == bm25_scatter::avx512 && n_docs < (size_t{1} << 31)) {
+            return scatter_impacts_avx512(acc, docs, imp, w, n, n_docs);
+        }
+        if (impl == bm25_scatter::avx2 || impl == bm25_scatter::avx512) {
+            return scatter_impacts_avx2(acc, docs, imp, w, n, n_docs);
+        }
     }
 #endif
     return scatter_impacts_scalar(acc, docs, imp, w, n, n_docs);

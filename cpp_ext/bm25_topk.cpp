@@ -59,14 +59,14 @@ namespace {
 class bm25_worker {
   public:
     bm25_worker(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& q,
-                const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min)
-        : m_ctx(data, bounds, q, allow, algo, out, norm_min), m_exhaustive(m_ctx), m_maxscore(m_ctx),
+                const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min, bm25_scatter scatter)
+        : m_ctx(data, bounds, q, allow, algo, out, norm_min, scatter), m_exhaustive(m_ctx), m_maxscore(m_ctx),
           m_block_max(m_ctx) {}
     bm25_worker(const bm25_worker&) = delete;
     bm25_worker& operator=(const bm25_worker&) = delete;
     bm25_worker(bm25_worker&& o) noexcept
         : bm25_worker(o.m_ctx.data, o.m_ctx.bounds, o.m_ctx.q, o.m_ctx.allow, o.m_ctx.algo, o.m_ctx.out,
-                      o.m_ctx.norm_min) {}
+                      o.m_ctx.norm_min, o.m_ctx.scatter) {}
 
     void operator()(size_t qi) { run(qi, m_ctx.q.q_offsets[qi], m_ctx.q.q_offsets[qi + 1]); }
 
@@ -123,23 +123,44 @@ size_t query_chunk(size_t nq, int n_threads) {
 
 }  // namespace
 
-int set_bm25_scatter_impl(int impl) {
-    if (impl < 0 || impl > 3) {
-        fail("impl must be 0 (best for this CPU), 1 (scalar), 2 (AVX2) or 3 (AVX-512), got " + std::to_string(impl));
-    }
+bm25_scatter bm25_scatter_for_cpu() {
+    static const bm25_scatter best = [] {
 #if defined(RETRIEVER_AVX512_SCATTER)
-    const bool ok = impl < 2 || (impl == 2 ? kHaveAvx2 : kHaveAvx512);
-#else
-    const bool ok = impl < 2;
+        if (kHaveAvx512 && kIntel) return bm25_scatter::avx512;
+        if (kHaveAvx2) return bm25_scatter::avx2;
 #endif
-    if (!ok) fail("scatter impl " + std::to_string(impl) + " is not supported on this CPU");
-    return g_scatter_impl.exchange(impl);
+        return bm25_scatter::scalar;
+    }();
+    return best;
+}
+
+bm25_scatter parse_bm25_scatter(const std::string& name) {
+    bool supported = true;
+    bm25_scatter impl;
+    if (name == "auto") {
+        impl = bm25_scatter::automatic;
+    } else if (name == "scalar") {
+        impl = bm25_scatter::scalar;
+    } else if (name == "avx2" || name == "avx512") {
+        impl = name == "avx2" ? bm25_scatter::avx2 : bm25_scatter::avx512;
+#if defined(RETRIEVER_AVX512_SCATTER)
+        supported = name == "avx2" ? kHaveAvx2 : kHaveAvx512;
+#else
+        supported = false;
+#endif
+    } else {
+        fail("impl must be one of 'auto', 'scalar', 'avx2', 'avx512'; got '" + name + "'");
+    }
+    if (!supported) fail("impl '" + name + "' is not supported on this CPU");
+    return impl;
 }
 
 void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& queries,
                const bm25_search_params& params, const topk_out& out) {
     const bm25_algorithm algorithm = params.algorithm;
     const int n_threads = params.n_threads;
+    const bm25_scatter scatter =
+        params.scatter == bm25_scatter::automatic ? bm25_scatter_for_cpu() : params.scatter;
     if (algorithm != bm25_algorithm::exhaustive && bounds == nullptr) {
         fail("term_ub, block_offsets and block_ub are required for pruning algorithms");
     }
@@ -159,7 +180,7 @@ void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds, const quer
         if (ok && std::isfinite(mn)) norm_min = mn;
     }
     parallel_for_items(queries.nq, n_threads, query_chunk(queries.nq, n_threads), [&]() {
-        return bm25_worker(data, bounds, queries, params.allow, algorithm, out, norm_min);
+        return bm25_worker(data, bounds, queries, params.allow, algorithm, out, norm_min, scatter);
     });
 }
 
@@ -175,13 +196,11 @@ void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const 
     // One per thread: analyses a query into its own buffers, checks them and
     // scores them at once (the query's terms are still in cache).
     struct fused_worker {
-        fused_worker(const uint8_t* text, const int64_t* text_offsets, const token_table_view& table,
-                     const char_tables_view& chars, const float* idf, size_t n_idf, const bm25_view& data,
-                     const uint8_t* allow, const topk_out& out, uint8_t* status,
-                     const std::function<void(const query_batch_view&)>& check)
-            : analyzer(text, text_offsets, table, chars, idf, n_idf),
+        fused_worker(const query_texts_view& t, const bm25_view& data, const uint8_t* allow, bm25_scatter scatter,
+                     const topk_out& out, uint8_t* status, const std::function<void(const query_batch_view&)>& check)
+            : analyzer(t.text, t.offsets, t.table, t.chars, t.idf, t.n_idf),
               view(std::make_unique<query_batch_view>()),
-              scorer(data, nullptr, *view, allow, bm25_algorithm::exhaustive, out, -1.0f),
+              scorer(data, nullptr, *view, allow, bm25_algorithm::exhaustive, out, -1.0f, scatter),
               status(status), check(check) {}
 
         void operator()(size_t q) {
@@ -206,9 +225,10 @@ void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const 
         uint8_t* status;
         const std::function<void(const query_batch_view&)>& check;
     };
+    const bm25_scatter scatter =
+        params.scatter == bm25_scatter::automatic ? bm25_scatter_for_cpu() : params.scatter;
     parallel_for_items(nq, params.n_threads, query_chunk(nq, params.n_threads), [&]() {
-        return fused_worker(texts.text, texts.offsets, texts.table, texts.chars, texts.idf, texts.n_idf, data,
-                            params.allow, out, status, check);
+        return fused_worker(texts, data, params.allow, scatter, out, status, check);
     });
 }
 

@@ -200,13 +200,22 @@ size_t bm25_impact_rows(const csr_view& csr, const float* impacts, size_t n_docs
 void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
                    size_t n, size_t depth, int n_threads, float* out);
 
-/// Test / benchmark hook: the scatter of exhaustive scoring with precomputed
-/// impacts on small collections (0 = best for this CPU: AVX-512 gathers /
-/// scatters on Intel, else AVX2 products with scalar stores, else scalar;
-/// 1 = scalar; 2 = AVX2; 3 = AVX-512). All compute the same float32 sums in
-/// the same order (bit-identical results). Returns the previous value; throws
-/// std::invalid_argument for another value or one this CPU lacks.
-int set_bm25_scatter_impl(int impl);
+/// The scatter of exhaustive scoring with precomputed impacts (the dense path):
+/// scalar (4 postings a step), AVX2 products with scalar stores, or AVX-512
+/// gathers / scatters of 16 postings. All compute the same float32 sums in the
+/// same order (bit-identical results); `automatic` is bm25_scatter_for_cpu().
+enum class bm25_scatter : uint8_t { automatic, scalar, avx2, avx512 };
+
+/// The scatter "auto" means on this CPU, read once per process from CPUID (a
+/// function-local static; nothing can change it): AVX-512 on Intel CPUs that
+/// have it (on AMD Zen 4 its scatters are microcoded and ran ~15% slower than
+/// scalar stores), else AVX2, else scalar.
+bm25_scatter bm25_scatter_for_cpu();
+
+/// Parses "auto" | "scalar" | "avx2" | "avx512" (an explicit choice for tests
+/// and benchmarks); throws std::invalid_argument naming the value for another
+/// name or for an instruction set this CPU lacks.
+bm25_scatter parse_bm25_scatter(const std::string& name);
 
 /// Per-call settings of bm25_topk / bm25_topk_text (the search parameters of a
 /// call, as FAISS's SearchParameters; the data and the bounds are views).
@@ -216,6 +225,8 @@ struct bm25_search_params {
     const uint8_t* allow = nullptr;
     /// Worker threads; <= 0: std::thread::hardware_concurrency().
     int n_threads = 0;
+    /// Scatter of the dense exhaustive path (automatic: bm25_scatter_for_cpu()).
+    bm25_scatter scatter = bm25_scatter::automatic;
 };
 
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the

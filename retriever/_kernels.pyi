@@ -249,12 +249,13 @@ def bm25_topk_text(
     impacts: _F32 | None = None,
     impact_rows: _F32 | None = None,
     impact_row_slot: _I32 | None = None,
+    impl: Literal["auto", "scalar", "avx2", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32, _U8]:
     """:func:`bm25_query_terms` followed by :func:`bm25_topk` with ``algorithm="exhaustive"``,
     in one parallel pass (GIL released): each thread analyses a query (``data`` /
     ``text_offsets`` and the table arguments as :func:`bm25_query_terms`' ``data`` /
     ``offsets`` ...) and scores it at once against one shard's postings (``offsets`` ...
-    ``impact_row_slot`` as :func:`bm25_topk`).
+    ``impact_row_slot``, ``impl`` as :func:`bm25_topk`).
 
     Returns ``(ids int64 (n, k), scores float32 (n, k), n_found int32 (n,), status uint8
     (n,))``, equal to the two calls' results; ``status[i] == 1`` marks a query holding a
@@ -290,6 +291,7 @@ def bm25_topk(
     dense_rank: _U32 | None = None,
     impact_rows: _F32 | None = None,
     impact_row_slot: _I32 | None = None,
+    impl: Literal["auto", "scalar", "avx2", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -360,6 +362,11 @@ def bm25_topk(
     are identical. Rows that do not match the impacts give wrong results, never a memory
     error (e.g. rows built for another ``n_docs`` skip the doc id check of their lists).
 
+    ``impl``: the scatter of the dense exhaustive path with ``impacts``: ``"auto"`` (chosen
+    once per process from the CPU: AVX-512 gathers / scatters on Intel CPUs that have them,
+    else AVX2 products with scalar stores, else scalar), or an explicit ``"scalar"``,
+    ``"avx2"`` or ``"avx512"`` (tests and benchmarks); every one returns bit-identical results.
+
     ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry
     ``t`` (for every query term) from :func:`bm25_term_kth` with ``depth = k`` and the
     same ``doc_norm``. The pruning algorithms then start from the safe threshold
@@ -390,7 +397,7 @@ def bm25_topk(
             or inconsistent with the postings / ``block_size``; non-finite or
             negative ``term_ub`` of a query term; ``term_kth`` of the wrong length,
             ``term_kth_depth != k``, or a query term's ``term_kth`` neither ``-inf``
-            nor in ``[0, term_ub[t]]``.
+            nor in ``[0, term_ub[t]]``; an unknown ``impl`` or one this CPU lacks.
         TypeError: wrong dtype or non-contiguous array.
     """
 
@@ -465,7 +472,7 @@ def rescore_topk(
     k: int,
     base: int = 0,
     n_threads: int = 0,
-    impl: str = "auto",
+    impl: Literal["auto", "portable", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact full-dimension re-scoring of Matryoshka funnel shortlists (AdANNS,
     Rege et al., NeurIPS 2023), cpp_ext/rescore.hpp.
@@ -522,7 +529,7 @@ def int8_scan_topk(
     n: int,
     kk: int,
     n_threads: int = 0,
-    impl: str = "auto",
+    impl: Literal["auto", "portable", "vnni"] = "auto",
 ) -> tuple[_I32, _I64]:
     """Exact top-k' of int8-quantised Matryoshka prefixes (funnel candidate
     generation), cpp_ext/int8_scan.hpp; Python wrapper: retriever/int8scan.py.
@@ -648,6 +655,7 @@ def sparse_exact_topk(
     q_weights: _F32,
     k: int,
     n_threads: int = 0,
+    impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact learned-sparse top-k over uint16 impacts (cpp_ext/blocked_topk.hpp).
 
@@ -658,7 +666,10 @@ def sparse_exact_topk(
     :func:`check_impact_postings`): score-at-a-time with safe early termination, candidates
     re-scored from the forward index, so results never depend on where the scan stopped. Only
     documents with a score > 0 are returned. Query weights must be finite and >= 0, terms unique
-    within a query.
+    within a query. ``impl``: the forward-index score, ``"auto"`` (chosen once per process from
+    the CPU: AVX2 8-entry gathers where available, else SSE2) or an explicit ``"scalar"``,
+    ``"sse2"`` or ``"avx2"``; all compute the same float32 operations in the same order
+    (bit-identical scores).
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``; see the module
@@ -666,7 +677,8 @@ def sparse_exact_topk(
 
     Raises:
         ValueError: ``k < 1``; ``scale`` not finite and > 0; mismatched lengths; a query term
-            ``>= n_terms``, repeated, or a weight negative or not finite.
+            ``>= n_terms``, repeated, or a weight negative or not finite; an unknown ``impl`` or one
+            this CPU lacks.
         TypeError: wrong dtype or non-contiguous array.
     """
 
@@ -692,6 +704,7 @@ def sparse_seismic_topk(
     query_cut: int = 10,
     heap_factor: float = 0.9,
     n_threads: int = 0,
+    impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Approximate learned-sparse top-k in the manner of Seismic (Bruch, Nardini, Rulli, Venturini,
     SIGIR 2024), cpp_ext/blocked_topk.hpp. Arrays as :func:`check_sparse_index`.
@@ -700,7 +713,7 @@ def sparse_seismic_topk(
     term's blocks are visited in decreasing summary score until one scores below ``heap_factor``
     times the k-th score (heap full). Documents of visited blocks are scored exactly (each at most
     once per query) with :func:`sparse_exact_topk`'s formula and order, from the packed copy when
-    ``fwd_packed`` is non-empty (bit-identical scores).
+    ``fwd_packed`` is non-empty (bit-identical scores); ``impl`` as :func:`sparse_exact_topk`.
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``.
@@ -710,13 +723,3 @@ def sparse_seismic_topk(
             lengths; the query checks of :func:`sparse_exact_topk`.
         TypeError: wrong dtype or non-contiguous array.
     """
-
-def _set_bm25_scatter_impl(impl: int) -> int:
-    """Test / benchmark hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best
-    for this CPU: AVX-512 gathers/scatters on Intel, else AVX2 products with scalar stores, else
-    scalar; 1 = scalar; 2 = AVX2; 3 = AVX-512; all bit-identical). Returns the previous value.
-
-    Raises:
-        ValueError: impl outside 0-3, or an instruction set this CPU lacks.
-    """
-    ...

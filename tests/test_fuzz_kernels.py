@@ -221,8 +221,9 @@ def test_fuzz_bm25_topk(data):
     if data.draw(st.integers(0, 3)) == 0:
         allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))
                           if True], np.uint8) if n_docs + 1 > 0 else np.zeros(0, np.uint8)
+    impl = data.draw(st.sampled_from(["auto", "auto", "scalar", "avx2", "avx512", "bogus"]))
     res = _call(K.bm25_topk, offsets, doc_ids, tfs, norm, q_offsets, q_terms, q_weights, k,
-                n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, **bounds)
+                n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, impl=impl, **bounds)
     if res is not None:
         _check_topk(res, len(q_offsets) - 1, k)
 

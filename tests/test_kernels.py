@@ -157,8 +157,9 @@ def term_kth_ref(c, depth):
 
 
 def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None,
-             term_kth=None, dense=None):
+             term_kth=None, dense=None, impl="auto"):
     kw = {} if impacts is None else {"impacts": impacts}
+    kw["impl"] = impl
     if algorithm != "exhaustive" and dense is not None:
         kw.update(dense_slot=dense[0], dense_bits=dense[1], dense_rank=dense[2])
     if algorithm != "exhaustive":
@@ -326,18 +327,14 @@ def test_bm25_dense_scatter_implementations(seed, ties):
         kth = term_kth_for(c, k, impacts, bounds, 128)
         assert (kth > 0).any()  # a real single-term threshold reaches the kernel
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 3):
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
-                    # "auto" on a small collection: dense exhaustive, with the single-term threshold
-                    assert_same(run_bm25(c, q, k, "auto", n_threads, bounds=bounds, impacts=impacts,
-                                         term_kth=kth), ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
-    for bad in (-1, 4):
-        with pytest.raises(ValueError, match="impl must be 0"):
-            K._set_bm25_scatter_impl(bad)
+            for n_threads in (1, 3):
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts, impl=impl), ref)
+                # "auto" on a small collection: dense exhaustive, with the single-term threshold
+                assert_same(run_bm25(c, q, k, "auto", n_threads, bounds=bounds, impacts=impacts,
+                                     term_kth=kth, impl=impl), ref)
+    for bad in ("", "AVX2", "sse2", "0"):
+        with pytest.raises(ValueError, match="impl must be one of 'auto', 'scalar', 'avx2', 'avx512'"):
+            run_bm25(c, q, 10, "exhaustive", impacts=impacts, impl=bad)
 
 
 @pytest.mark.parametrize("n_high", [1, 39, 40, 63, 64, 65, 200])
@@ -367,25 +364,24 @@ def test_bm25_dense_ranked_selection_boundaries(n_high):
         want = np.concatenate([high[:k], np.setdiff1d(np.arange(n_docs), high)[:max(0, k - n_high)]])
         np.testing.assert_array_equal(ref[0][0], want)  # the oracle's tie rule, spelled out
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 2):
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads), ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
+            for n_threads in (1, 2):
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts, impl=impl), ref)
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impl=impl), ref)
 
 
-def _scatter_impls() -> list[int]:
-    """The scatter implementations this CPU runs (0 = default, 1 = scalar, 2 = AVX2, 3 = AVX-512)."""
+def _scatter_impls() -> list[str]:
+    """The scatter implementations bm25_topk runs on this CPU ("auto" = the one chosen once per
+    process from the CPU, then each explicit one the CPU has); an explicit one it lacks is refused."""
+    offsets, doc_ids = np.array([0, 1], np.uint64), np.zeros(1, np.uint32)
+    args = (offsets, doc_ids, np.ones(1, np.uint32), np.ones(1, np.float32), np.array([0, 1], np.uint64),
+            np.zeros(1, np.uint32), np.ones(1, np.float32), 1)
     ok = []
-    for impl in (0, 1, 2, 3):
+    for impl in ("auto", "scalar", "avx2", "avx512"):
         try:
-            prev = K._set_bm25_scatter_impl(impl)
+            K.bm25_topk(*args, algorithm="exhaustive", impacts=np.ones(1, np.float32), impl=impl)
         except ValueError as e:
-            assert "not supported on this CPU" in str(e) and impl >= 2
+            assert f"impl '{impl}' is not supported on this CPU" in str(e) and impl in ("avx2", "avx512")
             continue
-        K._set_bm25_scatter_impl(prev)
         ok.append(impl)
     return ok
 
@@ -411,14 +407,10 @@ def test_bm25_dense_scatter_rejects_a_bad_doc_id(impl, bad_at):
     qs = make_queries(rng, 6, 16, 4)
     ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *qs, 5, None)
     imp_c = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
-    prev = K._set_bm25_scatter_impl(impl)
-    try:
-        with pytest.raises(ValueError, match=f"doc id {1000 + bad_at}"):
-            K.bm25_topk(offsets, doc_ids, tfs, norm, *q, 3, n_threads=1, algorithm="exhaustive",
-                        impacts=impacts)
-        assert_same(run_bm25(c, qs, 5, "exhaustive", impacts=imp_c), ref)
-    finally:
-        K._set_bm25_scatter_impl(prev)
+    with pytest.raises(ValueError, match=f"doc id {1000 + bad_at}"):
+        K.bm25_topk(offsets, doc_ids, tfs, norm, *q, 3, n_threads=1, algorithm="exhaustive",
+                    impacts=impacts, impl=impl)
+    assert_same(run_bm25(c, qs, 5, "exhaustive", impacts=imp_c, impl=impl), ref)
 
 
 def test_bm25_long_queries_and_many_windows():
@@ -1419,18 +1411,14 @@ def test_bm25_impact_rows_give_identical_results(seed, weights):
         ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow) \
             if weights != "huge" else None
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 3):
-                    plain = run_bm25(c, q, k, "exhaustive", n_threads, allow=allow, impacts=impacts)
-                    got = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
-                                      n_threads=n_threads, allow=allow, algorithm="exhaustive",
-                                      impacts=impacts, impact_rows=rows, impact_row_slot=slot)
-                    assert_same(got, plain)
-                    if ref is not None:
-                        assert_same(got, ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
+            for n_threads in (1, 3):
+                plain = run_bm25(c, q, k, "exhaustive", n_threads, allow=allow, impacts=impacts, impl=impl)
+                got = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
+                                  n_threads=n_threads, allow=allow, algorithm="exhaustive",
+                                  impacts=impacts, impact_rows=rows, impact_row_slot=slot, impl=impl)
+                assert_same(got, plain)
+                if ref is not None:
+                    assert_same(got, ref)
 
 
 def test_impact_rows_argument_checks():
