@@ -3,7 +3,7 @@
 // Rulli, Venturini, SIGIR 2024): blocked, pruned posting lists with quantised
 // block summaries, kept blocks scored exactly from a forward index.
 //
-// Plain C++ over raw pointers; pybind11 lives only in module.cpp. Functions
+// Plain C++ over raw pointers; pybind11 lives only in the bind_*.cpp files. Functions
 // throw std::invalid_argument naming the argument and the value.
 //
 // Scores: score(q, d) = scale * sum_t q_t * impact(t, d), accumulated in
