@@ -8,7 +8,7 @@ module, ``retriever._kernels`` (pybind11). Build in place for development with
 
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import find_packages, setup
 
 # -ffp-contract=off / -fno-fast-math keep float32 arithmetic exactly as written,
@@ -16,6 +16,10 @@ from setuptools import find_packages, setup
 # No -march=native: wheels must run on any x86-64 machine.
 COMPILE_ARGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-pthread"]
 LINK_ARGS = ["-pthread"]
+
+# Compile the extension's translation units in parallel (NPY_NUM_BUILD_JOBS sets the number of
+# jobs; default: one per CPU). Every unit is rebuilt each time: headers are not tracked.
+ParallelCompile("NPY_NUM_BUILD_JOBS").install()
 
 ext_modules = [
     Pybind11Extension(

@@ -437,18 +437,28 @@ __attribute__((target("avx2"))) float forward_score_avx2(const forward_view& f, 
     return finish_lanes(a, b, f.scale);
 }
 
-const bool kHaveAvx2 = __builtin_cpu_supports("avx2");
 #endif
 
-/// Which implementation forward_score uses: 0 = best available, 1 = scalar, 2 = SSE2 (tests).
-std::atomic<int> g_score_impl{0};
-
-inline float forward_score(const forward_view& f, const float* qd, uint32_t d) {
+/// Whether this CPU has AVX2, read once per process (a function-local static).
+bool cpu_has_avx2() {
 #if defined(RETRIEVER_AVX2_SCORE)
-    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return forward_score_avx2(f, qd, d);
+    static const bool avx2 = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx2") != 0;
+    }();
+    return avx2;
+#else
+    return false;
+#endif
+}
+
+/// forward_score with a resolved (never automatic) implementation supported by this CPU.
+inline float forward_score(const forward_view& f, const float* qd, uint32_t d, forward_score_impl impl) {
+#if defined(RETRIEVER_AVX2_SCORE)
+    if (impl == forward_score_impl::avx2) return forward_score_avx2(f, qd, d);
 #endif
 #if defined(__SSE2__)
-    if (g_score_impl.load(std::memory_order_relaxed) != 1) return forward_score_sse2(f, qd, d);
+    if (impl != forward_score_impl::scalar) return forward_score_sse2(f, qd, d);
 #endif
     return forward_score_scalar(f, qd, d);
 }
@@ -533,12 +543,13 @@ __attribute__((target("avx2"))) float packed_score_avx2(const uint64_t* off, con
 }
 #endif
 
-inline float packed_score(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d) {
+inline float packed_score(const uint64_t* off, const uint32_t* pk, float scale, const float* qr, uint32_t d,
+                          forward_score_impl impl) {
 #if defined(RETRIEVER_AVX2_SCORE)
-    if (kHaveAvx2 && g_score_impl.load(std::memory_order_relaxed) == 0) return packed_score_avx2(off, pk, scale, qr, d);
+    if (impl == forward_score_impl::avx2) return packed_score_avx2(off, pk, scale, qr, d);
 #endif
 #if defined(__SSE2__)
-    if (g_score_impl.load(std::memory_order_relaxed) != 1) return packed_score_sse2(off, pk, scale, qr, d);
+    if (impl != forward_score_impl::scalar) return packed_score_sse2(off, pk, scale, qr, d);
 #endif
     return packed_score_scalar(off, pk, scale, qr, d);
 }
@@ -650,21 +661,12 @@ struct scratch_lease {
     }
 };
 
-}  // namespace
-
-int set_forward_score_impl(int impl) {
-    if (impl < 0 || impl > 2) bad("impl must be 0 (best available), 1 (scalar) or 2 (SSE2), got " + std::to_string(impl));
-    return g_score_impl.exchange(impl);
-}
-
-void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
-                       size_t vocab, int n_threads, const topk_out& out) {
+/// Dense float32 columns (impacts at their doc ids, 0 elsewhere) of the long lists that at least
+/// kColumnMinQueries of the batch's dense-path queries use (sparse_exact_topk), at most
+/// kColumnMaxBytes in all: col_of[t] is term t's column or -1 (empty when there are none).
+void dense_columns(const u16_postings_view& p, const query_batch_view& queries, size_t vocab,
+                   std::vector<int32_t>& col_of, std::vector<float>& columns) {
     const size_t n_docs = p.n_docs;
-    const float avg_nnz = n_docs ? static_cast<float>(f.nnz) / static_cast<float>(n_docs) + 1.0f : 1.0f;
-    constexpr float kEps = 1e-4f;  // slack for float rounding between accumulation orders
-    // Dense columns shared by the batch's dense-path queries (read-only once built).
-    std::vector<int32_t> col_of;
-    std::vector<float> columns;
     if (n_docs > 0 && n_docs <= kDenseMaxDocs && queries.nq >= kColumnMinQueries) {
         std::vector<uint32_t> uses(vocab, 0);
         const uint64_t min_len = (n_docs + kColumnInvFraction - 1) / kColumnInvFraction;
@@ -697,19 +699,202 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             }
         }
     }
+}
+
+/// Slack for float rounding between accumulation orders (sparse_exact_topk).
+constexpr float kExactEps = 1e-4f;
+
+/// A sparse_exact_topk worker's scratch, reused across its queries.
+struct exact_state {
+    scratch_lease lease;  // acc (n_docs) and qd (vocab), zero between queries
+    std::vector<float> buf, bmax, col_w;
+    std::vector<const float*> col_ptr;
+    std::vector<uint32_t> touched, cand;
+    std::vector<term_cursor> terms;
+    topk_heap heap;
+};
+
+/// Phase 1 of sparse_exact_topk: score-at-a-time over impact-ordered lists, in rounds of
+/// decreasing contribution level lambda. After a round, no unseen
+/// posting contributes more than w * imp[cur] per term, so a doc
+/// never touched scores at most L = sum of those, and a touched one
+/// at most acc + L. theta (the k-th largest partial score) is a
+/// lower bound of the final k-th score; we stop once L < theta.
+/// Returns L (0 when every list is exhausted) and raises theta; the touched documents and
+/// their partial scores stay in s.touched / a.
+float score_at_a_time(exact_state& s, float* a, const uint32_t* ids, const uint16_t* imp, size_t k, float ub_max,
+                      float avg_nnz, float& theta) {
+    float lambda = ub_max * 0.5f;
+    float L = 0.0f;
+    for (;;) {
+        for (term_cursor& tc : s.terms) {
+            const float cut = lambda / tc.w;
+            uint64_t c = tc.cur;
+            const uint64_t e = tc.end;
+            const float w = tc.w;
+            while (c < e && static_cast<float>(imp[c]) >= cut) {
+                const uint32_t d = ids[c];
+                const float v = a[d];
+                if (v == 0.0f) s.touched.push_back(d);
+                a[d] = v + w * static_cast<float>(imp[c]);
+                ++c;
+            }
+            tc.cur = c;
+        }
+        L = 0.0f;
+        for (const term_cursor& tc : s.terms) {
+            if (tc.cur < tc.end) L += tc.w * static_cast<float>(imp[tc.cur]);
+        }
+        if (L == 0.0f) break;  // every list exhausted: partial scores are complete
+        if (s.touched.size() >= k) {
+            // theta = k-th largest partial score (only values above the old theta matter)
+            s.buf.clear();
+            for (uint32_t d : s.touched) {
+                if (a[d] >= theta) s.buf.push_back(a[d]);
+            }
+            if (s.buf.size() >= k) {
+                std::nth_element(s.buf.begin(), s.buf.begin() + (k - 1), s.buf.end(), std::greater<float>());
+                theta = std::max(theta, s.buf[k - 1]);
+            }
+        }
+        if (L * (1.0f + kExactEps) < theta * (1.0f - kExactEps)) {
+            // Candidates now vs postings of one more round.
+            const float lim = theta * (1.0f - kExactEps) - L * (1.0f + kExactEps);
+            size_t n_cand = 0;
+            for (uint32_t d : s.touched) n_cand += a[d] >= lim;
+            double next = 0.0;
+            const float next_lambda = lambda * 0.5f;
+            for (const term_cursor& tc : s.terms) {
+                const float cut = next_lambda / tc.w;
+                // postings in [cur, first index with imp < cut): impacts are non-increasing
+                uint64_t l = tc.cur, r = tc.end;
+                while (l < r) {
+                    const uint64_t mid = l + (r - l) / 2;
+                    if (static_cast<float>(imp[mid]) >= cut) l = mid + 1; else r = mid;
+                }
+                next += static_cast<double>(l - tc.cur);
+            }
+            if (static_cast<double>(n_cand) * avg_nnz <= next * 2.0) break;
+        }
+        lambda *= 0.5f;
+        if (lambda < 1e-30f) lambda = 0.0f;  // final round takes the rest
+    }
+    return L;
+}
+
+/// A sparse_seismic_topk worker's scratch, reused across its queries.
+struct seismic_state {
+    struct hit {  // the entry range of a query term among one term's summary components
+        uint64_t b, e;
+        float w;
+    };
+    scratch_lease lease;  // qd (vocab, zero between queries) and stamp (n_docs)
+    std::vector<uint64_t> order;
+    std::vector<std::pair<uint32_t, float>> qs;       // (term, weight > 0), ascending term
+    std::vector<float> ub;                            // summary scores of one term's blocks
+    std::vector<hit> hits;
+    std::vector<uint32_t> todo;                       // documents of one block to score
+    std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
+    topk_heap heap;
+};
+
+/// Summary scores (in units of summary_scale) of all of term t's blocks into s.ub, for the query
+/// terms s.qs (sparse_seismic_topk).
+void summary_scores(const blocks_view& bl, uint32_t t, seismic_state& s) {
+    const uint64_t b0 = bl.term_blocks[t], nb = bl.term_blocks[t + 1] - b0;
+    s.ub.assign(nb, 0.0f);
+    float* ub = s.ub.data();
+    const uint64_t* dir = bl.summary_dir;
+    const uint64_t ce = bl.summary_comp_offsets[t + 1];
+    const uint64_t e0 = bl.summary_entry_offsets[t], ne = bl.summary_entry_offsets[t + 1] - e0;
+    const uint32_t* en = bl.summary_entries + e0;
+    // Pass 1: the query terms among the components (galloping search from the last
+    // match: both lists ascend), their entry ranges collected and prefetched.
+    s.hits.clear();
+    uint64_t c = bl.summary_comp_offsets[t];
+    for (const auto& [qt, w] : s.qs) {
+        if (c == ce) break;
+        const uint64_t key = static_cast<uint64_t>(qt) << 32;
+        if (dir[c] < key) {
+            uint64_t step = 1, lo_c = c;
+            while (lo_c + step < ce && dir[lo_c + step] < key) {
+                lo_c += step;
+                step <<= 1;
+            }
+            const uint64_t hi_c = std::min<uint64_t>(ce, lo_c + step + 1);
+            c = static_cast<uint64_t>(std::lower_bound(dir + lo_c + 1, dir + hi_c, key) - dir);
+            if (c == ce) break;
+        }
+        if ((dir[c] >> 32) != qt) continue;
+        const uint64_t r = dir[c] & 0xffffffffu;
+        const uint64_t r_end = c + 1 < ce ? (dir[c + 1] & 0xffffffffu) : ne;
+#if defined(__GNUC__)
+        __builtin_prefetch(en + r);
+#endif
+        s.hits.push_back(seismic_state::hit{r, r_end, w});
+        ++c;
+    }
+    // Pass 2: each hit's entries add w * v to their block.
+    for (const auto& h : s.hits) {
+        const float w = h.w;
+        for (uint64_t i = h.b; i < h.e; ++i) {
+            const uint32_t x = en[i];
+            ub[x >> 8] += w * static_cast<float>(x & 0xffu);
+        }
+    }
+}
+
+}  // namespace
+
+forward_score_impl forward_score_impl_for_cpu() {
+    static const forward_score_impl best = [] {
+        if (cpu_has_avx2()) return forward_score_impl::avx2;
+#if defined(__SSE2__)
+        return forward_score_impl::sse2;
+#else
+        return forward_score_impl::scalar;
+#endif
+    }();
+    return best;
+}
+
+forward_score_impl parse_forward_score_impl(const std::string& name) {
+    forward_score_impl impl;
+    bool supported = true;
+    if (name == "auto") {
+        impl = forward_score_impl::automatic;
+    } else if (name == "scalar") {
+        impl = forward_score_impl::scalar;
+    } else if (name == "sse2") {
+        impl = forward_score_impl::sse2;
+#if !defined(__SSE2__)
+        supported = false;
+#endif
+    } else if (name == "avx2") {
+        impl = forward_score_impl::avx2;
+        supported = cpu_has_avx2();
+    } else {
+        bad("impl must be one of 'auto', 'scalar', 'sse2', 'avx2'; got '" + name + "'");
+    }
+    if (!supported) bad("impl '" + name + "' is not supported on this CPU");
+    return impl;
+}
+
+void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
+                       size_t vocab, int n_threads, forward_score_impl score_impl, const topk_out& out) {
+    const forward_score_impl impl =
+        score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
+    const size_t n_docs = p.n_docs;
+    const float avg_nnz = n_docs ? static_cast<float>(f.nnz) / static_cast<float>(n_docs) + 1.0f : 1.0f;
+    // Dense columns shared by the batch's dense-path queries (read-only once built).
+    std::vector<int32_t> col_of;
+    std::vector<float> columns;
+    dense_columns(p, queries, vocab, col_of, columns);
     parallel_for_items(queries.nq, n_threads, kChunk, [&]() {
-        struct state {
-            scratch_lease lease;  // acc (n_docs) and qd (vocab), zero between queries
-            std::vector<float> buf, bmax, col_w;
-            std::vector<const float*> col_ptr;
-            std::vector<uint32_t> touched, cand;
-            std::vector<term_cursor> terms;
-            topk_heap heap;
-        };
-        auto st = std::make_shared<state>();
+        auto st = std::make_shared<exact_state>();
         st->lease.s->ensure(vocab, n_docs, true, false);
         return [&, st](size_t q) {
-            state& s = *st;
+            exact_state& s = *st;
             sparse_scratch& sc = *s.lease.s;
             s.lease.ok = false;  // set again when the query completes
             const size_t k = out.k;
@@ -751,11 +936,11 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                     }
                 }
                 if (!s.col_ptr.empty()) add_columns(a, s.col_ptr.data(), s.col_w.data(), s.col_ptr.size(), n_docs);
-                select_dense(a, n_docs, k, kEps, s.bmax, s.buf, s.cand);
+                select_dense(a, n_docs, k, kExactEps, s.bmax, s.buf, s.cand);
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
                 std::fill(a, a + n_docs, 0.0f);
                 for (uint32_t d : s.cand) {
-                    const float score = forward_score(f, qd, d);
+                    const float score = forward_score(f, qd, d, impl);
                     if (score > 0.0f) s.heap.push(score, d);
                 }
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
@@ -763,70 +948,11 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                 s.lease.ok = true;
                 return;
             }
-            // Phase 1: score-at-a-time over impact-ordered lists, in rounds of
-            // decreasing contribution level lambda. After a round, no unseen
-            // posting contributes more than w * imp[cur] per term, so a doc
-            // never touched scores at most L = sum of those, and a touched one
-            // at most acc + L. theta (the k-th largest partial score) is a
-            // lower bound of the final k-th score; we stop once L < theta.
-            float lambda = ub_max * 0.5f;
+            // Phase 1: score-at-a-time rounds until no untouched document can enter.
             float theta = 0.0f;
-            float L = 0.0f;
-            for (;;) {
-                for (term_cursor& tc : s.terms) {
-                    const float cut = lambda / tc.w;
-                    uint64_t c = tc.cur;
-                    const uint64_t e = tc.end;
-                    const float w = tc.w;
-                    while (c < e && static_cast<float>(imp[c]) >= cut) {
-                        const uint32_t d = ids[c];
-                        const float v = a[d];
-                        if (v == 0.0f) s.touched.push_back(d);
-                        a[d] = v + w * static_cast<float>(imp[c]);
-                        ++c;
-                    }
-                    tc.cur = c;
-                }
-                L = 0.0f;
-                for (const term_cursor& tc : s.terms) {
-                    if (tc.cur < tc.end) L += tc.w * static_cast<float>(imp[tc.cur]);
-                }
-                if (L == 0.0f) break;  // every list exhausted: partial scores are complete
-                if (s.touched.size() >= k) {
-                    // theta = k-th largest partial score (only values above the old theta matter)
-                    s.buf.clear();
-                    for (uint32_t d : s.touched) {
-                        if (a[d] >= theta) s.buf.push_back(a[d]);
-                    }
-                    if (s.buf.size() >= k) {
-                        std::nth_element(s.buf.begin(), s.buf.begin() + (k - 1), s.buf.end(), std::greater<float>());
-                        theta = std::max(theta, s.buf[k - 1]);
-                    }
-                }
-                if (L * (1.0f + kEps) < theta * (1.0f - kEps)) {
-                    // Candidates now vs postings of one more round.
-                    const float lim = theta * (1.0f - kEps) - L * (1.0f + kEps);
-                    size_t n_cand = 0;
-                    for (uint32_t d : s.touched) n_cand += a[d] >= lim;
-                    double next = 0.0;
-                    const float next_lambda = lambda * 0.5f;
-                    for (const term_cursor& tc : s.terms) {
-                        const float cut = next_lambda / tc.w;
-                        // postings in [cur, first index with imp < cut): impacts are non-increasing
-                        uint64_t l = tc.cur, r = tc.end;
-                        while (l < r) {
-                            const uint64_t mid = l + (r - l) / 2;
-                            if (static_cast<float>(imp[mid]) >= cut) l = mid + 1; else r = mid;
-                        }
-                        next += static_cast<double>(l - tc.cur);
-                    }
-                    if (static_cast<double>(n_cand) * avg_nnz <= next * 2.0) break;
-                }
-                lambda *= 0.5f;
-                if (lambda < 1e-30f) lambda = 0.0f;  // final round takes the rest
-            }
+            const float L = score_at_a_time(s, a, ids, imp, k, ub_max, avg_nnz, theta);
             // Phase 2: exact scores of the candidates from the forward index.
-            const float lim = L == 0.0f ? theta * (1.0f - kEps) : theta * (1.0f - kEps) - L * (1.0f + kEps);
+            const float lim = L == 0.0f ? theta * (1.0f - kExactEps) : theta * (1.0f - kExactEps) - L * (1.0f + kExactEps);
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
             s.cand.clear();
             for (uint32_t d : s.touched) {
@@ -837,7 +963,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             for (size_t i = 0; i < nc; ++i) {
                 if (i + 4 < nc) prefetch_doc(f, s.cand[i + 4]);
                 const uint32_t d = s.cand[i];
-                const float score = forward_score(f, qd, d);
+                const float score = forward_score(f, qd, d, impl);
                 if (score > 0.0f) s.heap.push(score, d);
             }
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
@@ -848,27 +974,16 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
 }
 
 void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const query_batch_view& queries,
-                         size_t query_cut, float heap_factor, int n_threads, const topk_out& out) {
+                         size_t query_cut, float heap_factor, int n_threads, forward_score_impl score_impl,
+                         const topk_out& out) {
+    const forward_score_impl impl =
+        score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t vocab = bl.n_terms;
     parallel_for_items(queries.nq, n_threads, kChunk, [&]() {
-        struct state {
-            scratch_lease lease;  // qd (vocab, zero between queries) and stamp (n_docs)
-            std::vector<uint64_t> order;
-            std::vector<std::pair<uint32_t, float>> qs;       // (term, weight > 0), ascending term
-            std::vector<float> ub;                            // summary scores of one term's blocks
-            struct hit {
-                uint64_t b, e;
-                float w;
-            };
-            std::vector<hit> hits;
-            std::vector<uint32_t> todo;  // documents of one block to score  // entry ranges of the query terms among one term's components
-            std::vector<std::pair<float, uint64_t>> blocks;  // (summary score, block)
-            topk_heap heap;
-        };
-        auto st = std::make_shared<state>();
+        auto st = std::make_shared<seismic_state>();
         st->lease.s->ensure(vocab, f.n_docs, false, true);
         return [&, st](size_t q) {
-            state& s = *st;
+            seismic_state& s = *st;
             sparse_scratch& sc = *s.lease.s;
             s.lease.ok = false;  // set again when the query completes
             const uint32_t gen = sc.next_gen();
@@ -906,46 +1021,8 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                 // heap_factor * threshold ends the list (every later one scores lower still).
                 const uint64_t b0 = bl.term_blocks[t], nb = bl.term_blocks[t + 1] - b0;
                 if (nb == 0) continue;
-                s.ub.assign(nb, 0.0f);
-                float* ub = s.ub.data();
-                const uint64_t* dir = bl.summary_dir;
-                const uint64_t ce = bl.summary_comp_offsets[t + 1];
-                const uint64_t e0 = bl.summary_entry_offsets[t], ne = bl.summary_entry_offsets[t + 1] - e0;
-                const uint32_t* en = bl.summary_entries + e0;
-                // Pass 1: the query terms among the components (galloping search from the last
-                // match: both lists ascend), their entry ranges collected and prefetched.
-                s.hits.clear();
-                uint64_t c = bl.summary_comp_offsets[t];
-                for (const auto& [qt, w] : s.qs) {
-                    if (c == ce) break;
-                    const uint64_t key = static_cast<uint64_t>(qt) << 32;
-                    if (dir[c] < key) {
-                        uint64_t step = 1, lo_c = c;
-                        while (lo_c + step < ce && dir[lo_c + step] < key) {
-                            lo_c += step;
-                            step <<= 1;
-                        }
-                        const uint64_t hi_c = std::min<uint64_t>(ce, lo_c + step + 1);
-                        c = static_cast<uint64_t>(std::lower_bound(dir + lo_c + 1, dir + hi_c, key) - dir);
-                        if (c == ce) break;
-                    }
-                    if ((dir[c] >> 32) != qt) continue;
-                    const uint64_t r = dir[c] & 0xffffffffu;
-                    const uint64_t r_end = c + 1 < ce ? (dir[c + 1] & 0xffffffffu) : ne;
-#if defined(__GNUC__)
-                    __builtin_prefetch(en + r);
-#endif
-                    s.hits.push_back(typename std::decay_t<decltype(s.hits)>::value_type{r, r_end, w});
-                    ++c;
-                }
-                // Pass 2: each hit's entries add w * v to their block.
-                for (const auto& h : s.hits) {
-                    const float w = h.w;
-                    for (uint64_t i = h.b; i < h.e; ++i) {
-                        const uint32_t x = en[i];
-                        ub[x >> 8] += w * static_cast<float>(x & 0xffu);
-                    }
-                }
+                summary_scores(bl, t, s);
+                const float* ub = s.ub.data();
                 // Blocks already below the cut (heap full) can never be visited (the threshold
                 // only rises): left out before sorting.
                 s.blocks.clear();
@@ -977,14 +1054,14 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                         for (size_t i = 0; i < nt; ++i) {
                             if (i + 1 < nt) prefetch_packed_row(f.offsets, bl.packed, s.todo[i + 1]);
                             const uint32_t d = s.todo[i];
-                            const float sc = packed_score(f.offsets, bl.packed, f.scale, qr, d);
+                            const float sc = packed_score(f.offsets, bl.packed, f.scale, qr, d, impl);
                             if (sc > 0.0f) s.heap.push(sc, d);
                         }
                     } else {
                         for (size_t i = 0; i < nt; ++i) {
                             if (i + 1 < nt) prefetch_row(f, s.todo[i + 1]);
                             const uint32_t d = s.todo[i];
-                            const float sc = forward_score(f, qd, d);
+                            const float sc = forward_score(f, qd, d, impl);
                             if (sc > 0.0f) s.heap.push(sc, d);
                         }
                     }

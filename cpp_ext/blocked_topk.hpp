@@ -3,7 +3,7 @@
 // Rulli, Venturini, SIGIR 2024): blocked, pruned posting lists with quantised
 // block summaries, kept blocks scored exactly from a forward index.
 //
-// Plain C++ over raw pointers; pybind11 lives only in module.cpp. Functions
+// Plain C++ over raw pointers; pybind11 lives only in the bind_*.cpp files. Functions
 // throw std::invalid_argument naming the argument and the value.
 //
 // Scores: score(q, d) = scale * sum_t q_t * impact(t, d), accumulated in
@@ -13,6 +13,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "postings_topk.hpp"
 
@@ -71,11 +72,18 @@ struct blocks_view {
     size_t n_rank = 0;
 };
 
-/// Test hook: which implementation of the forward-index score every kernel uses (0 = best
-/// available: AVX2 where the CPU has it, else SSE2; 1 = scalar; 2 = SSE2). All three compute the
-/// same float32 operations in the same order (bit-identical scores). Returns the previous value;
-/// throws std::invalid_argument for another value.
-int set_forward_score_impl(int impl);
+/// Implementation of the forward-index score (AVX2 8-entry gathers, SSE2 or scalar). All three
+/// compute the same float32 operations in the same order (bit-identical scores); `automatic` is
+/// forward_score_impl_for_cpu().
+enum class forward_score_impl : uint8_t { automatic, scalar, sse2, avx2 };
+
+/// What "auto" means on this CPU, read once per process from CPUID (a function-local static):
+/// AVX2 where the CPU has it, else SSE2.
+forward_score_impl forward_score_impl_for_cpu();
+
+/// Parses "auto" | "scalar" | "sse2" | "avx2"; throws std::invalid_argument naming the value for
+/// another name or an instruction set this CPU lacks.
+forward_score_impl parse_forward_score_impl(const std::string& name);
 
 /// O(size) structural checks, run once at open: offsets monotone and in range,
 /// ids below their bounds. Throw std::invalid_argument naming the array.
@@ -105,7 +113,7 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 /// documents at a time), top-k selected from 64-document block maxima, then the
 /// documents within float slack of the k-th accumulated score are re-scored.
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
-                       size_t vocab, int n_threads, const topk_out& out);
+                       size_t vocab, int n_threads, forward_score_impl impl, const topk_out& out);
 
 /// O(nnz) check of impact-ordered postings: offsets valid, doc ids < n_docs,
 /// impacts >= 1 and non-increasing within each term.
@@ -122,6 +130,7 @@ void check_impact_postings(const u16_postings_view& p);
 /// packed forward copy when b has one (query weights indexed by term rank), else
 /// from f: the same float32 operations in the same order either way.
 void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
-                         size_t query_cut, float heap_factor, int n_threads, const topk_out& out);
+                         size_t query_cut, float heap_factor, int n_threads, forward_score_impl impl,
+                         const topk_out& out);
 
 }  // namespace retriever

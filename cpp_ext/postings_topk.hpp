@@ -1,13 +1,15 @@
 // Query-time top-k over CSR postings: BM25 (exhaustive, MaxScore, block-max
 // WAND, block-max MaxScore) and learned-sparse impacts (exhaustive).
 //
-// Plain C++ over raw pointers and sizes; no pybind11 here (module.cpp is the
-// only binding file). All functions throw std::invalid_argument on bad input,
+// Plain C++ over raw pointers and sizes; no pybind11 here (the bind_*.cpp files
+// are the binding layer). All functions throw std::invalid_argument on bad input,
 // with a message naming the argument and the offending value.
 //
-// Split after PISA: posting access (cursors), the formula (bm25_tf_part), the
-// algorithm (one function each in postings_topk.cpp) and the top-k collector
-// (topk.hpp) are separate pieces.
+// Split after PISA: posting access (posting_cursor.hpp), the formula
+// (bm25_tf_part; bm25_query.hpp turns a posting into a contribution), one file
+// per algorithm (bm25_exhaustive.hpp, bm25_maxscore.hpp, bm25_block_max.hpp,
+// dispatched per query in bm25_topk.cpp), the pruning bounds (bound_check.hpp at
+// query time, bm25_bounds.cpp at index open) and the top-k collector (topk.hpp).
 #pragma once
 
 #include <cstddef>
@@ -198,39 +200,97 @@ size_t bm25_impact_rows(const csr_view& csr, const float* impacts, size_t n_docs
 void bm25_term_kth(const bm25_view& data, const bm25_bounds_view* bounds, const uint32_t* terms,
                    size_t n, size_t depth, int n_threads, float* out);
 
-/// Test / benchmark hook: the scatter of exhaustive scoring with precomputed
-/// impacts on small collections (0 = best for this CPU: AVX-512 gathers /
-/// scatters on Intel, else AVX2 products with scalar stores, else scalar;
-/// 1 = scalar; 2 = AVX2; 3 = AVX-512). All compute the same float32 sums in
-/// the same order (bit-identical results). Returns the previous value; throws
-/// std::invalid_argument for another value or one this CPU lacks.
-int set_bm25_scatter_impl(int impl);
+/// The scatter of exhaustive scoring with precomputed impacts (the dense path):
+/// scalar (4 postings a step), AVX2 products with scalar stores, or AVX-512
+/// gathers / scatters of 16 postings. All compute the same float32 sums in the
+/// same order (bit-identical results); `automatic` is bm25_scatter_for_cpu().
+enum class bm25_scatter : uint8_t { automatic, scalar, avx2, avx512 };
+
+/// The scatter "auto" means on this CPU, read once per process from CPUID (a
+/// function-local static; nothing can change it): AVX-512 on Intel CPUs that
+/// have it (on AMD Zen 4 its scatters are microcoded and ran ~15% slower than
+/// scalar stores), else AVX2, else scalar.
+bm25_scatter bm25_scatter_for_cpu();
+
+/// Parses "auto" | "scalar" | "avx2" | "avx512" (an explicit choice for tests
+/// and benchmarks); throws std::invalid_argument naming the value for another
+/// name or for an instruction set this CPU lacks.
+bm25_scatter parse_bm25_scatter(const std::string& name);
+
+/// Per-call settings of bm25_topk / bm25_topk_text (the search parameters of a
+/// call, as FAISS's SearchParameters; the data and the bounds are views).
+struct bm25_search_params {
+    bm25_algorithm algorithm = bm25_algorithm::maxscore;
+    /// n_docs bytes, nonzero = allowed; null = every document.
+    const uint8_t* allow = nullptr;
+    /// Worker threads; <= 0: std::thread::hardware_concurrency().
+    int n_threads = 0;
+    /// Scatter of the dense exhaustive path (automatic: bm25_scatter_for_cpu()).
+    bm25_scatter scatter = bm25_scatter::automatic;
+};
 
 /// Exact BM25 top-k for a batch of queries. `bounds` may be null only for the
-/// exhaustive algorithm. `allow` (n_docs bytes, nonzero = allowed) may be null.
+/// exhaustive algorithm.
 /// With bounds->term_kth (and no allow filter, non-negative weights), the
 /// pruning algorithms start from the safe threshold max over the query's
-/// terms of weight * term_kth[t] (see bm25_worker::operator()).
+/// terms of weight * term_kth[t] (see bm25_query::single_term_threshold).
 /// Precondition: doc ids strictly increasing within each list (check_csr);
 /// an id >= n_docs throws, a repeated id gives unspecified (memory-safe)
 /// scores.
-void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds,
-               const query_batch_view& queries, const uint8_t* allow,
-               bm25_algorithm algorithm, int n_threads, const topk_out& out);
+void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& queries,
+               const bm25_search_params& params, const topk_out& out);
+
+/// Query texts for bm25_topk_text: text i is text[offsets[i] : offsets[i+1]]
+/// (UTF-8), analysed with the token table and character tables of
+/// bm25_query_terms against idf (n_idf terms).
+struct query_texts_view {
+    const uint8_t* text = nullptr;
+    size_t text_len = 0;
+    const int64_t* offsets = nullptr;  // nq + 1
+    size_t nq = 0;
+    token_table_view table;
+    char_tables_view chars;
+    const float* idf = nullptr;
+    size_t n_idf = 0;
+};
 
 /// bm25_topk with the exhaustive algorithm for query texts instead of
 /// analysed queries: each thread analyses a query (query_analyzer over
-/// text[text_offsets[i] : text_offsets[i+1]], the token table and character
-/// tables of bm25_query_terms, idf of n_idf terms), passes its one-query
-/// batch to `check` (which throws on a term or weight the postings cannot
-/// take) and scores it into output row i, so analysis runs in the same
-/// parallel pass as scoring. status[i] = 1 (and an empty row) for a query
-/// the analyzer leaves to the caller (bm25_query_terms' status 1), else 0.
-/// Results equal bm25_query_terms followed by bm25_topk. Throws as those do.
-void bm25_topk_text(const uint8_t* text, size_t text_len, const int64_t* text_offsets, size_t nq,
-                    const token_table_view& table, const char_tables_view& chars, const float* idf, size_t n_idf,
-                    const bm25_view& data, const uint8_t* allow, int n_threads, const topk_out& out,
-                    uint8_t* status, const std::function<void(const query_batch_view&)>& check);
+/// texts), passes its one-query batch to `check` (which throws on a term or
+/// weight the postings cannot take) and scores it into output row i, so
+/// analysis runs in the same parallel pass as scoring. status[i] = 1 (and an
+/// empty row) for a query the analyzer leaves to the caller (bm25_query_terms'
+/// status 1), else 0. params.algorithm is ignored (exhaustive). Results equal
+/// bm25_query_terms followed by bm25_topk. Throws as those do.
+void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const bm25_search_params& params,
+                    const topk_out& out, uint8_t* status,
+                    const std::function<void(const query_batch_view&)>& check);
+
+/// Candidate documents of a query batch: query i's are
+/// docs[offsets[i] : offsets[i+1]] (shard-local ids, any order, repeats allowed).
+struct candidates_view {
+    const int64_t* offsets = nullptr;  // n_offsets == nq + 1
+    size_t n_offsets = 0;
+    const int64_t* docs = nullptr;     // n_docs entries
+    size_t n_docs = 0;
+};
+
+/// O(nq + candidates) per-call check: n_offsets == nq + 1, offsets[0] == 0,
+/// non-decreasing, offsets[nq] == c.n_docs, every doc in [0, n_docs).
+void check_candidates(const candidates_view& c, size_t nq, size_t n_docs);
+
+/// BM25 scores of given documents: scores[j] for j in [cand.offsets[i],
+/// cand.offsets[i+1]) is the score of document cand.docs[j] for query i, the
+/// float32 sum from +0.0f, in query-term order, of w * tf part over the terms
+/// whose list holds it (0.0f when none does): the exhaustive algorithm's
+/// arithmetic, so bit-identical to the score bm25_topk reports for it. Reads
+/// data.impacts when set (impact rows are not needed). Each term's cursor
+/// gallops through the query's candidates in doc order: O(m * c log(len / c))
+/// per query. Precondition: check_query_batch and check_candidates passed;
+/// lists strictly increasing (check_csr), else scores are unspecified (never
+/// a memory error). Parallel over queries.
+void bm25_score_docs(const bm25_view& data, const query_batch_view& queries, const candidates_view& cand,
+                     int n_threads, float* scores);
 
 /// Exact learned-sparse top-k with float32 impacts:
 /// score = sum over query terms (query order) of q_weight * impact, in float32.

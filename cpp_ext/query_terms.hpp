@@ -9,7 +9,7 @@
 // The table is only read: a query holding a token the table lacks, or a code
 // point above U+FFFF, is reported back (status 1) and analysed by the caller.
 //
-// Plain C++ over raw pointers and sizes; module.cpp holds the binding.
+// Plain C++ over raw pointers and sizes; bind_bm25.cpp holds the binding.
 #pragma once
 
 #include <cstddef>

@@ -43,7 +43,7 @@ never returned; k is still honoured whenever enough allowed documents match.
 NaN scores are never returned.
 """
 
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -249,12 +249,13 @@ def bm25_topk_text(
     impacts: _F32 | None = None,
     impact_rows: _F32 | None = None,
     impact_row_slot: _I32 | None = None,
+    impl: Literal["auto", "scalar", "avx2", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32, _U8]:
     """:func:`bm25_query_terms` followed by :func:`bm25_topk` with ``algorithm="exhaustive"``,
     in one parallel pass (GIL released): each thread analyses a query (``data`` /
     ``text_offsets`` and the table arguments as :func:`bm25_query_terms`' ``data`` /
     ``offsets`` ...) and scores it at once against one shard's postings (``offsets`` ...
-    ``impact_row_slot`` as :func:`bm25_topk`).
+    ``impact_row_slot``, ``impl`` as :func:`bm25_topk`).
 
     Returns ``(ids int64 (n, k), scores float32 (n, k), n_found int32 (n,), status uint8
     (n,))``, equal to the two calls' results; ``status[i] == 1`` marks a query holding a
@@ -290,6 +291,7 @@ def bm25_topk(
     dense_rank: _U32 | None = None,
     impact_rows: _F32 | None = None,
     impact_row_slot: _I32 | None = None,
+    impl: Literal["auto", "scalar", "avx2", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -360,6 +362,11 @@ def bm25_topk(
     are identical. Rows that do not match the impacts give wrong results, never a memory
     error (e.g. rows built for another ``n_docs`` skip the doc id check of their lists).
 
+    ``impl``: the scatter of the dense exhaustive path with ``impacts``: ``"auto"`` (chosen
+    once per process from the CPU: AVX-512 gathers / scatters on Intel CPUs that have them,
+    else AVX2 products with scalar stores, else scalar), or an explicit ``"scalar"``,
+    ``"avx2"`` or ``"avx512"`` (tests and benchmarks); every one returns bit-identical results.
+
     ``term_kth``: optional float32 ``(n_terms,)`` with ``term_kth_depth == k``: entry
     ``t`` (for every query term) from :func:`bm25_term_kth` with ``depth = k`` and the
     same ``doc_norm``. The pruning algorithms then start from the safe threshold
@@ -390,7 +397,7 @@ def bm25_topk(
             or inconsistent with the postings / ``block_size``; non-finite or
             negative ``term_ub`` of a query term; ``term_kth`` of the wrong length,
             ``term_kth_depth != k``, or a query term's ``term_kth`` neither ``-inf``
-            nor in ``[0, term_ub[t]]``.
+            nor in ``[0, term_ub[t]]``; an unknown ``impl`` or one this CPU lacks.
         TypeError: wrong dtype or non-contiguous array.
     """
 
@@ -465,7 +472,7 @@ def rescore_topk(
     k: int,
     base: int = 0,
     n_threads: int = 0,
-    impl: str = "auto",
+    impl: Literal["auto", "portable", "avx512"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact full-dimension re-scoring of Matryoshka funnel shortlists (AdANNS,
     Rege et al., NeurIPS 2023), cpp_ext/rescore.hpp.
@@ -522,7 +529,7 @@ def int8_scan_topk(
     n: int,
     kk: int,
     n_threads: int = 0,
-    impl: str = "auto",
+    impl: Literal["auto", "portable", "vnni"] = "auto",
 ) -> tuple[_I32, _I64]:
     """Exact top-k' of int8-quantised Matryoshka prefixes (funnel candidate
     generation), cpp_ext/int8_scan.hpp; Python wrapper: retriever/int8scan.py.
@@ -553,18 +560,166 @@ def rescore_has_avx512() -> bool:
 def int8_scan_has_vnni() -> bool:
     """True when :func:`int8_scan_topk` can use its AVX-512 VNNI path here."""
 
-# The learned-sparse kernels registered from cpp_ext/blocked_topk.cpp
-# (check_sparse_index, check_impact_postings, sparse_exact_topk,
-# sparse_seismic_topk) are documented in their pybind11 docstrings and
-# cpp_ext/blocked_topk.hpp; this stub leaves them untyped.
-def __getattr__(name: str) -> Any: ...
+_U16 = npt.NDArray[np.uint16]
 
-def _set_bm25_scatter_impl(impl: int) -> int:
-    """Test / benchmark hook: scatter of bm25_topk's dense exhaustive path with impacts (0 = best
-    for this CPU: AVX-512 gathers/scatters on Intel, else AVX2 products with scalar stores, else
-    scalar; 1 = scalar; 2 = AVX2; 3 = AVX-512; all bit-identical). Returns the previous value.
+def bm25_score_docs(
+    offsets: _U64,
+    doc_ids: _U32,
+    tfs: _U32,
+    doc_norm: _F32,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    cand_offsets: _I64,
+    cand_docs: _I64,
+    n_threads: int = 0,
+    impacts: _F32 | None = None,
+) -> _F32:
+    """BM25 scores of given documents of one shard (full-score fusion), cpp_ext/bm25_score_docs.cpp.
+
+    Postings, ``doc_norm``, the query batch and ``impacts`` as :func:`bm25_topk`. Query ``i``'s
+    candidates are ``cand_docs[cand_offsets[i]:cand_offsets[i+1]]`` (int64 shard-local doc ids,
+    any order, repeats allowed; ``cand_offsets`` int64 ``(nq + 1,)``). ``out[j]`` is the score of
+    ``cand_docs[j]`` for its query: the float32 sum from 0.0, in query-term order, of
+    ``q_weights[i] * (float32(tf) / (float32(tf) + doc_norm[d]))`` (or ``* impacts[p]``) over the
+    terms whose list holds the document, exactly the arithmetic of :func:`bm25_topk` (bit-identical
+    to the score it reports for that document, any algorithm); 0.0 for a document no query term
+    matches. Each term's posting cursor gallops through the query's candidates in doc-id order
+    (lists are sorted by doc id): about ``m * c * log(len / c)`` steps per query. Parallel over
+    queries, GIL released.
+
+    Returns:
+        float32 ``(len(cand_docs),)``, aligned with ``cand_docs``.
 
     Raises:
-        ValueError: impl outside 0-3, or an instruction set this CPU lacks.
+        ValueError: a candidate outside ``[0, n_docs)`` (message names its position and value);
+            ``len(cand_offsets) != len(q_offsets)``, ``cand_offsets[0] != 0``, decreasing, or
+            ``cand_offsets[-1] != len(cand_docs)``; the query and length checks of :func:`bm25_topk`.
+        TypeError: wrong dtype or non-contiguous array.
     """
-    ...
+
+def check_sparse_index(
+    fwd_offsets: _U64,
+    fwd_terms: _U32,
+    fwd_values: _U16,
+    scale: float,
+    n_terms: int,
+    term_blocks: _U64,
+    block_docs_offsets: _U64,
+    block_docs: _U32,
+    summary_comp_offsets: _U64,
+    summary_dir: _U64,
+    summary_entry_offsets: _U64,
+    summary_entries: _U32,
+    summary_scale: _F32,
+    fwd_packed: _U32,
+    fwd_term_rank: _U32,
+) -> None:
+    """O(size) structural check of one shard's learned-sparse forward index and Seismic blocks
+    (cpp_ext/blocked_topk.hpp), run once when an index is opened.
+
+    Forward index: document ``d`` is ``fwd_terms/fwd_values[fwd_offsets[d]:fwd_offsets[d+1]]``
+    (uint16 impacts, weight = impact * ``scale``), terms ``< n_terms``. Blocks: term ``t`` owns
+    blocks ``term_blocks[t]:term_blocks[t+1]``, block ``b`` the doc ids
+    ``block_docs[block_docs_offsets[b]:block_docs_offsets[b+1]]``; the per-term inverted summaries
+    (``summary_comp_offsets`` / ``summary_dir`` / ``summary_entry_offsets`` / ``summary_entries`` /
+    ``summary_scale``) as ``retriever.index.sparse_index.invert_summaries`` writes them;
+    ``fwd_packed`` / ``fwd_term_rank`` both empty or the packed forward copy of
+    ``retriever.index.sparse_index.pack_forward``.
+
+    Raises:
+        ValueError: naming the first violation (array, position and value); ``scale`` not finite
+            and > 0; ``n_terms < 1``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def check_impact_postings(offsets: _U64, doc_ids: _U32, impacts: _U16, n_docs: int) -> None:
+    """O(nnz) check of impact-ordered learned-sparse postings, run once at open: offsets valid,
+    doc ids ``< n_docs``, impacts ``>= 1`` and non-increasing within each term.
+
+    Raises:
+        ValueError: naming the violation; ``n_docs`` outside ``[0, 2**32 - 1]``.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def sparse_exact_topk(
+    offsets: _U64,
+    doc_ids: _U32,
+    impacts: _U16,
+    fwd_offsets: _U64,
+    fwd_terms: _U32,
+    fwd_values: _U16,
+    scale: float,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    k: int,
+    n_threads: int = 0,
+    impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
+) -> tuple[_I64, _F32, _I32]:
+    """Exact learned-sparse top-k over uint16 impacts (cpp_ext/blocked_topk.hpp).
+
+    ``score(q, d) = scale * sum_t q_t * impact(t, d)``, float32, summed in the document's stored
+    term order from the forward index (``fwd_*``, one row per document). Postings
+    (``offsets`` / ``doc_ids`` / ``impacts``) must be impact-ordered, as
+    ``retriever.index.sparse_index.invert`` writes them (checked once by
+    :func:`check_impact_postings`): score-at-a-time with safe early termination, candidates
+    re-scored from the forward index, so results never depend on where the scan stopped. Only
+    documents with a score > 0 are returned. Query weights must be finite and >= 0, terms unique
+    within a query. ``impl``: the forward-index score, ``"auto"`` (chosen once per process from
+    the CPU: AVX2 8-entry gathers where available, else SSE2) or an explicit ``"scalar"``,
+    ``"sse2"`` or ``"avx2"``; all compute the same float32 operations in the same order
+    (bit-identical scores).
+
+    Returns:
+        ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``; see the module
+        docstring for order and padding.
+
+    Raises:
+        ValueError: ``k < 1``; ``scale`` not finite and > 0; mismatched lengths; a query term
+            ``>= n_terms``, repeated, or a weight negative or not finite; an unknown ``impl`` or one
+            this CPU lacks.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def sparse_seismic_topk(
+    fwd_offsets: _U64,
+    fwd_terms: _U32,
+    fwd_values: _U16,
+    scale: float,
+    term_blocks: _U64,
+    block_docs_offsets: _U64,
+    block_docs: _U32,
+    summary_comp_offsets: _U64,
+    summary_dir: _U64,
+    summary_entry_offsets: _U64,
+    summary_entries: _U32,
+    summary_scale: _F32,
+    fwd_packed: _U32,
+    fwd_term_rank: _U32,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    k: int,
+    query_cut: int = 10,
+    heap_factor: float = 0.9,
+    n_threads: int = 0,
+    impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
+) -> tuple[_I64, _F32, _I32]:
+    """Approximate learned-sparse top-k in the manner of Seismic (Bruch, Nardini, Rulli, Venturini,
+    SIGIR 2024), cpp_ext/blocked_topk.hpp. Arrays as :func:`check_sparse_index`.
+
+    Per query, the ``query_cut`` largest query weights are visited in decreasing order; each
+    term's blocks are visited in decreasing summary score until one scores below ``heap_factor``
+    times the k-th score (heap full). Documents of visited blocks are scored exactly (each at most
+    once per query) with :func:`sparse_exact_topk`'s formula and order, from the packed copy when
+    ``fwd_packed`` is non-empty (bit-identical scores); ``impl`` as :func:`sparse_exact_topk`.
+
+    Returns:
+        ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``.
+
+    Raises:
+        ValueError: ``k < 1``; ``query_cut < 1``; ``heap_factor`` outside ``(0, 1]``; mismatched
+            lengths; the query checks of :func:`sparse_exact_topk`.
+        TypeError: wrong dtype or non-contiguous array.
+    """

@@ -29,6 +29,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
            "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks", "bm25_topk_text",
+           "bm25_score_docs",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -220,10 +221,37 @@ def test_fuzz_bm25_topk(data):
     if data.draw(st.integers(0, 3)) == 0:
         allow = np.array([data.draw(st.integers(0, 1)) for _ in range(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])))
                           if True], np.uint8) if n_docs + 1 > 0 else np.zeros(0, np.uint8)
+    impl = data.draw(st.sampled_from(["auto", "auto", "scalar", "avx2", "avx512", "bogus"]))
     res = _call(K.bm25_topk, offsets, doc_ids, tfs, norm, q_offsets, q_terms, q_weights, k,
-                n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, **bounds)
+                n_threads=data.draw(st.integers(0, 3)), allow=allow, algorithm=algo, impl=impl, **bounds)
     if res is not None:
         _check_topk(res, len(q_offsets) - 1, k)
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_score_docs(data):
+    offsets, doc_ids, n_docs = data.draw(csr())
+    n_terms = max(len(offsets) - 1, 0)
+    tfs = _u32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, 1])), 5)
+    norm = _f32(data.draw, n_docs)
+    q_offsets, q_terms, q_weights = data.draw(queries(n_terms))
+    nq = max(len(q_offsets) - 1, 0)
+    counts = [data.draw(st.integers(0, 5)) for _ in range(nq + data.draw(st.sampled_from([0, 0, 0, 1, -1])))]
+    cand_offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    edge = st.sampled_from([-1, -2**63, n_docs, n_docs + 1, 2**32, 2**63 - 1])
+    cand_docs = np.array([data.draw(st.one_of(st.integers(0, max(n_docs - 1, 0)), edge))
+                          for _ in range(int(cand_offsets[-1]) + data.draw(st.sampled_from([0, 0, 0, 1, -1])))
+                          if True], np.int64) if int(cand_offsets[-1]) + 1 > 0 else np.zeros(0, np.int64)
+    if data.draw(st.integers(0, 9)) == 0 and len(cand_offsets):
+        cand_offsets[data.draw(st.integers(0, len(cand_offsets) - 1))] = data.draw(st.sampled_from([-1, 2**40]))
+    kw = {}
+    if data.draw(st.booleans()):
+        kw["impacts"] = _f32(data.draw, len(doc_ids) + data.draw(st.sampled_from([0, 0, 0, -1])))
+    res = _call(K.bm25_score_docs, offsets, doc_ids, tfs, norm, q_offsets, q_terms, q_weights, cand_offsets,
+                cand_docs, n_threads=data.draw(st.integers(0, 3)), **kw)
+    if res is not None:
+        assert res.shape == cand_docs.shape and res.dtype == np.float32
 
 
 @SETTINGS

@@ -97,7 +97,8 @@ def test_fuzz_sparse_kernels(data, seed, n_docs, n_terms):
     nq = len(q[0]) - 1
     try:
         res = K.sparse_exact_topk(a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
-                                  a["fwd_values"], scale, *q, k, n_threads=data.draw(st.sampled_from([1, 2])))
+                                  a["fwd_values"], scale, *q, k, n_threads=data.draw(st.sampled_from([1, 2])),
+                                  impl=data.draw(st.sampled_from(["auto", "scalar", "sse2", "avx2"])))
         _valid(res, nq, k)
     except ValueError:
         pass
@@ -105,7 +106,8 @@ def test_fuzz_sparse_kernels(data, seed, n_docs, n_terms):
         res = K.sparse_seismic_topk(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale,
                                     *[a[n] for n in BLOCK], *q, k,
                                     query_cut=data.draw(st.sampled_from([1, 2, 10])),
-                                    heap_factor=data.draw(st.sampled_from([0.5, 0.9, 1.0])), n_threads=1)
+                                    heap_factor=data.draw(st.sampled_from([0.5, 0.9, 1.0])), n_threads=1,
+                                    impl=data.draw(st.sampled_from(["auto", "scalar", "sse2", "avx2"])))
         _valid(res, nq, k)
     except ValueError:
         pass

@@ -157,8 +157,9 @@ def term_kth_ref(c, depth):
 
 
 def run_bm25(c, q, k, algorithm, n_threads=1, allow=None, bounds=None, block_size=128, impacts=None,
-             term_kth=None, dense=None):
+             term_kth=None, dense=None, impl="auto"):
     kw = {} if impacts is None else {"impacts": impacts}
+    kw["impl"] = impl
     if algorithm != "exhaustive" and dense is not None:
         kw.update(dense_slot=dense[0], dense_bits=dense[1], dense_rank=dense[2])
     if algorithm != "exhaustive":
@@ -326,18 +327,14 @@ def test_bm25_dense_scatter_implementations(seed, ties):
         kth = term_kth_for(c, k, impacts, bounds, 128)
         assert (kth > 0).any()  # a real single-term threshold reaches the kernel
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 3):
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
-                    # "auto" on a small collection: dense exhaustive, with the single-term threshold
-                    assert_same(run_bm25(c, q, k, "auto", n_threads, bounds=bounds, impacts=impacts,
-                                         term_kth=kth), ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
-    for bad in (-1, 4):
-        with pytest.raises(ValueError, match="impl must be 0"):
-            K._set_bm25_scatter_impl(bad)
+            for n_threads in (1, 3):
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts, impl=impl), ref)
+                # "auto" on a small collection: dense exhaustive, with the single-term threshold
+                assert_same(run_bm25(c, q, k, "auto", n_threads, bounds=bounds, impacts=impacts,
+                                     term_kth=kth, impl=impl), ref)
+    for bad in ("", "AVX2", "sse2", "0"):
+        with pytest.raises(ValueError, match="impl must be one of 'auto', 'scalar', 'avx2', 'avx512'"):
+            run_bm25(c, q, 10, "exhaustive", impacts=impacts, impl=bad)
 
 
 @pytest.mark.parametrize("n_high", [1, 39, 40, 63, 64, 65, 200])
@@ -367,25 +364,24 @@ def test_bm25_dense_ranked_selection_boundaries(n_high):
         want = np.concatenate([high[:k], np.setdiff1d(np.arange(n_docs), high)[:max(0, k - n_high)]])
         np.testing.assert_array_equal(ref[0][0], want)  # the oracle's tie rule, spelled out
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 2):
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts), ref)
-                    assert_same(run_bm25(c, q, k, "exhaustive", n_threads), ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
+            for n_threads in (1, 2):
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impacts=impacts, impl=impl), ref)
+                assert_same(run_bm25(c, q, k, "exhaustive", n_threads, impl=impl), ref)
 
 
-def _scatter_impls() -> list[int]:
-    """The scatter implementations this CPU runs (0 = default, 1 = scalar, 2 = AVX2, 3 = AVX-512)."""
+def _scatter_impls() -> list[str]:
+    """The scatter implementations bm25_topk runs on this CPU ("auto" = the one chosen once per
+    process from the CPU, then each explicit one the CPU has); an explicit one it lacks is refused."""
+    offsets, doc_ids = np.array([0, 1], np.uint64), np.zeros(1, np.uint32)
+    args = (offsets, doc_ids, np.ones(1, np.uint32), np.ones(1, np.float32), np.array([0, 1], np.uint64),
+            np.zeros(1, np.uint32), np.ones(1, np.float32), 1)
     ok = []
-    for impl in (0, 1, 2, 3):
+    for impl in ("auto", "scalar", "avx2", "avx512"):
         try:
-            prev = K._set_bm25_scatter_impl(impl)
+            K.bm25_topk(*args, algorithm="exhaustive", impacts=np.ones(1, np.float32), impl=impl)
         except ValueError as e:
-            assert "not supported on this CPU" in str(e) and impl >= 2
+            assert f"impl '{impl}' is not supported on this CPU" in str(e) and impl in ("avx2", "avx512")
             continue
-        K._set_bm25_scatter_impl(prev)
         ok.append(impl)
     return ok
 
@@ -411,14 +407,10 @@ def test_bm25_dense_scatter_rejects_a_bad_doc_id(impl, bad_at):
     qs = make_queries(rng, 6, 16, 4)
     ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *qs, 5, None)
     imp_c = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
-    prev = K._set_bm25_scatter_impl(impl)
-    try:
-        with pytest.raises(ValueError, match=f"doc id {1000 + bad_at}"):
-            K.bm25_topk(offsets, doc_ids, tfs, norm, *q, 3, n_threads=1, algorithm="exhaustive",
-                        impacts=impacts)
-        assert_same(run_bm25(c, qs, 5, "exhaustive", impacts=imp_c), ref)
-    finally:
-        K._set_bm25_scatter_impl(prev)
+    with pytest.raises(ValueError, match=f"doc id {1000 + bad_at}"):
+        K.bm25_topk(offsets, doc_ids, tfs, norm, *q, 3, n_threads=1, algorithm="exhaustive",
+                    impacts=impacts, impl=impl)
+    assert_same(run_bm25(c, qs, 5, "exhaustive", impacts=imp_c, impl=impl), ref)
 
 
 def test_bm25_long_queries_and_many_windows():
@@ -1155,6 +1147,10 @@ def test_stub_matches_extension():
     funcs = {n.name: n for n in tree.body
              if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     assert {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"} <= set(funcs)
+    # every kernel is typed, the learned-sparse ones included, and nothing falls back to __getattr__
+    public = {n for n in dir(K) if not n.startswith("_") and callable(getattr(K, n))}
+    assert public == set(funcs), public ^ set(funcs)
+    assert not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
     for name, node in funcs.items():
         first = getattr(K, name).__doc__.splitlines()[0]
         runtime = re.findall(r"(\w+):", first[first.index("(") + 1 : first.rindex(")")])
@@ -1415,18 +1411,14 @@ def test_bm25_impact_rows_give_identical_results(seed, weights):
         ref = bm25_topk_ref(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k, allow) \
             if weights != "huge" else None
         for impl in SCATTER_IMPLS:
-            prev = K._set_bm25_scatter_impl(impl)
-            try:
-                for n_threads in (1, 3):
-                    plain = run_bm25(c, q, k, "exhaustive", n_threads, allow=allow, impacts=impacts)
-                    got = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
-                                      n_threads=n_threads, allow=allow, algorithm="exhaustive",
-                                      impacts=impacts, impact_rows=rows, impact_row_slot=slot)
-                    assert_same(got, plain)
-                    if ref is not None:
-                        assert_same(got, ref)
-            finally:
-                K._set_bm25_scatter_impl(prev)
+            for n_threads in (1, 3):
+                plain = run_bm25(c, q, k, "exhaustive", n_threads, allow=allow, impacts=impacts, impl=impl)
+                got = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, k,
+                                  n_threads=n_threads, allow=allow, algorithm="exhaustive",
+                                  impacts=impacts, impact_rows=rows, impact_row_slot=slot, impl=impl)
+                assert_same(got, plain)
+                if ref is not None:
+                    assert_same(got, ref)
 
 
 def test_impact_rows_argument_checks():
@@ -1536,3 +1528,118 @@ def test_worker_pool_after_fork():
                          cwd=pathlib.Path(__file__).resolve().parents[1])
     assert out.returncode == 0, out.stderr
     assert "exit codes [0, 0, 0, 0, 0, 0, 0, 0] hung 0" in out.stdout, out.stdout + out.stderr
+
+
+# ---------------------------------------------------------------------------
+# bm25_score_docs: exact scores of given documents (full-score fusion)
+# ---------------------------------------------------------------------------
+
+
+def _score_docs_ref(c, q, cand_offsets, cand_docs, impacts=None):
+    """Expected scores: bm25_topk (exhaustive, k past n_docs: every matching document) of each
+    candidate, 0.0 for a candidate no query term matches."""
+    n_docs = len(c["doc_norm"])
+    kw = {} if impacts is None else {"impacts": impacts}
+    ids, scores, n_found = K.bm25_topk(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, n_docs + 1,
+                                       n_threads=1, algorithm="exhaustive", **kw)
+    want = np.zeros(len(cand_docs), np.float32)
+    for i in range(len(q[0]) - 1):
+        got = dict(zip(ids[i, :n_found[i]].tolist(), scores[i, :n_found[i]].tolist()))
+        for j in range(int(cand_offsets[i]), int(cand_offsets[i + 1])):
+            want[j] = got.get(int(cand_docs[j]), 0.0)
+    return want
+
+
+def _random_candidates(rng, nq, n_docs, max_c):
+    counts = rng.integers(0, max_c + 1, size=nq) if n_docs else np.zeros(nq, np.int64)
+    cand_offsets = np.zeros(nq + 1, np.int64)
+    cand_offsets[1:] = np.cumsum(counts)
+    cand_docs = rng.integers(0, max(n_docs, 1), size=int(cand_offsets[-1])).astype(np.int64)
+    return cand_offsets, cand_docs
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_docs=st.integers(1, 300),
+    n_terms=st.integers(0, 12),
+    density=st.floats(0.0, 1.0),
+    ties=st.booleans(),
+    negative=st.booleans(),
+    nq=st.integers(0, 6),
+    max_len=st.integers(0, 8),
+    max_c=st.integers(0, 400),
+)
+def test_bm25_score_docs_equals_topk_scores(seed, n_docs, n_terms, density, ties, negative, nq, max_len, max_c):
+    """Every candidate's score is bit for bit the score bm25_topk reports for it (0.0 when no query term
+    matches it), with and without impacts, for candidates in any order with repeats, any thread
+    count; and the same as every pruning algorithm's top-k scores."""
+    rng = np.random.default_rng(seed)
+    c = make_corpus(rng, n_docs, n_terms, density=density, ties=ties, zipf=bool(seed % 2))
+    q = make_queries(rng, n_terms, nq, max_len, ties=ties, negative=negative)
+    cand_offsets, cand_docs = _random_candidates(rng, nq, n_docs, max_c)
+    impacts = K.bm25_impacts(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"])
+    want = _score_docs_ref(c, q, cand_offsets, cand_docs)
+    assert want.view(np.uint32).tolist() == _score_docs_ref(c, q, cand_offsets, cand_docs, impacts).view(
+        np.uint32).tolist()
+    for imp, n_threads in itertools.product((None, impacts), (1, 3)):
+        got = K.bm25_score_docs(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, cand_offsets, cand_docs,
+                                n_threads=n_threads, impacts=imp)
+        assert got.dtype == np.float32 and got.shape == cand_docs.shape
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))  # bit-identical, -0.0 included
+    if not negative and nq:  # the pruning algorithms report the same scores for their top-k
+        k = 7
+        bounds = bounds_for(c, 4)
+        ids, scores, n_found = run_bm25(c, q, k, "maxscore", bounds=bounds, block_size=4, impacts=impacts)
+        top_off = np.concatenate([[0], np.cumsum(n_found)]).astype(np.int64)
+        top_docs = np.concatenate([ids[i, :n_found[i]] for i in range(nq)]).astype(np.int64)
+        got = K.bm25_score_docs(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, top_off, top_docs)
+        np.testing.assert_array_equal(got, np.concatenate([scores[i, :n_found[i]] for i in range(nq)]))
+
+
+def test_bm25_score_docs_long_lists_and_sparse_candidates():
+    """Long lists (interpolated seeks) with few candidates spread over them, and many candidates
+    against short lists, on a 200k-document collection: equal to the top-k scores."""
+    rng = np.random.default_rng(77)
+    n_docs = 200_000
+    c = make_corpus(rng, n_docs, 20, density=0.5, zipf=True)
+    q = make_queries(rng, 20, 8, 6)
+    cand_offsets = np.array([0, 3, 3, 50, 2050, 2060, 2061, 12061, 12070], np.int64)
+    cand_docs = rng.integers(0, n_docs, size=int(cand_offsets[-1])).astype(np.int64)
+    # a candidate block taken from a query's own top list: matched documents for sure
+    ids, _, n_found = run_bm25(c, q, 2000, "exhaustive")
+    cand_docs[50:50 + int(n_found[3])] = ids[3, :n_found[3]]
+    want = _score_docs_ref(c, q, cand_offsets, cand_docs)
+    assert (want != 0).sum() > 1000
+    got = K.bm25_score_docs(c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q, cand_offsets, cand_docs)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_bm25_score_docs_argument_checks():
+    """Bad candidates name the offending value; the query and postings checks are bm25_topk's."""
+    rng = np.random.default_rng(3)
+    c = make_corpus(rng, 30, 5, density=0.5)
+    q = (np.array([0, 2, 3], np.uint64), np.array([0, 1, 4], np.uint32), np.ones(3, np.float32))
+    base = (c["offsets"], c["doc_ids"], c["tfs"], c["doc_norm"], *q)
+    ok_off, ok_docs = np.array([0, 2, 3], np.int64), np.array([5, 29, 0], np.int64)
+    assert K.bm25_score_docs(*base, ok_off, ok_docs).shape == (3,)
+    with pytest.raises(ValueError, match=r"cand_docs\[1\] = 30 is not a document of this shard: n_docs = 30"):
+        K.bm25_score_docs(*base, ok_off, np.array([5, 30, 0], np.int64))
+    with pytest.raises(ValueError, match=r"cand_docs\[2\] = -1"):
+        K.bm25_score_docs(*base, ok_off, np.array([5, 3, -1], np.int64))
+    with pytest.raises(ValueError, match=r"len\(cand_offsets\) = 2 must equal len\(q_offsets\) = 3"):
+        K.bm25_score_docs(*base, np.array([0, 3], np.int64), ok_docs)
+    with pytest.raises(ValueError, match=r"cand_offsets\[-1\] = 2 must equal len\(cand_docs\) = 3"):
+        K.bm25_score_docs(*base, np.array([0, 1, 2], np.int64), ok_docs)
+    with pytest.raises(ValueError, match="cand_offsets must be non-decreasing"):
+        K.bm25_score_docs(*base, np.array([0, 3, 2], np.int64), ok_docs[:2])
+    with pytest.raises(ValueError, match=r"cand_offsets\[0\] must be 0"):
+        K.bm25_score_docs(*base, np.array([1, 2, 3], np.int64), ok_docs)
+    with pytest.raises(ValueError, match=r"q_terms\[2\] = 9"):
+        K.bm25_score_docs(*base[:5], np.array([0, 1, 9], np.uint32), q[2], ok_off, ok_docs)
+    with pytest.raises(ValueError, match=r"len\(impacts\)"):
+        K.bm25_score_docs(*base, ok_off, ok_docs, impacts=np.ones(3, np.float32))
+    with pytest.raises(TypeError):
+        K.bm25_score_docs(*base, ok_off.astype(np.uint64), ok_docs)
+    with pytest.raises(TypeError):
+        K.bm25_score_docs(*base, ok_off, ok_docs.astype(np.int32))

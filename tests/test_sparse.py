@@ -528,10 +528,11 @@ def _raw_blocks(ix_post, ix, n_postings, block_size, energy, vocab):
     return tb, so, sterms, svals
 
 
-@pytest.mark.parametrize("impl", [0, 1, 2])
+@pytest.mark.parametrize("impl", ["auto", "scalar", "sse2", "avx2"])
 def test_forward_score_order_all_implementations(impl):
     """Exact and Seismic kernels return bit-exactly the documented float32 forward score, with the
-    AVX2 (where available), SSE2 and scalar implementations alike; rows of every length mod 16."""
+    AVX2 (where available), SSE2 and scalar implementations alike (chosen per call by ``impl``;
+    "auto" is fixed once per process from the CPU); rows of every length mod 16."""
     vocab = 300
     docs, queries = synthetic(260, vocab, seed=21, nnz_doc=60, nnz_q=25)
     docs[:40] = [(np.arange(i % 35) * 7 % vocab, np.linspace(0.1, 2.0, i % 35).astype(np.float32)) for i in range(40)]
@@ -542,22 +543,26 @@ def test_forward_score_order_all_implementations(impl):
                             summary_energy=1.0)
     ref = _canonical_scores(ix, scale, *qb, vocab)
     n = len(indptr) - 1
-    prev = _kernels._set_forward_score_impl(impl)
     try:
-        e_ids, e_sc, e_n = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, n, n_threads=1)
-        s_ids, s_sc, s_n = _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
-                                                        *[ix[k] for k in _BLOCK_ARGS], *qb, n, query_cut=1000,
-                                                        heap_factor=1e-9, n_threads=1)
-    finally:
-        _kernels._set_forward_score_impl(prev)
+        e_ids, e_sc, e_n = _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, n, n_threads=1, impl=impl)
+    except ValueError as e:  # an instruction set this CPU lacks is refused, never silently replaced
+        assert impl == "avx2" and "impl 'avx2' is not supported on this CPU" in str(e)
+        pytest.skip("no AVX2 on this CPU")
+    s_ids, s_sc, s_n = _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
+                                                    *[ix[k] for k in _BLOCK_ARGS], *qb, n, query_cut=1000,
+                                                    heap_factor=1e-9, n_threads=1, impl=impl)
     for q in range(len(queries)):
         ids, sc = _ranked(ref[q], n)
         for got_ids, got_sc, nf in ((e_ids, e_sc, e_n), (s_ids, s_sc, s_n)):
             assert nf[q] == len(ids)
             np.testing.assert_array_equal(got_ids[q, :nf[q]], ids)
             np.testing.assert_array_equal(got_sc[q, :nf[q]], sc)  # bit-exact, not approximate
-    with pytest.raises(ValueError, match="impl must be 0"):
-        _kernels._set_forward_score_impl(3)
+    for bad in ("", "AVX2", "avx512", "0"):
+        with pytest.raises(ValueError, match="impl must be one of 'auto', 'scalar', 'sse2', 'avx2'"):
+            _kernels.sparse_exact_topk(*exact_args(ix), scale, *qb, n, n_threads=1, impl=bad)
+        with pytest.raises(ValueError, match="impl must be one of"):
+            _kernels.sparse_seismic_topk(ix["fwd_offsets"], ix["fwd_terms"], ix["fwd_values"], scale,
+                                         *[ix[k] for k in _BLOCK_ARGS], *qb, n, impl=bad)
 
 
 def test_inverted_summaries_round_trip_and_checks():
