@@ -64,7 +64,7 @@ setup(
         f"faiss-gpu==1.15.1; {FAISS_GPU}",
         f"faiss-cpu>=1.8; {FAISS_CPU}",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "pytest-timeout"]},
+    extras_require={"test": ["pytest", "hypothesis", "pytest-timeout", "pyyaml"]},
     entry_points={"console_scripts": ["retriever = retriever.cli:main"]},
     zip_safe=False,
 )

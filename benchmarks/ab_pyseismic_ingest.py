@@ -1,7 +1,8 @@
 """A/B of pyseismic-lsr's two ways of ingesting documents, on SciFact SPLADE vectors: one
 ``add_document()`` per row with term names (tokens numbered in insertion order; what
-``bench_sparse`` did up to 2026-12-01) vs one CSR batch through ``add_documents_by_id()`` (vocabulary
-ids as they are; what it does now, because the per-row path took ~15 minutes at 1M documents).
+``bench_sparse`` did at first) vs one CSR batch through ``add_documents_by_id()`` (vocabulary
+ids as they are; what it does now, because the per-row path was too slow at 1M documents: see
+benchmarks/HISTORY.md, "Learned-sparse leg").
 Same build knobs as ``bench_sparse``'s SciFact sweep; CPU-time QPS, median of 3 after a warm-up, and
 recall@10 against scipy exact. Run: ``python -m benchmarks.ab_pyseismic_ingest``."""
 import sys, time, numpy as np, scipy.sparse as sp

@@ -32,7 +32,7 @@ does not fall back to slow generic kernels (recorded under ``"blas"`` in the JSO
 FAISS's switch to BLAS: FAISS 1.15 multiplies with BLAS only when the query batch is large enough
 (``faiss.cvar.distance_compute_blas_threshold``, 128,000 in 1.15.1, compared with queries x dims:
 300 SciFact queries x 384 dims fall below it) and otherwise computes each query-vector inner
-product on its own, 1.9x slower at 5,183 vectors and 5x at 100,000 on this machine. So that FAISS
+product on its own, which is slower (benchmarks/HISTORY.md, "Matryoshka funnel"). So that FAISS
 (the baseline and the float32 prefix generators alike) runs at its best, the benchmark sets the
 threshold to ``--faiss-blas-threshold`` (default 20, FAISS's classic value: BLAS from 20 queries
 on) for the whole run; the value used and FAISS's own default are recorded in the JSON.
@@ -80,7 +80,7 @@ def generator_bytes(dim: int, index: str, scan_dtype: str = "float32") -> float:
 def run_dataset(name: str, ids, x, qv, configs, runs: int, tmp: Path) -> dict:
     from retriever.index.matryoshka import build_vector_index
     from retriever import Retriever
-    from retriever.funnel import recall_at_k
+    from retriever.metrics import recall_at_k
 
     t0 = time.perf_counter()
     build_vector_index(ids, x, tmp / name, dims=(64, 128, 256, 384), dtype="float16", shard_size=len(ids))
@@ -144,7 +144,7 @@ def blas_setup(align: bool) -> dict:
     FAISS wheel) and the float32 prefix scans (numpy's OpenBLAS) use BLAS. An OpenBLAS built with
     DYNAMIC_ARCH that does not recognise the CPU model falls back to generic SSE3 ("Prescott")
     kernels; the FAISS wheel's OpenBLAS 0.3.15 does so on recent Xeons, which made the baseline
-    about 4x slower than it can be. Unless ``OPENBLAS_CORETYPE`` is already set, it is set to the
+    several times slower than it can be (benchmarks/HISTORY.md, "Matryoshka funnel"). Unless ``OPENBLAS_CORETYPE`` is already set, it is set to the
     core type numpy's OpenBLAS detected, so both libraries run the same kernel family.
 
     Returns:

@@ -98,12 +98,10 @@ def cpu_qps(nq):
 
 
 def recall(ids, truth):
-    r = []
-    for a, b in zip(ids, truth):
-        b = set(int(x) for x in b if x >= 0)
-        if b:
-            r.append(len(b & set(int(x) for x in a if x >= 0)) / len(b))
-    return float(np.mean(r))
+    """recall@K of each engine's lists against the exact ones (:func:`retriever.metrics.recall_at_k`)."""
+    from retriever.metrics import recall_at_k
+
+    return recall_at_k(ids, truth, K)
 
 
 def _params(ix):

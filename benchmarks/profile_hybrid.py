@@ -22,6 +22,7 @@ import benchmarks.run as br
 import retriever.engine as engine
 from retriever import Retriever
 from retriever.bench import _gc_paused
+from retriever.metrics import latency_summary
 
 N = int(os.environ.get("N", "1000000"))
 NQ = int(os.environ.get("NQ", "1000"))
@@ -69,11 +70,12 @@ def call(i, mode):
                            sparse_vectors=sv[i:i+1] if mode in ("sparse", "hybrid") else None)
 
 def pct(a):
-    a = np.asarray(a); return f"p50 {np.percentile(a,50):6.2f} p90 {np.percentile(a,90):6.2f} p99 {np.percentile(a,99):6.2f} mean {a.mean():6.2f}"
+    s = latency_summary(a, (50, 90, 99))
+    return f"p50 {s['p50']:6.2f} p90 {s['p90']:6.2f} p99 {s['p99']:6.2f} mean {s['mean']:6.2f}"
 
 for m in MODES:
     mode = "hybrid" if m == "seq" else m
-    engine.CONCURRENT_LEGS = m != "seq"
+    r.engine.concurrent_legs = m != "seq"
     for i in range(5): call(i, mode)
     rec.clear(); lat = []; tm = {}
     ru0 = resource.getrusage(resource.RUSAGE_SELF); c0 = time.process_time()

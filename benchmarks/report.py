@@ -187,6 +187,125 @@ def section_markdown(docs: dict[str, dict[str, Any]], detail: bool = True) -> st
     return "\n".join(out).rstrip() + "\n"
 
 
+def _on(m: dict | None, date: Any = None) -> str:
+    """"CPU, N cores, date" of a results file's machine record."""
+    m = m or {}
+    return f"{m.get('cpu', '?')}, {m.get('cores', '?')} cores, {str(date or m.get('date', '?'))[:10]}"
+
+
+def readme_rows(out: Path = RESULTS) -> list[tuple[str, str, str, str]]:
+    """The README's table of current figures: ``(figure, value, machine and date, command)`` rows
+    read from the results files in ``out`` (``quality.json``, ``bm25.json``, ``run_*.json``,
+    ``bench_dense.json``), each with the command recorded in its file. A missing or failed section
+    gives no rows."""
+    out = Path(out)
+    rows: list[tuple[str, str, str, str]] = []
+
+    def read(name: str) -> dict | None:
+        try:
+            return json.loads((out / name).read_text())
+        except (OSError, ValueError):
+            return None
+
+    q = read("quality.json")
+    for r in (q or {}).get("rows", []):
+        rows.append((f"{q['collection']} {r['label']}: nDCG@10 / Recall@100 / MRR@10 ({r['queries']} queries)",
+                     f"{r['ndcg@10']:.4f} / {r['recall@100']:.4f} / {r['mrr@10']:.4f}",
+                     _on(q.get("machine"), q.get("started")), f"`{r['command']}`"))
+    bm = read("bm25.json")
+    for name, c in (bm or {}).get("collections", {}).items():
+        o, b, rb, ra = c["retriever"], c.get("bm25s", {}), c.get("rank_bm25", {}), c.get("ratios", {})
+        h = c.get("head_to_head") or {}
+        where, cmd = _on(c.get("machine"), c.get("started")), f"`{c['command']}`"
+        qps = lambda e, k: _f((e.get(k) or {}).get("qps_median"))  # noqa: E731
+        rows.append((f"BM25 top-10, {name} ({c['n_docs']:,} docs, {c['n_queries']:,} queries in one call): QPS end to end, "
+                     "1 / 2 threads", f"{qps(o, 'end_to_end_t1')} / {qps(o, 'end_to_end_t2')}", where, cmd))
+        vs = (f"{h['vs_bm25s_end_to_end_median']:.2f}× bm25s ({qps(b, 'end_to_end_t1')} QPS; median of "
+              f"{h['rounds']} interleaved rounds)" if "vs_bm25s_end_to_end_median" in h else
+              f"{ra.get('vs_bm25s_end_to_end', 0):.2f}× bm25s ({qps(b, 'end_to_end_t1')} QPS)")
+        if "vs_rank_bm25" in ra:
+            vs += f"; {ra['vs_rank_bm25']:,.0f}× rank-bm25"
+        rows.append((f"BM25 speed-up, {name}, 1 thread, same analyzer settings", vs, where, cmd))
+    h = read("run_hybrid.json")
+    if h and h.get("status") == "ok":
+        for n, e in h["results"]["sizes"].items():
+            hl = e["headline"]
+            fused = (hl.get("recall@10") or {}).get("fused")
+            sp_ = e.get("sparse_params") or {}
+            sp_txt = f", sparse {sp_['algorithm']} query_cut {sp_['query_cut']}" if "query_cut" in sp_ else ""
+            rows.append((f"hybrid {' + '.join(e.get('legs', ()))}, RRF top-10, {int(n):,} docs ({e['dense_factory']} "
+                         f"nprobe {hl['nprobe']}{sp_txt}), {e['threads']} threads, one query per call, query vectors given: "
+                         "p50 / p99 latency, fused recall@10 vs exact", f"{hl['p50_ms']:.2f} / {hl['p99_ms']:.2f} ms, "
+                         f"{_f(fused, '.3f')}", _on(e.get("machine") or h.get("machine")), f"`{h['command'].strip()}`"))
+    ix = read("run_indexing.json")
+    if ix and ix.get("status") == "ok":
+        r, where, cmd = ix["results"], _on(ix.get("machine")), f"`{ix['command'].strip()}`"
+        for key, label in (("non_model_synthetic", "synthetic text"), ("non_model_scifact", "SciFact text")):
+            e = r.get(key)
+            if e:
+                rows.append((f"BM25-only indexing (analyzer, postings, files), {label}, {e['n_docs']:,} docs",
+                             f"{e['docs_per_s']:,.0f} docs/s", where, cmd))
+        d = r.get("dense")
+        if d:
+            val = f"{d['pipeline_docs_per_s']:,.1f} docs/s ({d['pipeline_vs_raw']:.0%} of the raw encoder"
+            if d.get("pipeline_vs_sentence_transformers"):
+                val += f", {d['pipeline_vs_sentence_transformers']:.2f}× sentence-transformers"
+            bf = d.get("bfloat16")
+            val += ")" + (f"; bfloat16 {bf['pipeline_docs_per_s']:,.1f} docs/s ({bf['vs_float32_pipeline']:.2f}×, "
+                          f"cosine to float32 ≥ {bf['cosine_to_float32_min']:.5f})" if bf else "")
+            rows.append((f"dense encoding in `build_index` (all-MiniLM-L6-v2, CPU, max {d['max_length']} tokens, "
+                         f"batch {d['batch_size']}), {d['n_docs']:,} SciFact docs", val, where, cmd))
+        s = r.get("sparse")
+        if s:
+            rows.append((f"SPLADE encoding in `build_index` (bundled 2-layer model, CPU), {s['n_docs']:,} SciFact docs",
+                         f"{s['pipeline_docs_per_s']:,.1f} docs/s ({s['pipeline_vs_raw']:.0%} of the raw encoder)",
+                         where, cmd))
+    enc = read("run_encode.json")
+    if enc and enc.get("status") == "ok":
+        parts = [f"{name.split(':')[0]} {m['batch1_latency_ms']['p50']:.1f} ms"
+                 for name, m in enc["results"]["models"].items() if "batch1_latency_ms" in m]
+        if parts:
+            rows.append(("query encoding, one query per call, p50 (dense MiniLM / SPLADE)", ", ".join(parts),
+                         _on(enc.get("machine")), f"`{enc['command'].strip()}`"))
+    dn = read("bench_dense.json")
+    for d in (dn or {}).get("datasets", []):
+        best, flat = d.get("best_at_recall_0.99"), d["rows"][0] if d.get("rows") else None
+        if not best or not flat:
+            continue
+        cmd = dn["command"] + (f" {d['argv']}" if d.get("argv") else "")
+        rows.append((f"dense funnel vs full-dim FAISS flat, {d['dataset']} ({d['n']:,} × {d['dim']}, "
+                     f"{d['queries']:,} queries in one call), 1 thread: fastest at recall@10 ≥ 0.99",
+                     f"{best['config']}: {best['qps']:,.0f} vs {flat['qps']:,.0f} QPS ({best['speedup']:.2f}×), "
+                     f"recall {best['recall@10']:.4f}", f"{dn.get('machine', '?')}, {dn.get('cpus', '?')} cores, "
+                     f"{dn.get('date', '?')}", f"`{cmd}`"))
+    sp = read("run_sparse.json")
+    rep = _sparse_report(sp) if sp and sp.get("status") == "ok" else None
+    for c in (rep or {}).get("results", []):
+        t = c.get("targets") or {}
+        ex = next((x for x in c["rows"] if x.get("engine") == "retriever-exact" and "qps" in x), None)
+        if not ex:
+            continue
+        val = f"exact {ex['cpu_qps']:,.0f} QPS" + (f" ({t['exact_over_scipy']:.1f}× scipy)" if "exact_over_scipy" in t else "")
+        if t.get("approx"):
+            ratios = [a["ratio"] for a in t["approx"]]
+            val += (f"; approximate vs pyseismic at its points with recall ≥ 0.90: {min(ratios):.2f}–{max(ratios):.2f}× "
+                    f"({len(ratios)} points)")
+        rows.append((f"learned sparse top-10, {c['collection']} ({c['n_docs']:,} docs, {c['n_queries']:,} queries), 1 thread, "
+                     "CPU-time QPS",
+                     val, _on(sp.get("machine"), c.get("date")), f"`{c.get('command', sp['command']).strip()}`"))
+    return rows
+
+
+def readme_markdown(out: Path = RESULTS) -> str:
+    """The README's figures: one Markdown table of :func:`readme_rows` ("" when there are none)."""
+    rows = readme_rows(out)
+    if not rows:
+        return ""
+    lines = ["| figure | value | machine, date | command |", "|---|---|---|---|"]
+    lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(lines) + "\n"
+
+
 def _knobs(r: dict) -> str:
     parts = [f"{k} {r[k]}" for k in ("n_postings", "query_cut", "heap_factor", "alpha") if k in r]
     return ", ".join(parts)

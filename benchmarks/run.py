@@ -6,7 +6,7 @@ files exist, so a section can be rerun alone):
 
 - ``hybrid``: BM25 + dense + learned sparse (Seismic mode, precomputed topical vectors,
   :data:`HYBRID_SPARSE_PARAMS`) on the seeded synthetic corpus (benchmarks/datasets.py), top-10,
-  RRF, 2 threads (the legs side by side, ``retriever.engine.CONCURRENT_LEGS``), batch size 1, query
+  RRF, 2 threads (the legs side by side, ``Retriever.open(..., concurrent_legs=True)``), batch size 1, query
   vectors passed (dense query encoding excluded; BM25 query analysis included); medians of 3 timed
   passes. Dense leg: IVF (nlist ≈ √N) over precomputed vectors, swept over nprobe; recall@10
   against flat / exhaustive search and the fused list of the exact legs; same-run variants (legs in
@@ -26,8 +26,8 @@ files exist, so a section can be rerun alone):
 - ``dense``, ``sparse``: ``benchmarks/bench_dense.py`` / ``benchmarks/bench_sparse.py`` when they
   exist (written on other branches); otherwise a "not available" entry.
 
-Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, < 5 minutes on 2
-cores: 100 s measured with warm caches; peers on small synthetic collections only, their JSON in
+Peers come from ``benchmarks/requirements.txt``. ``--quick`` (small sizes, meant to take under 5 minutes
+on 2 cores; peers on small synthetic collections only, their JSON in
 the ``--out`` folder, default ``benchmarks/results/quick``) asserts nothing about speed; the test
 suite runs it (``tests/test_bench.py::test_run_quick``) as CI's smoke test. Timing method: see ``retriever/bench.py`` and
 ``benchmarks/timing.py``.
@@ -239,7 +239,7 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
                              "dense_factory": built["factory"], "dim": col.dense.dim,
                              "build_seconds": built["build_seconds"], "index_cached": built["cached"],
                              "index_built_at": built["built_at"], "legs": list(r.legs), "passes": passes,
-                             "concurrent_legs": engine.CONCURRENT_LEGS, "points": []}
+                             "concurrent_legs": r.engine.concurrent_legs, "points": []}
     cache: dict[str, Any] = {}
     sp = {"sparse": dict(HYBRID_SPARSE_PARAMS)} if sparse else {}
     common = dict(k=k, n_threads=threads, batch_size=1, exact_cache=cache, sparse_vectors=sparse_q, passes=passes)
@@ -271,19 +271,18 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
         best = max(entry["points"], key=lambda p: p["hybrid"][f"recall@{k}"].get("fused") or 0)
     variants = []
     if compare_sequential and len(entry["legs"]) > 1:
-        was = engine.CONCURRENT_LEGS
-        engine.CONCURRENT_LEGS = False
+        r.engine.concurrent_legs = False
         try:
             rep = hybrid_point(best["nprobe"], ["hybrid"])
         finally:
-            engine.CONCURRENT_LEGS = was
+            r.engine.concurrent_legs = True
         variants.append({"label": "legs in sequence", "nprobe": best["nprobe"], "concurrent_legs": False,
                          "sparse_params": sp.get("sparse"), "hybrid": rep["modes"]["hybrid"]})
     for qc in (sparse_cuts if sparse else ()):
         params = {**sp["sparse"], "query_cut": qc}
         rep = hybrid_point(best["nprobe"], ["hybrid"], params)
         variants.append({"label": f"sparse query_cut {qc}", "nprobe": best["nprobe"],
-                         "concurrent_legs": engine.CONCURRENT_LEGS, "sparse_params": params,
+                         "concurrent_legs": r.engine.concurrent_legs, "sparse_params": params,
                          "hybrid": rep["modes"]["hybrid"]})
     for v in variants:
         h = v["hybrid"]
@@ -344,9 +343,10 @@ def _scifact_texts(n_docs: int) -> tuple[list[dict], list[str]]:
 
 
 def _lat(samples_s: list[float]) -> dict[str, float]:
-    a = np.asarray(samples_s) * 1e3
-    return {"p50": float(np.percentile(a, 50)), "p95": float(np.percentile(a, 95)),
-            "p99": float(np.percentile(a, 99)), "mean": float(a.mean())}
+    """Latency percentiles in ms of samples in seconds (:func:`retriever.metrics.latency_summary`)."""
+    from retriever.metrics import latency_summary
+
+    return latency_summary(np.asarray(samples_s, dtype=np.float64) * 1e3)
 
 
 def section_encode(quick: bool) -> dict[str, Any]:
@@ -756,8 +756,7 @@ def write_budget(out: Path, doc: dict[str, Any]) -> Path:
 #: sections measured in a fresh Python process of their own (:func:`run_fresh`). Indexing: in the
 #: cold full run it follows the hybrid section, and in one process the state that section leaves
 #: (its opened 1M-document index, FAISS/OpenMP and engine thread pools, a multi-GB heap) cost the
-#: non-model figure about 20% (measured 68.9k -> 52.3k documents/s, medians of 3, same process,
-#: 2026-12-01; os.sync() before each build changed nothing: no writeback was pending). A user's
+#: non-model figure about a fifth (the runs: benchmarks/HISTORY.md, "Indexing throughput"). A user's
 #: ``retriever index`` runs in a process of its own, which is what this measures.
 FRESH_PROCESS_SECTIONS = ("indexing",)
 

@@ -37,6 +37,7 @@ from retriever.index.pipeline import build_index
 
 from .api import Retriever
 from .fusion import RRF, Linear
+from .params import BM25SearchParams, DenseSearchParams, SparseSearchParams
 from .results import BatchResult, Hit, LegArrays, LegHit
 
 __version__ = "0.1.0"
@@ -44,6 +45,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Retriever", "build_index", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear",
     "BuildConfig", "BM25Params", "AnalyzerConfig", "DenseConfig",
+    "BM25SearchParams", "DenseSearchParams", "SparseSearchParams",
     "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",
     "ModelError", "QueryError",
 ]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import functools
-import inspect
 import itertools
 import os
 from collections.abc import Iterable, Mapping
@@ -17,6 +15,7 @@ from retriever.index.errors import ConfigError, QueryError
 
 from .engine import Engine
 from .fusion import RRF, Linear, parse_fusion
+from .params import LegParams, parse_leg_params
 from .results import BatchResult, Hit, LegHit
 from .shards import IndexReader
 
@@ -25,16 +24,6 @@ DEFAULT_DEPTH = 100
 #: start one thread per query up to n_threads and FAISS's OpenMP team takes the value as is, so
 #: n_threads=10**6 on a large batch used to try to start that many threads.
 MAX_THREADS = max(64, 4 * (os.cpu_count() or 1))
-
-
-@functools.lru_cache(maxsize=None)
-def _search_options(leg_type: type) -> tuple[str, ...] | None:
-    """Keyword options a leg's ``search(batch, depth, n_threads, ...)`` accepts (``None`` when it
-    takes ``**params`` and validates them itself)."""
-    params = list(inspect.signature(leg_type.search).parameters.values())[4:]  # self, batch, depth, n_threads
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return tuple(p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD))
 
 
 def _encodes(qs: list[str]) -> bool:
@@ -69,7 +58,7 @@ class Retriever:
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
-             device: str = "cpu", n_threads: int | None = None) -> "Retriever":
+             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
         Args:
@@ -77,7 +66,9 @@ class Retriever:
             verify: also check every file's SHA-256 against the manifest (slow on big indexes).
             use_gpu: FAISS on GPU (``None`` = when a GPU is present).
             device: torch device for query encoders.
-            n_threads: default threads for compiled kernels (``None`` = all cores).
+            n_threads: default threads for compiled kernels, FAISS and BLAS (``None`` = all cores).
+            concurrent_legs: run the legs of a hybrid search side by side when a call has 2 or
+                more threads (identical results either way).
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
@@ -90,8 +81,10 @@ class Retriever:
             raise ConfigError(f"device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         if use_gpu is not None and not isinstance(use_gpu, bool):
             raise ConfigError(f"use_gpu must be True, False or None, got {use_gpu!r}")
+        if not isinstance(concurrent_legs, bool):
+            raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
-        return cls(reader, Engine(reader, use_gpu=use_gpu, device=device), n_threads)
+        return cls(reader, Engine(reader, use_gpu=use_gpu, device=device, concurrent_legs=concurrent_legs), n_threads)
 
     def __enter__(self) -> "Retriever":
         return self
@@ -150,9 +143,9 @@ class Retriever:
         depth = int(min(depth, max(self.reader.n_docs, 1)))
         return qs, k, depth
 
-    def _check_options(self, fusion: "RRF | Linear", leg_params: Any) -> dict[str, dict[str, Any]] | None:
-        """Validate fusion weight names and ``leg_params`` (a mapping ``{leg: {option: value}}``
-        whose legs are known and whose options the leg's ``search`` accepts).
+    def _check_options(self, fusion: "RRF | Linear", leg_params: Any) -> dict[str, LegParams]:
+        """Validate fusion weight names and ``leg_params`` (``{leg: options}``, options a
+        :mod:`retriever.params` object or a dict of its fields).
 
         Raises:
             QueryError: names the leg or option and the offending value.
@@ -160,30 +153,13 @@ class Retriever:
         for leg in fusion.weights:
             if leg not in LEGS:
                 raise QueryError(f"fusion weights: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
-        if leg_params is None:
-            return None
-        if not isinstance(leg_params, Mapping):
-            raise QueryError(f"leg_params must be a dict {{leg: {{option: value}}}}, got {type(leg_params).__name__}")
-        out: dict[str, dict[str, Any]] = {}
-        for leg, opts in leg_params.items():
-            if leg not in LEGS:
-                raise QueryError(f"leg_params: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
-            if not isinstance(opts, Mapping):
-                raise QueryError(f"leg_params[{leg!r}] must be a dict of options, got {opts!r}")
-            impl = self.engine.legs.get(leg)
-            allowed = None if impl is None else _search_options(type(impl))
-            if allowed is not None:
-                unknown = sorted(str(o) for o in opts if o not in allowed)
-                if unknown:
-                    raise QueryError(f"unknown {leg} leg_params {unknown}; expected some of {', '.join(allowed)}")
-            out[leg] = dict(opts)
-        return out
+        return parse_leg_params(leg_params)
 
     def search_arrays(self, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                       n_threads: int | None = None, query_vectors: np.ndarray | None = None,
-                      leg_params: dict[str, dict[str, Any]] | None = None,
-                      sparse_vectors: Any = None) -> BatchResult:
+                      leg_params: Mapping[str, Any] | None = None,
+                      sparse_vectors: Any = None, concurrent_legs: bool | None = None) -> BatchResult:
         """Search a batch and return arrays (no per-hit Python objects).
 
         Args:
@@ -196,39 +172,44 @@ class Retriever:
                 every k <= depth are prefixes of one another.
             n_threads: kernel threads for this call (default: the Retriever's).
             query_vectors: float32 (nq, dim) dense query vectors to use instead of encoding.
-            leg_params: per-leg search options, e.g. ``{"bm25": {"algorithm": "exhaustive"}}`` or
-                ``{"sparse": {"algorithm": "seismic", "query_cut": 10, "heap_factor": 0.9}}``.
+            leg_params: per-leg search options: a :class:`~retriever.params.BM25SearchParams` /
+                :class:`~retriever.params.DenseSearchParams` / :class:`~retriever.params.SparseSearchParams`
+                or a dict of its fields, e.g. ``{"bm25": {"algorithm": "exhaustive"}}`` or
+                ``{"sparse": SparseSearchParams(algorithm="seismic", query_cut=10)}``; an unknown key
+                is an error naming it and the valid ones.
             sparse_vectors: nq learned-sparse query vectors to use instead of encoding: a
                 ``scipy.sparse`` (nq, vocab) matrix or a sequence of ``(indices, weights)`` pairs or
                 ``{term_id: weight}`` dicts (validation policy: ``retriever.legs.sparse.csr_batch``).
+            concurrent_legs: run the legs side by side for this call (``None``: the Retriever's
+                setting); identical results either way.
 
         Returns:
             :class:`BatchResult` with ids as global ordinals (see :meth:`doc_ids`).
 
         Raises:
-            QueryError: bad k, depth, mode, fusion, or query vectors.
+            QueryError: bad k, depth, mode, fusion, leg_params or query vectors.
         """
         qs, k, depth = self._check(queries, k, depth, n_threads)
+        if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
+            raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
         fz = parse_fusion(fusion)
-        leg_params = self._check_options(fz, leg_params)
-        prepared = None
-        if query_vectors is not None:
-            if "dense" not in self.engine.legs:
-                raise QueryError("query_vectors given but this index has no dense leg")
-            qv = self.engine.legs["dense"].check_vectors(query_vectors)
-            if qv.shape[0] != len(qs):
-                raise QueryError(f"query_vectors has {qv.shape[0]} rows for {len(qs)} queries")
-            prepared = {"dense": qv}
-        if sparse_vectors is not None:
-            if "sparse" not in self.engine.legs:
-                raise QueryError("sparse_vectors given but this index has no sparse leg")
-            sb = self.engine.legs["sparse"].check_vectors(sparse_vectors)
-            if len(sb[0]) - 1 != len(qs):
-                raise QueryError(f"sparse_vectors has {len(sb[0]) - 1} rows for {len(qs)} queries")
-            prepared = {**(prepared or {}), "sparse": sb}
-        return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth,
-                                  n_threads=min(int(n_threads or self.n_threads), MAX_THREADS), prepared=prepared,
-                                  leg_params=leg_params)
+        params = self._check_options(fz, leg_params)
+        threads = min(int(n_threads or self.n_threads), MAX_THREADS)
+        prepared: dict[str, Any] = {}
+        for leg, given in (("dense", query_vectors), ("sparse", sparse_vectors)):
+            if given is None:
+                continue
+            if leg not in self.engine.legs:
+                raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors given but this index has no "
+                                 f"{leg} leg")
+            prep = self.engine.legs[leg].prepare_vectors(given, params.get(leg), threads)
+            rows = prep.q.shape[0] if leg == "dense" else len(prep.batch[0]) - 1
+            if rows != len(qs):
+                raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors has {rows} rows for "
+                                 f"{len(qs)} queries")
+            prepared[leg] = prep
+        return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth, n_threads=threads,
+                                  prepared=prepared or None, params=params, concurrent_legs=concurrent_legs)
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.
@@ -260,19 +241,22 @@ class Retriever:
 
     def to_hits(self, result: BatchResult) -> list[list[Hit]]:
         """Turn a :class:`BatchResult` into per-query lists of :class:`Hit` (the only place
-        per-hit Python objects are made)."""
+        per-hit Python objects are made). The documents of the whole batch are fetched in one
+        pass (:meth:`IndexReader.fetch_batch`: one Arrow ``take`` per shard)."""
+        nq, width = result.ids.shape
+        found = np.arange(width)[None, :] < result.n_found[:, None]
+        docs = self.reader.fetch_batch(result.ids[found])
+        scores = result.scores[found].tolist()
+        legs = [(name, la.scores[found].tolist(), la.ranks[found].tolist()) for name, la in result.legs.items()]
+        ids, titles, texts, metas = docs["id"], docs["title"], docs["text"], docs["metadata"]
         out: list[list[Hit]] = []
-        leg_items = list(result.legs.items())
-        for q in range(result.ids.shape[0]):
-            n = int(result.n_found[q])
-            ords = result.ids[q, :n].tolist()
-            docs = self.reader.fetch(ords)
+        i = 0
+        for q, n in enumerate(result.n_found.tolist()):
             hits = []
-            for j, d in enumerate(docs):
-                legs = {name: LegHit(float(la.scores[q, j]), int(la.ranks[q, j]))
-                        for name, la in leg_items if la.ranks[q, j] > 0}
-                hits.append(Hit(d["id"], float(result.scores[q, j]), j + 1, d["title"], d["text"],
-                                d["metadata"], legs))
+            for j in range(n):
+                per_leg = {name: LegHit(ls[i], lr[i]) for name, ls, lr in legs if lr[i] > 0}
+                hits.append(Hit(ids[i], scores[i], j + 1, titles[i], texts[i], metas[i], per_leg))
+                i += 1
             out.append(hits)
         return out
 

@@ -12,55 +12,33 @@ legs run side by side), ``fuse``. Passing
 
 Timed passes run with Python's cyclic garbage collector paused (``gc_pause``, see :class:`_gc_paused`).
 
-Recall@k is |top-k ∩ exact top-k| / |exact top-k| averaged over queries with at least one exact
-hit, where "exact" is the exhaustive algorithm of each leg (BM25: exhaustive scoring of every
-posting; dense: flat inner product over the stored vectors; other legs: see
-:data:`EXACT_LEG_PARAMS`) and, for hybrid mode, the fused list computed from the exact legs with
-the same fusion and depth.
+Recall@k follows :func:`retriever.metrics.recall_at_k` (|top-k ∩ exact top-k| / |exact top-k|,
+queries without an exact hit left out) against the engine's own exhaustive search of each leg
+(:data:`EXACT_LEG_PARAMS`: BM25 scoring every posting, dense a flat scan of the stored vectors,
+learned sparse its exact index) and, for hybrid mode, the fused list of the exact legs with the
+same fusion and depth.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from .fusion import RRF, Linear, fuse, parse_fusion
-from .topk import merge_topk
+from .fusion import RRF, Linear, parse_fusion
+from .metrics import latency_summary, recall_at_k
 
-#: leg → ``leg_params`` that make the leg's own ``search`` exact. Legs without an entry here and
-#: without an entry in :data:`EXACT_SEARCH` get recall ``None`` (e.g. a new leg until it says how
-#: its exact search is called). Hook for the learned-sparse leg: add ``"sparse": {...}`` here or a
-#: function in :data:`EXACT_SEARCH`.
+#: leg → ``leg_params`` that select the leg's exhaustive search in the engine itself
+#: (:meth:`Retriever.search_arrays`): BM25 scores every posting of the query terms; learned sparse
+#: scans its exact inverted index; dense scans every stored vector with a flat inner product
+#: (``index="Flat"`` at full dimension: BLAS blocks on CPU, FAISS flat on GPU) and re-scores the
+#: shortlist at full precision, which is exact for L2-normalised vectors (everything the model
+#: encodes; precomputed vectors are stored as given). A leg without an entry gets recall ``None``.
 EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"},
-                                               "sparse": {"algorithm": "exact"}}
-
-
-def _exact_dense(leg: Any, inp: np.ndarray, depth: int, n_threads: int):
-    """Flat inner product over each shard's stored vectors (float32 arithmetic), shard by shard."""
-    import faiss
-
-    parts = []
-    qv = np.ascontiguousarray(inp, dtype=np.float32)
-    nq = qv.shape[0]
-    for s, vec in zip(leg.reader.shards, leg.vectors):
-        kk = min(depth, s.rows)
-        ids = np.full((nq, depth), -1, np.int64)
-        scores = np.full((nq, depth), -np.inf, np.float32)
-        if kk and nq:
-            xb = np.ascontiguousarray(vec, dtype=np.float32)
-            D, I = faiss.knn(qv, xb, kk, metric=faiss.METRIC_INNER_PRODUCT)
-            del xb
-            ids[:, :kk] = np.where(I >= 0, I + s.base, -1)
-            scores[:, :kk] = np.where(I >= 0, D, -np.inf)
-        parts.append((ids, scores, (ids >= 0).sum(axis=1).astype(np.int32)))
-    return parts
-
-
-#: leg → exact search function ``(leg, prepared_input, depth, n_threads) -> per-shard parts``.
-EXACT_SEARCH: dict[str, Callable[..., Any]] = {"dense": _exact_dense}
+                                               "sparse": {"algorithm": "exact"},
+                                               "dense": {"index": "Flat"}}
 
 
 class _gc_paused:
@@ -86,15 +64,6 @@ class _gc_paused:
                 gc.enable()
 
 
-def _percentiles(samples_ms: Sequence[float]) -> dict[str, float]:
-    a = np.asarray(samples_ms, dtype=np.float64)
-    if a.size == 0:
-        return {"p50": float("nan"), "p95": float("nan"), "p99": float("nan"), "mean": float("nan")}
-    p50, p95, p99 = np.percentile(a, [50, 95, 99])
-    return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "mean": float(a.mean()),
-            "max": float(a.max())}
-
-
 def _median_of_passes(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
     """Median over passes of every number in the passes' (equally shaped) dicts."""
     first = per_pass[0]
@@ -107,55 +76,43 @@ def _median_of_passes(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def recall_at_k(got: np.ndarray, exact: np.ndarray, k: int) -> float | None:
-    """Mean over queries of |got[:k] ∩ exact[:k]| / |exact[:k]| (ids padded with -1; queries whose
-    exact list is empty are skipped; ``None`` when every exact list is empty)."""
-    vals = []
-    for g, e in zip(got[:, :k], exact[:, :k]):
-        es = set(e[e >= 0].tolist())
-        if not es:
-            continue
-        vals.append(len(es & set(g[g >= 0].tolist())) / len(es))
-    return float(np.mean(vals)) if vals else None
-
-
 def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, fusion: Any = None,
                  depth: int | None = None, n_threads: int = 1, query_vectors: np.ndarray | None = None,
                  sparse_vectors: Any = None) -> dict[str, np.ndarray | None]:
-    """Exact top-k ids per leg of ``mode`` and, for several legs, the fused list of the exact legs.
+    """Exact top-k ids per leg of ``mode`` and, for several legs, the fused list of the exact legs,
+    all searched by the engine (:meth:`Retriever.search_arrays` with :data:`EXACT_LEG_PARAMS`).
+
+    Args:
+        retriever: an open :class:`~retriever.Retriever`.
+        queries: nq query strings.
+        k: hits per query.
+        mode: a leg name or ``"hybrid"``.
+        fusion, depth, n_threads, query_vectors, sparse_vectors: as in ``search_arrays``.
 
     Returns:
-        ``{leg: ids (nq, k) | None, ..., "fused": ids (nq, k)}`` (``None`` where the leg has no
-        exact reference; ``"fused"`` only for multi-leg modes with every leg exact).
-    """
-    from .api import DEFAULT_DEPTH
+        ``{leg: ids int64 (nq, k) | None, ..., "fused": ids int64 (nq, k)}`` (``None`` where the
+        leg has no exact mode; ``"fused"`` only for multi-leg modes with every leg exact), ``-1``
+        padding.
 
-    engine = retriever.engine
-    names = engine.legs_for(mode)
-    depth = DEFAULT_DEPTH if depth is None else depth
-    leg_depth = k if len(names) == 1 else max(depth, k)
-    per_leg: dict[str, Any] = {}
-    out: dict[str, np.ndarray | None] = {}
-    for name in names:
-        leg = engine.legs[name]
-        if name == "dense" and query_vectors is not None:
-            inp = leg.check_vectors(query_vectors)
-        elif name == "sparse" and sparse_vectors is not None:
-            inp = leg.check_vectors(sparse_vectors)
-        else:
-            inp = leg.prepare(list(queries))
-        if name in EXACT_SEARCH:
-            parts = EXACT_SEARCH[name](leg, inp, leg_depth, n_threads)
-        elif name in EXACT_LEG_PARAMS:
-            parts = leg.search(inp, leg_depth, n_threads, **EXACT_LEG_PARAMS[name])
-        else:
-            out[name] = None
-            continue
-        per_leg[name] = merge_topk(parts, leg_depth)
-        out[name] = per_leg[name][0][:, :k]
-    if len(names) > 1 and len(per_leg) == len(names):
-        ids, _, _, _ = fuse(per_leg, k, parse_fusion(fusion))
-        out["fused"] = ids
+    Raises:
+        QueryError: as ``search_arrays``.
+    """
+    names = retriever.engine.legs_for(mode)
+    qs = list(queries)
+
+    def run(m: str, legs: Sequence[str]) -> np.ndarray:
+        res = retriever.search_arrays(
+            qs, k, mode=m, fusion=fusion, depth=depth, n_threads=n_threads,
+            leg_params={n: dict(EXACT_LEG_PARAMS[n]) for n in legs},
+            query_vectors=query_vectors if "dense" in legs else None,
+            sparse_vectors=sparse_vectors if "sparse" in legs else None)
+        ids = np.full((len(qs), k), -1, np.int64)
+        ids[:, :res.ids.shape[1]] = res.ids
+        return ids
+
+    out: dict[str, np.ndarray | None] = {n: run(n, [n]) if n in EXACT_LEG_PARAMS else None for n in names}
+    if len(names) > 1 and all(n in EXACT_LEG_PARAMS for n in names):
+        out["fused"] = run(mode, names)
     return out
 
 
@@ -271,9 +228,9 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
             per_pass.append({
                 "qps": len(qs) / total_s,
                 "qps_excluding_encode": len(qs) / max((sum(lat) - sum(enc)) / 1e3, 1e-12),
-                "latency_ms": _percentiles(lat), "encode_ms": _percentiles(enc),
-                "search_ms": _percentiles(sea), "fuse_ms": _percentiles(fus),
-                "latency_excluding_encode_ms": _percentiles(np.subtract(lat, enc)),
+                "latency_ms": latency_summary(lat), "encode_ms": latency_summary(enc),
+                "search_ms": latency_summary(sea), "fuse_ms": latency_summary(fus),
+                "latency_excluding_encode_ms": latency_summary(np.subtract(lat, enc)),
             })
         entry: dict[str, Any] = _median_of_passes(per_pass)
         if passes > 1:

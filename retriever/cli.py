@@ -59,7 +59,7 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
-    p.add_argument("--rrf-k", type=float, default=60.0, help="RRF constant k (default 60)")
+    p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (default 60)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
@@ -141,25 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _fusion(args: argparse.Namespace):
-    from .fusion import RRF, Linear
-    from retriever.index.errors import QueryError
+    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` (:func:`retriever.fusion.parse_fusion`)."""
+    from .fusion import parse_fusion
 
-    weights: dict[str, float] = {}
-    if args.weights:
-        for part in args.weights.split(","):
-            leg, sep, val = part.partition("=")
-            try:
-                weights[leg.strip()] = float(val)
-            except ValueError:
-                raise QueryError(f"--weights: expected leg=number, got {part!r}") from None
-            if not sep:
-                raise QueryError(f"--weights: expected leg=number, got {part!r}")
-    if args.fusion == "rrf":
-        return RRF(k=args.rrf_k, weights=weights)
-    if args.fusion.startswith("linear"):
-        _, _, norm = args.fusion.partition(":")
-        return Linear(norm=norm or "minmax", weights=weights)
-    raise QueryError(f"--fusion: unknown fusion {args.fusion!r} (rrf, linear, linear:zscore, linear:none)")
+    return parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -233,7 +218,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from retriever.index.readers import read_qrels, read_queries
 
     from .api import Retriever
-    from .evaluation import evaluate, make_run, write_trec_run
+    from .evaluation import evaluate, search_run, write_trec_run
 
     queries = read_queries(args.queries)
     qrels = read_qrels(args.qrels)
@@ -249,17 +234,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     r = Retriever.open(args.dir, n_threads=args.threads)
     modes = args.mode or ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
     qids = list(queries)
-    texts = [queries[q] for q in qids]
     fusion = _fusion(args)
     for mode in modes:
         t0 = time.perf_counter()
-        res = r.search_arrays(texts, k=args.k, mode=mode, fusion=fusion, depth=args.depth,
+        run, res = search_run(r, queries, mode=mode, k=args.k, fusion=fusion, depth=args.depth,
                               leg_params=args.leg_params)
         secs = time.perf_counter() - t0
-        ids = r.reader.doc_ids()
-        docs = [ids[res.ids[q, :res.n_found[q]]].tolist() for q in range(len(qids))]
-        scores = [res.scores[q, :res.n_found[q]].tolist() for q in range(len(qids))]
-        run = make_run(qids, docs, scores)
         m = evaluate(run, qrels, qids=qids)
         if args.run_out:
             path = Path(args.run_out if len(modes) == 1 else f"{args.run_out}.{mode}")

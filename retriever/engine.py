@@ -1,11 +1,14 @@
-"""Runs one batch: prepare queries per leg, search every shard (the legs side by side when threads
-allow), merge, fuse once."""
+"""Runs one batch: prepare queries once per leg, search every shard of every leg (the legs side by
+side when threads allow), merge each leg's per-shard top-k once, fuse once.
+
+The engine owns the loop over shards (:func:`search_leg`); the legs implement the protocol of
+:mod:`retriever.legs.base` (``prepare`` / ``search_shard`` / ``score_docs``).
+"""
 
 from __future__ import annotations
 
 import itertools
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,43 +18,36 @@ import numpy as np
 
 from retriever.index.errors import QueryError
 
-from . import _kernels
-from .fusion import RRF, Linear, fuse
+from .fusion import RRF, Linear, fuse, tie_ranks_rows
+from .legs.base import Leg, SearchContext, TopK, empty_topk
+from .params import LegParams, defaults_for
 from .results import BatchResult, LegArrays
 from .shards import IndexReader
+from .stats import CorpusStats
+from .threads import thread_limits
 from .topk import merge_topk
 
 MODES = ("hybrid", "bm25", "dense", "sparse")
 
 
-def _load_bm25(reader: IndexReader, **kw: Any):
+def _load_bm25(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.bm25 import BM25Leg
-    return BM25Leg(reader)
+    return BM25Leg(reader, shards=shards, stats=None if stats is None else stats.bm25)
 
 
-def _load_dense(reader: IndexReader, **kw: Any):
+def _load_dense(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.dense import DenseLeg
-    return DenseLeg(reader, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"))
+    return DenseLeg(reader, shards=shards, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"))
 
 
-def _load_sparse(reader: IndexReader, **kw: Any):
+def _load_sparse(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.sparse import SparseLeg
-    return SparseLeg(reader, device=kw.get("device", "cpu"))
+    return SparseLeg(reader, shards=shards, device=kw.get("device", "cpu"))
 
 
-#: leg name → loader(reader, **options); the library, the CLI and the benchmarks read this table.
-LEG_LOADERS: dict[str, Callable[..., Any]] = {"bm25": _load_bm25, "dense": _load_dense, "sparse": _load_sparse}
+#: leg name → loader(reader, shards, stats, **options); the library, the CLI and the benchmarks read this table.
+LEG_LOADERS: dict[str, Callable[..., Leg]] = {"bm25": _load_bm25, "dense": _load_dense, "sparse": _load_sparse}
 
-
-def _empty(nq: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32), np.zeros(nq, np.int32)
-
-
-#: run the legs of a multi-leg batch side by side when ``n_threads >= 2`` (results are identical
-#: either way; see :meth:`Engine.search`). Measured with ``python -m benchmarks.run --only hybrid``
-#: (1M documents, BM25 + dense IVF + learned sparse, 2 threads, batch 1): the legs in sequence cost
-#: the sum of their times, side by side the largest of them plus ~0.1 ms of hand-off.
-CONCURRENT_LEGS = True
 #: weight of the newest sample in each leg's running cost estimate (ms per query), which decides
 #: the order in which the threads take the legs.
 COST_SMOOTHING = 0.2
@@ -67,6 +63,26 @@ def _pool() -> ThreadPoolExecutor:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(max_workers=max(2, len(LEG_LOADERS) - 1), thread_name_prefix="retriever-leg")
         return _POOL
+
+
+def search_leg(leg: Leg, prepared: Any, ctx: SearchContext) -> TopK:
+    """The shard loop: ``leg.search_shard`` over every shard the leg holds, merged once into one
+    top-``ctx.depth`` (:func:`retriever.topk.merge_topk`: score descending, then ordinal).
+
+    Returns:
+        ``(ids int64 (nq, depth) global ordinals, scores float32, n_found int32)``.
+    """
+    parts = [leg.search_shard(prepared, shard, ctx) for shard in range(leg.n_shards)]
+    if not parts:
+        return empty_topk(_n_queries(prepared), ctx.depth)
+    return merge_topk(parts, ctx.depth)
+
+
+def _n_queries(prepared: Any) -> int:
+    for name in ("texts", "q"):
+        if hasattr(prepared, name):
+            return len(getattr(prepared, name))
+    return len(prepared.batch[0]) - 1
 
 
 def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) -> list[list[str]]:
@@ -97,56 +113,34 @@ def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) ->
 
 #: legs whose search runs FAISS (OpenMP) code; only their groups touch FAISS's OpenMP setting.
 OMP_LEGS = frozenset({"dense"})
-_OMP_LOCAL = threading.local()  # per thread: the OpenMP thread count this module last set there
-
-
-class _omp_threads:
-    """Context manager: OpenMP threads of the *calling* thread (FAISS's OpenMP setting is per
-    thread) set to ``n`` while a leg runs beside others, restored afterwards (``restore=False``:
-    left set, for the engine's own pool workers). No-op when FAISS has not been imported.
-
-    The value this module set in a thread is remembered (thread-local), so a pool worker that
-    already runs with ``n`` OpenMP threads makes no FAISS call at all: every FAISS call releases
-    and re-takes the GIL, and with the other leg's thread running Python code at that moment the
-    re-take can wait (measured: 1.6 ms mean per ``omp_get_max_threads`` call inside a 1M-document
-    hybrid query on 2 busy cores), which showed up in the hybrid p99."""
-
-    def __init__(self, n: int, restore: bool = True) -> None:
-        self.n = n
-        self.restore = restore
-        self.prev: int | None = None
-        self.faiss = sys.modules.get("faiss")
-
-    def __enter__(self) -> None:
-        if self.faiss is None:
-            return
-        if not self.restore and getattr(_OMP_LOCAL, "n", None) == self.n:
-            return
-        if self.restore:
-            self.prev = int(self.faiss.omp_get_max_threads())
-            if self.prev == self.n:
-                self.prev = None
-                return
-        self.faiss.omp_set_num_threads(self.n)
-        _OMP_LOCAL.n = self.n
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.faiss is not None and self.prev is not None:
-            self.faiss.omp_set_num_threads(self.prev)
-            _OMP_LOCAL.n = self.prev
 
 
 class Engine:
-    """Query engine over an opened index: holds one object per leg (loaded at open).
+    """Query engine over an opened index: one leg object per leg (loaded at open).
 
     Args:
         reader: the opened index.
+        shards: positions in ``reader.shards`` to search (default: all). With a subset, pass the
+            whole index's ``stats`` so that scores equal a search of the whole index.
+        stats: corpus-wide statistics to score with (default: combined from ``shards``).
+        concurrent_legs: run the legs of a multi-leg batch side by side when a call has 2 or more
+            threads (results are identical either way; see :meth:`search`).
         leg_options: passed to the leg loaders (``use_gpu``, ``device``).
     """
 
-    def __init__(self, reader: IndexReader, **leg_options: Any) -> None:
+    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None,
+                 stats: CorpusStats | None = None, concurrent_legs: bool = True, **leg_options: Any) -> None:
         self.reader = reader
-        self.legs = {name: LEG_LOADERS[name](reader, **leg_options) for name in reader.legs}
+        self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
+        bad = [s for s in self.shard_ids if isinstance(s, bool) or not isinstance(s, (int, np.integer))
+               or not 0 <= s < len(reader.shards)]
+        if bad or len(set(self.shard_ids)) != len(self.shard_ids):
+            raise QueryError(f"shards must be distinct positions in [0, {len(reader.shards)}), got {list(self.shard_ids)}")
+        self.legs: dict[str, Leg] = {name: LEG_LOADERS[name](reader, self.shard_ids, stats, **leg_options)
+                                     for name in reader.legs}
+        n_held = int(sum(reader.shards[i].rows for i in self.shard_ids))
+        self.stats = stats if stats is not None else CorpusStats.of_legs(n_held, self.legs)
+        self.concurrent_legs = bool(concurrent_legs)
         #: running estimate of each leg's search time, ms per query (see :func:`plan_legs`)
         self.leg_cost: dict[str, float] = {}
 
@@ -166,23 +160,29 @@ class Engine:
 
     def search(self, queries: Sequence[str], *, k: int, mode: str, fusion: "RRF | Linear",
                depth: int, n_threads: int, prepared: Mapping[str, Any] | None = None,
-               leg_params: Mapping[str, Mapping[str, Any]] | None = None) -> BatchResult:
+               params: Mapping[str, LegParams] | None = None, concurrent_legs: bool | None = None,
+               allow: Sequence[np.ndarray | None] | None = None) -> BatchResult:
         """Search a batch (arguments already validated by the API layer).
 
-        With several legs, ``n_threads`` >= 2 (or <= 0: every core) and :data:`CONCURRENT_LEGS`,
-        the legs run side by side: ``min(n_threads, legs)`` threads (the calling thread and pooled
-        workers) take legs from one queue, costliest estimate first, each taking the next leg
-        when it finishes one (``n_threads // that`` kernel and OpenMP threads per leg).
-        Every leg returns the same lists either way, so the fused result does not depend on it.
+        For each leg: ``prepare`` the queries once (or take ``prepared``), search every shard
+        (:func:`search_leg`), merge once; then fuse once. With several legs, ``n_threads`` >= 2 (or
+        <= 0: every core) and concurrent legs on, the legs run side by side: ``min(n_threads,
+        legs)`` threads (the calling thread and pooled workers) take legs from one queue, costliest
+        estimate first, each taking the next leg when it finishes one (``n_threads // that``
+        kernel, OpenMP and BLAS threads per leg). Every leg returns the same lists either way, so
+        the fused result does not depend on it.
 
         Args:
             queries: nq query strings (an empty/blank string yields no hits).
-            prepared: per-leg inputs that replace encoding (e.g. user query vectors).
-            leg_params: per-leg keyword options for the leg's ``search``.
+            prepared: per-leg prepared batches covering all nq queries (from the leg's
+                ``prepare_vectors``: user query vectors), used instead of preparing the text.
+            params: per-leg parameter objects (:mod:`retriever.params`); defaults for the others.
+            concurrent_legs: this call's setting (``None``: the engine's).
+            allow: per held shard a uint8 allow mask or ``None`` (see :class:`SearchContext`).
 
         Raises:
-            QueryError: unknown mode or leg option (from the leg that raised it, also when it ran
-                in a worker thread).
+            QueryError: unknown mode or a leg's error (from the leg that raised it, also when it
+                ran in a worker thread).
         """
         names = self.legs_for(mode)
         nq = len(queries)
@@ -194,73 +194,39 @@ class Engine:
             live = [q for q, b in zip(queries, blank) if not b]
         timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
         leg_depth = k if len(names) == 1 else max(depth, k)
-        per_leg: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        per_leg: dict[str, TopK] = {}
+        params = params or {}
 
         def run_leg(name: str, threads: int) -> tuple[float, float]:
             leg = self.legs[name]
-            params = (leg_params or {}).get(name, {})
+            p = params.get(name) or defaults_for(name)
             t0 = time.perf_counter()
-            parts = inp = None
-            if prepared and name in prepared:
-                inp = prepared[name]  # covers all nq queries, blank text or not
+            given = prepared is not None and name in prepared
+            if given:
+                prep, rows = prepared[name], nq  # covers all nq queries, blank text or not
             elif live:
-                # analysis and scoring in one compiled pass where the leg has one (its time then
-                # counts as search time); None where it does not apply
-                search_texts = getattr(leg, "search_texts", None)
-                parts = search_texts(live, leg_depth, threads, **params) if search_texts else None
-                if parts is None:
-                    inp = leg.prepare(live, threads)
-            t1 = time.perf_counter() if parts is None else t0
-            if parts is None and inp is not None:
-                parts = leg.search(inp, leg_depth, threads, **params)
-            merged = _empty(len(live), leg_depth) if parts is None else merge_topk(parts, leg_depth)
-            t2 = time.perf_counter()
-            if prepared and name in prepared:
-                per_leg[name] = merged
+                prep, rows = leg.prepare(live, p, threads), len(live)
             else:
-                per_leg[name] = _scatter(merged, blank, leg_depth)
+                prep, rows = None, 0
+            t1 = time.perf_counter()
+            ctx = SearchContext(depth=leg_depth, n_threads=threads, allow=allow)
+            merged = empty_topk(rows, leg_depth) if prep is None else search_leg(leg, prep, ctx)
+            t2 = time.perf_counter()
+            per_leg[name] = merged if given else _scatter(merged, blank, leg_depth)
             return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
         total = n_threads if n_threads > 0 else (os.cpu_count() or 1)
-        if len(names) > 1 and total > 1 and CONCURRENT_LEGS:
-            # Legs side by side (every leg kernel releases the GIL); each leg's kernels (and FAISS's
-            # OpenMP team) get threads // min(threads, legs) threads, so the total stays n_threads.
-            # Dynamic list scheduling: the legs in decreasing estimated cost (the order of
-            # plan_legs with one group) form a queue; the calling thread and min(threads, legs) - 1
-            # pooled workers each take the next leg when they finish their previous one. The costs
-            # are running means, but one query's BM25 time can be 5x its mean: a static split would
-            # then run the slow leg and another one in one thread while the other thread idles.
-            n_run = max(1, min(total, len(names)))
-            share = max(1, total // n_run)
-            queue = plan_legs(names, 1, self.leg_cost)[0]
-            taken = itertools.count()  # next() is atomic under the GIL: each leg runs exactly once
-            spent_by: dict[str, tuple[float, float]] = {}
-
-            def drain(worker: bool = True) -> None:
-                while True:
-                    i = next(taken)
-                    if i >= len(queue):
-                        return
-                    name = queue[i]
-                    if name in OMP_LEGS:
-                        with _omp_threads(share, restore=not worker):
-                            spent_by[name] = run_leg(name, share)
-                    else:
-                        spent_by[name] = run_leg(name, share)
-
-            futures = [_pool().submit(drain) for _ in range(n_run - 1)]
-            try:
-                drain(worker=False)
-            finally:
-                # the queue is empty (or this thread failed): a worker that has not started (the
-                # pool busy with another call's legs) has nothing to do; wait for the others,
-                # re-raising the first error
-                for f in futures:
-                    if not f.cancel():
-                        f.result()
-            spent = [spent_by[name] for name in names]
+        concurrent = self.concurrent_legs if concurrent_legs is None else bool(concurrent_legs)
+        if len(names) > 1 and total > 1 and concurrent:
+            spent = self._run_side_by_side(names, total, run_leg)
         else:
-            spent = [run_leg(name, n_threads) for name in names]
+            spent = []
+            for name in names:
+                if name in OMP_LEGS:
+                    with thread_limits(total):
+                        spent.append(run_leg(name, total))
+                else:
+                    spent.append(run_leg(name, total))
         if len(names) > 1 and nq:
             a = COST_SMOOTHING
             for name, (enc_ms, search_ms) in zip(names, spent):
@@ -277,7 +243,7 @@ class Engine:
         if len(names) == 1:
             name = names[0]
             ids, scores, n_found = per_leg[name]
-            ranks = _tie_ranks_rows(scores, n_found)
+            ranks = tie_ranks_rows(scores, n_found)
             legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
             fusion_cfg = None
         else:
@@ -286,20 +252,53 @@ class Engine:
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
         return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
 
+    def _run_side_by_side(self, names: list[str], total: int,
+                          run_leg: Callable[[str, int], tuple[float, float]]) -> list[tuple[float, float]]:
+        """Run the legs on ``min(total, legs)`` threads with dynamic list scheduling: the legs in
+        decreasing estimated cost (the order of :func:`plan_legs` with one group) form a queue;
+        the calling thread and pooled workers each take the next leg when they finish their
+        previous one (the costs are running means, but one query's BM25 time can be 5x its mean: a
+        static split would then run the slow leg and another one in one thread while the other
+        thread idles). Each leg's kernels (and FAISS's OpenMP team, and BLAS) get ``total // that``
+        threads, so the total stays ``total``. Returns each leg's (prepare ms, search ms) in
+        ``names`` order; re-raises the first error."""
+        n_run = max(1, min(total, len(names)))
+        share = max(1, total // n_run)
+        queue = plan_legs(names, 1, self.leg_cost)[0]
+        taken = itertools.count()  # next() is atomic under the GIL: each leg runs exactly once
+        spent_by: dict[str, tuple[float, float]] = {}
 
-def _tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
-    """:func:`tie_ranks` for every row at once (``_kernels.tie_ranks``): scores float32 (nq, k),
-    rows sorted descending, n_found int (nq,) → int32 (nq, k) 1-based ranks, equal scores sharing
-    the best position, 0 past n_found."""
-    return _kernels.tie_ranks(np.ascontiguousarray(scores, dtype=np.float32),
-                              np.ascontiguousarray(n_found, dtype=np.int32))
+        def drain(worker: bool = True) -> None:
+            while True:
+                i = next(taken)
+                if i >= len(queue):
+                    return
+                name = queue[i]
+                if name in OMP_LEGS:
+                    with thread_limits(share, restore=not worker):
+                        spent_by[name] = run_leg(name, share)
+                else:
+                    spent_by[name] = run_leg(name, share)
+
+        futures = [_pool().submit(drain) for _ in range(n_run - 1)]
+        try:
+            drain(worker=False)
+        finally:
+            # the queue is empty (or this thread failed): a worker that has not started (the
+            # pool busy with another call's legs) has nothing to do; wait for the others,
+            # re-raising the first error
+            for f in futures:
+                if not f.cancel():
+                    f.result()
+        return [spent_by[name] for name in names]
 
 
-def _scatter(res: tuple[np.ndarray, np.ndarray, np.ndarray], blank: np.ndarray, k: int):
+def _scatter(res: TopK, blank: np.ndarray, k: int) -> TopK:
+    """Rows of the non-blank queries placed back among all queries (blank ones: no hits)."""
     if not blank.any():
         return res
     nq = len(blank)
-    ids, scores, n_found = _empty(nq, k)
+    ids, scores, n_found = empty_topk(nq, k)
     live = ~blank
     ids[live], scores[live], n_found[live] = res
     return ids, scores, n_found

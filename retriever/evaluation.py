@@ -10,7 +10,7 @@ evaluator's own tie rule cannot reorder them.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -94,3 +94,42 @@ def evaluate(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping
     for name in measures:
         out[name] = float(sum(per_query[name].get(q, 0.0) for q in judged) / len(judged))
     return out
+
+
+def search_run(retriever: Any, queries: Mapping[str, str], *, mode: str, k: int = 100, fusion: Any = None,
+               depth: int | None = None, leg_params: Mapping[str, Mapping[str, Any]] | None = None,
+               n_threads: int | None = None) -> tuple[dict[str, dict[str, float]], Any]:
+    """Search every query with :meth:`retriever.Retriever.search_arrays`: the run and the result.
+
+    Args:
+        retriever: an open :class:`~retriever.Retriever`.
+        queries: ``{qid: text}`` (file order is kept).
+        mode, k, fusion, depth, leg_params, n_threads: as in ``search_arrays``.
+
+    Returns:
+        ``(run, result)``: the run ``{qid: {doc_id: score}}`` with strictly decreasing scores
+        (:func:`make_run`), the top-``k`` of each query in rank order, and the
+        :class:`~retriever.results.BatchResult` it came from (ordinals, fusion settings, timings).
+
+    Raises:
+        QueryError: as ``search_arrays`` (bad mode, k, fusion, depth, leg_params).
+    """
+    qids = list(queries)
+    res = retriever.search_arrays([queries[q] for q in qids], k=k, mode=mode, fusion=fusion, depth=depth,
+                                  leg_params=None if leg_params is None else {n: dict(p) for n, p in leg_params.items()},
+                                  n_threads=n_threads)
+    ids = retriever.reader.doc_ids()
+    docs = [ids[res.ids[i, :res.n_found[i]]].tolist() for i in range(len(qids))]
+    scores = [res.scores[i, :res.n_found[i]].tolist() for i in range(len(qids))]
+    return make_run(qids, docs, scores), res
+
+
+def evaluate_index(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], *,
+                   mode: str, k: int = 100, fusion: Any = None, depth: int | None = None,
+                   leg_params: Mapping[str, Mapping[str, Any]] | None = None, n_threads: int | None = None,
+                   metrics: Mapping[str, str] = DEFAULT_METRICS) -> dict[str, float]:
+    """:func:`search_run` then :func:`evaluate` over every query asked (what ``retriever eval``
+    prints, unrounded). Returns ``{metric: mean, "queries": judged queries evaluated}``."""
+    run, _ = search_run(retriever, queries, mode=mode, k=k, fusion=fusion, depth=depth, leg_params=leg_params,
+                     n_threads=n_threads)
+    return evaluate(run, qrels, metrics=metrics, qids=list(queries))

@@ -19,6 +19,7 @@ import numpy as np
 
 from retriever.index.errors import QueryError
 
+from . import _kernels
 from .results import LegArrays
 
 
@@ -71,27 +72,99 @@ def _check_weights(w: Mapping[str, float]) -> None:
             raise QueryError(f"fusion weight for leg {leg!r} is {v!r}; |weight| must be <= {MAX_FUSION_WEIGHT:g}")
 
 
-def parse_fusion(spec: "str | RRF | Linear | None") -> "RRF | Linear":
-    """``"rrf"`` / ``"linear"`` / ``"linear:zscore"`` / an object → fusion object.
+#: the fusion names :func:`parse_fusion` accepts (``linear`` optionally ``linear:<norm>``)
+FUSION_NAMES = ("rrf", "linear")
+
+
+def parse_weights(text: str) -> dict[str, float]:
+    """``"bm25=1,dense=1.5"`` → ``{"bm25": 1.0, "dense": 1.5}`` (the CLI's ``--weights``).
 
     Raises:
-        QueryError: unknown name.
+        QueryError: a part that is not ``leg=number`` (names the part), or a leg given twice.
+        Weight values are checked by :class:`RRF` / :class:`Linear`.
     """
-    if spec is None or spec == "rrf":
-        return RRF()
+    weights: dict[str, float] = {}
+    for part in text.split(","):
+        leg, sep, val = part.partition("=")
+        leg = leg.strip()
+        try:
+            w = float(val)
+        except ValueError:
+            w = None
+        if not sep or not leg or w is None:
+            raise QueryError(f"fusion weights: expected leg=number, got {part!r} in {text!r}")
+        if leg in weights:
+            raise QueryError(f"fusion weights: leg {leg!r} given twice in {text!r}")
+        weights[leg] = w
+    return weights
+
+
+def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, float] | str | None" = None,
+                 rrf_k: float | None = None) -> "RRF | Linear":
+    """The one fusion parser (library calls and the CLI's ``--fusion`` / ``--weights`` / ``--rrf-k``).
+
+    Args:
+        spec: ``None`` or ``"rrf"`` (RRF, k = 60), ``"linear"`` (min-max), ``"linear:minmax"``,
+            ``"linear:zscore"``, ``"linear:none"``, or an :class:`RRF` / :class:`Linear` object
+            (returned as it is).
+        weights: per-leg weights for a named fusion: a mapping or ``"leg=number,..."``
+            (:func:`parse_weights`); default 1.0 per leg.
+        rrf_k: the RRF constant for ``"rrf"`` (default 60).
+
+    Returns:
+        an :class:`RRF` or :class:`Linear`.
+
+    Raises:
+        QueryError: an unknown name or normalisation (names it and the valid ones), bad weights,
+            ``rrf_k`` with a linear fusion, or ``weights`` / ``rrf_k`` next to a fusion object
+            (set them on the object instead).
+    """
     if isinstance(spec, (RRF, Linear)):
+        if weights is not None or rrf_k is not None:
+            raise QueryError(f"fusion {spec!r} is an object: set its weights and k on it, not as separate arguments")
         return spec
-    if isinstance(spec, str) and spec.startswith("linear"):
-        _, _, norm = spec.partition(":")
-        return Linear(norm=norm or "minmax")
-    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:minmax|zscore|none]'")
+    if spec is None:
+        spec = "rrf"
+    if not isinstance(spec, str):
+        raise QueryError(f"fusion must be a name or an RRF / Linear object, got {type(spec).__name__}")
+    w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
+    name, sep, norm = spec.partition(":")
+    if name == "rrf" and not sep:
+        return RRF(weights=w) if rrf_k is None else RRF(k=rrf_k, weights=w)
+    if name == "linear":
+        if rrf_k is not None:
+            raise QueryError(f"rrf_k={rrf_k!r} given with fusion {spec!r}; the RRF constant applies to 'rrf' only")
+        if sep and norm not in NORMALISERS:
+            raise QueryError(f"unknown normalisation {norm!r} in fusion {spec!r}; expected one of {', '.join(NORMALISERS)}")
+        return Linear(norm=norm or "minmax", weights=w)
+    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:{'|'.join(NORMALISERS)}]'")
+
+
+def tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
+    """The one tie-rank rule (fusion, hits' per-leg ranks): 1-based competition ranks of sorted rows.
+
+    Args:
+        scores: float32 (nq, k), each row sorted descending (converted to C-contiguous float32
+            if needed; padding after ``n_found`` is ignored).
+        n_found: int (nq,) valid entries per row (clipped to [0, k]).
+
+    Returns:
+        int32 (nq, k): ``ranks[q, j]`` = 1 + the first position of row ``q`` holding
+        ``scores[q, j]``, so exactly equal scores share the best of their positions (an arbitrary
+        tie order never adds signal); 0 at and after ``n_found[q]``. Computed by the compiled
+        kernel ``retriever._kernels.tie_ranks`` (one pass per row).
+
+    Raises:
+        ValueError: ``scores`` not 2-D or ``len(n_found) != scores.shape[0]``.
+    """
+    return _kernels.tie_ranks(np.ascontiguousarray(scores, dtype=np.float32),
+                              np.ascontiguousarray(n_found, dtype=np.int32))
 
 
 def tie_ranks(scores: np.ndarray, n: int) -> np.ndarray:
-    """1-based ranks of a descending score list where equal scores share the best position."""
-    s = scores[:n]
-    neg = -s.astype(np.float64)
-    return (np.searchsorted(neg, neg, side="left") + 1).astype(np.int32)
+    """:func:`tie_ranks_rows` of one descending score list: int32 (n,) ranks of ``scores[:n]``."""
+    s = np.asarray(scores, dtype=np.float32)[:n]
+    return tie_ranks_rows(s[None, :], np.array([len(s)], np.int32))[0]
 
 
 def _minmax(s: np.ndarray) -> np.ndarray:
@@ -153,14 +226,15 @@ def _fuse_rrf_compiled(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarr
     scores = np.concatenate([p[1] for p in parts], axis=1, dtype=np.float32, casting="unsafe")
     # each leg's count, clipped to the leg's width in the kernel as the loop's slices are
     n_found = np.array([p[2] for p in parts], np.int64).reshape(n_legs, nq)
+    ranks = np.concatenate([tie_ranks_rows(p[1], p[2]) for p in parts], axis=1)
     weights = np.array([float(fusion.weights.get(n, 1.0)) for n in names], np.float64)
     out_ids = np.empty((nq, k), dtype=np.int64)  # the kernel writes every element
     out_scores = np.empty((nq, k), dtype=np.float32)
     out_n = np.empty(nq, dtype=np.int32)
     leg_scores = np.empty((n_legs, nq, k), dtype=np.float32)
     leg_ranks = np.empty((n_legs, nq, k), dtype=np.int32)
-    rrf_fuse_rows(ids, scores, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores, out_n,
-                  leg_scores, leg_ranks)
+    rrf_fuse_rows(ids, scores, ranks, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores,
+                  out_n, leg_scores, leg_ranks)
     return out_ids, out_scores, out_n, {n: LegArrays(leg_scores[i], leg_ranks[i]) for i, n in enumerate(names)}
 
 
@@ -178,13 +252,14 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
     weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
     rrf = isinstance(fusion, RRF)
     norm = None if rrf else NORMALISERS[fusion.norm]
+    rank_rows = {n: tie_ranks_rows(legs[n][1], legs[n][2]) for n in names}
     for q in range(nq):
         seg_ids, seg_contrib, seg_scores, seg_ranks = [], [], [], []
         for n in names:
             ids, scores, nf = legs[n]
             m = int(nf[q])
             srow = scores[q, :m]
-            ranks = tie_ranks(srow, m)
+            ranks = rank_rows[n][q, :len(srow)]
             if rrf:
                 c = weights[n] / (fusion.k + ranks)
             else:

@@ -2,8 +2,9 @@
 :func:`retriever.fusion.fuse` for :class:`~retriever.fusion.RRF`.
 
 Same arithmetic as the numpy reference loop in :mod:`retriever.fusion`, operation for operation, so
-the outputs are bit-identical (tested in ``tests/test_fusion.py``): a leg's rank is 1 + the first
-position of its score in the (descending) row; a candidate's contribution is
+the outputs are bit-identical (tested in ``tests/test_fusion.py``): a leg's ranks come in from
+:func:`retriever.fusion.tie_ranks_rows` (the one tie rule: 1 + the first position of its score in
+the descending row); a candidate's contribution is
 ``weight / (k + rank)`` in float64; a document's fused score is the float64 sum of its
 contributions in leg order (then position order), starting from 0.0 — the order ``np.bincount``
 adds them in; the top k are ordered by fused score descending, ties by smaller ordinal, and the
@@ -18,7 +19,7 @@ import numpy as np
 
 
 @nb.njit(cache=True, nogil=True)
-def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, n_found: np.ndarray, leg_start: np.ndarray,
+def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, ranks: np.ndarray, n_found: np.ndarray, leg_start: np.ndarray,
                   weights: np.ndarray, rrf_k: float, k: int, out_ids: np.ndarray, out_scores: np.ndarray,
                   out_n: np.ndarray, leg_scores: np.ndarray, leg_ranks: np.ndarray) -> None:
     """RRF over every query of a batch, writing into preallocated outputs.
@@ -27,6 +28,8 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, n_found: np.ndarray, leg_
         ids: int64 (nq, D) every leg's candidate ids side by side (leg l in columns
             ``leg_start[l]:leg_start[l+1]``), global ordinals.
         scores: float32 (nq, D) their leg scores, each leg's row sorted descending.
+        ranks: int32 (nq, D) each candidate's rank in its leg, by the one tie rule
+            (:func:`retriever.fusion.tie_ranks_rows`, leg by leg).
         n_found: int (L, nq) valid candidates of leg l in row q (a prefix of its columns; clipped
             to [0, the leg's width] here).
         leg_start: int64 (L + 1,) column offsets of the legs.
@@ -67,10 +70,8 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, n_found: np.ndarray, leg_
             c0 = leg_start[leg]
             m = min(max(n_found[leg, q], 0), leg_start[leg + 1] - c0)  # clipped to the leg's width
             w = weights[leg]
-            r = 1
             for j in range(m):
-                if j > 0 and scores[q, c0 + j] != scores[q, c0 + j - 1]:
-                    r = j + 1
+                r = ranks[q, c0 + j]
                 d = ids[q, c0 + j]
                 h = (d * 2654435761) & mask
                 while table[h] >= 0 and uniq[table[h]] != d:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
 
 
-@dataclass(frozen=True, slots=True)
-class LegHit:
-    """One leg's view of a hit.
+class LegHit(NamedTuple):
+    """One leg's view of a hit (an immutable named tuple).
 
     Attributes:
         score: the leg's raw score (BM25 score, impact dot product, inner product).
@@ -22,9 +21,8 @@ class LegHit:
     rank: int
 
 
-@dataclass(frozen=True, slots=True)
-class Hit:
-    """One search result.
+class Hit(NamedTuple):
+    """One search result (an immutable named tuple: cheap to make, a few thousand per batch).
 
     Attributes:
         id: document id from the corpus.
@@ -72,7 +70,7 @@ class BatchResult:
             and ``search`` are summed over the legs, also when they ran side by side) and, for
             several legs, ``leg:<name>`` (that leg's encode + search wall time). BM25 query
             analysis counts as ``search`` where it runs in one compiled pass with the scoring
-            (``BM25Leg.search_texts``: a batch of 16 or more queries on a one-shard index scored
+            (``BM25Leg.prepare`` plans it for a batch of 16 or more queries on a one-shard index scored
             exhaustively).
     """
 

@@ -109,6 +109,40 @@ class IndexReader:
                                        f"run 'retriever index verify'") from None
         return out
 
+    def fetch_batch(self, ordinals: np.ndarray) -> dict[str, list[Any]]:
+        """Stored fields of many documents at once (one Arrow ``take`` per shard).
+
+        Args:
+            ordinals: int64 global ordinals (flattened), each in ``[0, n_docs)``.
+
+        Returns:
+            ``{"id": [str], "title": [str], "text": [str], "metadata": [dict]}`` aligned with
+            ``ordinals``.
+
+        Raises:
+            IndexFormatError: a corrupted row (names the file).
+        """
+        ords = np.asarray(ordinals, dtype=np.int64).reshape(-1)
+        out: dict[str, list[Any]] = {"id": [None] * len(ords), "title": [None] * len(ords),
+                                     "text": [None] * len(ords), "metadata": [None] * len(ords)}
+        if not len(ords):
+            return out
+        sh, rows = self.locate(ords)
+        for s in np.unique(sh).tolist():
+            pos = np.flatnonzero(sh == s)
+            t = self.shards[s].docs.take(rows[pos])
+            try:
+                cols = {c: t.column(c).to_pylist() for c in ("id", "title", "text")}
+                cols["metadata"] = [json.loads(m) if m else {} for m in t.column("metadata").to_pylist()]
+            except (UnicodeDecodeError, ValueError, pa.ArrowException) as e:
+                raise IndexFormatError(f"{self.shards[s].dir / 'docs.arrow'}: rows are corrupted ({e}); "
+                                       f"run 'retriever index verify'") from None
+            for key, vals in cols.items():
+                dst = out[key]
+                for p, v in zip(pos.tolist(), vals):
+                    dst[p] = v
+        return out
+
     def shard_arrays(self, shard: Shard, name: str, expected: dict[str, Any]) -> dict[str, np.ndarray]:
         """Arrays of one Arrow file of ``shard`` (zero-copy read-only views, see :func:`retriever.index.format.read_arrays`), checked against ``expected`` (column name -> dtype); raises IndexFormatError naming the file and column."""
         return read_arrays(shard.dir / name, expected)

@@ -46,15 +46,6 @@ def test_bench_cli_text_batches(bm25_index, queries_tsv, capsys):
     assert "bm25" in out and "recall@5" in out and "bm25=1.0000" in out
 
 
-def test_recall_at_k():
-    from retriever.bench import recall_at_k
-
-    exact = np.array([[1, 2, 3], [4, 5, -1], [-1, -1, -1]])
-    got = np.array([[3, 2, 9], [4, 5, -1], [-1, -1, -1]])
-    assert recall_at_k(got, exact, 3) == pytest.approx((2 / 3 + 1.0) / 2)
-    assert recall_at_k(exact, exact, 2) == 1.0
-
-
 def _unit(rng, n, d):
     v = rng.standard_normal((n, d)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True)
@@ -285,10 +276,10 @@ def test_omp_threads_worker_cache_and_restore():
     import threading
 
     faiss = pytest.importorskip("faiss")
-    import retriever.engine as engine
+    import retriever.threads as threads
 
     before = faiss.omp_get_max_threads()
-    with engine._omp_threads(1):
+    with threads.omp_threads(1):
         assert faiss.omp_get_max_threads() == 1
     assert faiss.omp_get_max_threads() == before
     calls = []
@@ -302,7 +293,7 @@ def test_omp_threads_worker_cache_and_restore():
 
     def worker():
         for _ in range(3):
-            ctx = engine._omp_threads(1, restore=False)
+            ctx = threads.omp_threads(1, restore=False)
             ctx.faiss = Spy()
             with ctx:
                 assert faiss.omp_get_max_threads() == 1
@@ -364,3 +355,29 @@ def test_run_fresh_section_in_child_process(tmp_path):
     assert run.main(["--child-section", "encode", "--quick", "--child-out", str(out)]) == 0
     child = __import__("json").loads(out.read_text())
     assert child["n_queries"] == 20 and set(child["models"]) == set(res["models"])
+
+
+def test_exact_search_is_the_engines_exhaustive_search(tmp_path, small_corpus):
+    """exact_search goes through search_arrays with each leg's exhaustive mode: on an IVF index
+    the dense reference equals a brute-force inner product (not the IVF's own approximate lists),
+    BM25's equals the default algorithm's, and the fused list is the hybrid search of those legs."""
+    from retriever import DenseConfig, Retriever, build_index
+    from retriever.bench import EXACT_LEG_PARAMS, exact_search
+
+    rng = np.random.default_rng(7)
+    vecs = _unit(rng, len(small_corpus), 16)
+    build_index(small_corpus, tmp_path / "ivf", legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False,
+                dense=DenseConfig(dtype="float32", faiss_factory="IVF8,Flat"))
+    r = Retriever.open(tmp_path / "ivf", n_threads=1)
+    qv = _unit(rng, len(QUERIES), 16)
+    ex = exact_search(r, QUERIES, k=10, mode="hybrid", query_vectors=qv)
+    s = qv @ vecs.T
+    brute = np.array([np.lexsort((np.arange(len(row)), -row))[:10] for row in s])
+    np.testing.assert_array_equal(ex["dense"], brute)
+    own = r.search_arrays(QUERIES, 10, mode="dense", query_vectors=qv, leg_params={"dense": {"nprobe": 1}}).ids
+    assert not np.array_equal(own, brute)  # the index's own search at nprobe 1 is approximate here
+    np.testing.assert_array_equal(ex["bm25"], r.search_arrays(QUERIES, 10, mode="bm25").ids)
+    fused = r.search_arrays(QUERIES, 10, mode="hybrid", query_vectors=qv,
+                            leg_params={n: dict(EXACT_LEG_PARAMS[n]) for n in ("bm25", "dense")}).ids
+    np.testing.assert_array_equal(ex["fused"], fused)
+    assert set(ex) == {"bm25", "dense", "fused"}

@@ -15,6 +15,9 @@ import pytest
 from conftest import ROOT, random_corpus
 from retriever.index.analyzer import Analyzer
 from retriever import BM25Params, BuildConfig, Retriever, build_index
+from retriever.legs.base import SearchContext
+from retriever.legs.bm25 import BM25Prepared
+from retriever.params import BM25SearchParams
 
 
 def lucene_len(dl: int) -> int:
@@ -197,16 +200,35 @@ def test_query_terms_compiled_equals_loop_across_calls(bm25_index):
     assert leg._table.n > 0 and (leg._slot == -1).all()
 
 
+def _leg_search(leg, prep, depth, n_threads, allow=None):
+    """Every shard of the leg through the protocol (``search_shard``), one result per shard."""
+    ctx = SearchContext(depth=depth, n_threads=n_threads, allow=allow)
+    return [leg.search_shard(prep, s, ctx) for s in range(leg.n_shards)]
+
+
 def _fused_vs_two_step(leg, qs, depth, n_threads, allow=None):
-    """search_texts (one compiled pass) must equal query_terms + search bit for bit."""
-    got = leg.search_texts(qs, depth, n_threads, allow=allow)
-    assert got is not None
-    want = leg.search(leg.query_terms(qs, n_threads), depth, n_threads, allow=allow)
+    """The fused pass (one compiled pass) must equal query_terms + the kernel bit for bit."""
+    prep = leg.prepare(qs, BM25SearchParams(), n_threads)
+    assert prep.utf8 is not None and prep.batch is None  # the fused pass is planned
+    got = _leg_search(leg, prep, depth, n_threads, allow)
+    two = BM25Prepared(qs, "auto", leg.kernel_shards, leg.query_terms(qs, n_threads), None)
+    want = _leg_search(leg, two, depth, n_threads, allow)
     assert len(got) == len(want) == 1
     for a, b in zip(got[0], want[0]):
         assert a.dtype == b.dtype
         np.testing.assert_array_equal(a, b)
     return got[0]
+
+
+def _prepared(leg, qs, batch, algorithm, **k1b):
+    """A prepared batch of an already analysed ``batch`` (no fused pass)."""
+    p = BM25SearchParams(algorithm=algorithm, **k1b)
+    scoring = leg.kernel_shards if not k1b else leg._scoring(*p.resolve(leg.params))
+    return BM25Prepared(qs, algorithm, scoring, batch, None)
+
+
+def _fused(leg, qs, n_threads, **params):
+    return leg.prepare(qs, BM25SearchParams(**params), n_threads).utf8 is not None
 
 
 @pytest.mark.parametrize("n_threads", [1, 3])
@@ -225,7 +247,7 @@ def test_search_texts_equals_query_terms_then_search(bm25_index, n_threads):
     rng = random.Random(11)
     first = [" ".join(rng.choice(words) for _ in range(rng.randint(0, 10))) for _ in range(20)]
     if leg._table is None or leg._table.n == 0:
-        assert leg.search_texts(first, 10, n_threads) is None  # nothing to read yet
+        assert not _fused(leg, first, n_threads)  # nothing to read yet
     leg.query_terms(first, n_threads)
     allow = np.zeros(leg.N, dtype=np.uint8)
     allow[::3] = 1
@@ -242,10 +264,11 @@ def test_search_texts_equals_query_terms_then_search(bm25_index, n_threads):
     np.testing.assert_array_equal(got.ids, exh.ids)
     np.testing.assert_array_equal(got.scores, exh.scores)
     # where the fused path does not apply it says so
-    assert leg.search_texts(qs[:3], 10, n_threads) is None  # a small batch
-    assert leg.search_texts(qs, 10, n_threads, algorithm="maxscore") is None
-    assert leg.search_texts(qs, 10, n_threads, k1=1.2) is None
-    assert leg.search_texts(qs[:-1] + ["lone \udc80 surrogate"], 10, n_threads) is None
+    assert _fused(leg, qs, n_threads)
+    assert not _fused(leg, qs[:3], n_threads)  # a small batch
+    assert not _fused(leg, qs, n_threads, algorithm="maxscore")
+    assert not _fused(leg, qs, n_threads, k1=1.2)
+    assert not _fused(leg, qs[:-1] + ["lone \udc80 surrogate"], n_threads)
 
 
 def test_search_texts_multi_shard_declines(tmp_path, small_corpus):
@@ -253,7 +276,7 @@ def test_search_texts_multi_shard_declines(tmp_path, small_corpus):
     build_index(small_corpus, tmp_path / "s", legs=("bm25",), shard_size=64, show_progress=False)
     leg = Retriever.open(tmp_path / "s").engine.legs["bm25"]
     leg.query_terms(QUERIES * 5)
-    assert leg.search_texts(QUERIES * 5, 10, 1) is None
+    assert leg.n_shards > 1 and not _fused(leg, QUERIES * 5, 1)
 
 
 def test_search_texts_concurrent_with_new_tokens(bm25_index):
@@ -418,9 +441,9 @@ def test_safe_initial_threshold_identical_to_exhaustive(tmp_path, shard_size):
     for depth in (1, 7, 100, 2999, 5000):
         for params in ({}, {"k1": 1.7, "b": 1.0}, {"k1": 0.0, "b": 0.0}):
             for allow in allows:
-                ref = leg.search(batch, depth, 1, allow=allow, algorithm="exhaustive", **params)
+                ref = _leg_search(leg, _prepared(leg, queries, batch, "exhaustive", **params), depth, 1, allow)
                 for algo in ("maxscore", "bmw", "bmm", "auto"):
-                    got = leg.search(batch, depth, 2, allow=allow, algorithm=algo, **params)
+                    got = _leg_search(leg, _prepared(leg, queries, batch, algo, **params), depth, 2, allow)
                     for (ri, rs, rn), (gi, gs, gn) in zip(ref, got):
                         np.testing.assert_array_equal(gi, ri)
                         np.testing.assert_array_equal(gs.view(np.uint32), rs.view(np.uint32))

@@ -106,24 +106,29 @@ def test_parse_fusion_errors():
         RRF(weights={"bm25": float("nan")})
 
 
-def test_batch_tie_ranks_equal_per_row_tie_ranks():
-    """The engine's vectorised rank assignment equals tie_ranks row by row (ties, padding)."""
-    from retriever.engine import _tie_ranks_rows
-    from retriever.fusion import tie_ranks
+def test_tie_ranks_rows_competition_ranks():
+    """The one tie rule on whole batches (ties, -inf padding, n_found past the width or negative)
+    against a search-sorted oracle; the one-row helper is the same rule."""
+    from retriever.fusion import tie_ranks_rows
 
     rng = np.random.default_rng(0)
     for _ in range(200):
         nq, k = int(rng.integers(0, 5)), int(rng.integers(1, 12))
         s = -np.sort(-rng.choice(np.array([1, 2, 2.5, 3], np.float32), (nq, k)), axis=1)
-        nf = rng.integers(0, k + 1, nq).astype(np.int32)
+        nf = rng.integers(-1, k + 2, nq).astype(np.int32)
         for q in range(nq):
-            s[q, nf[q]:] = -np.inf
-        got = _tie_ranks_rows(s, nf)
+            s[q, max(nf[q], 0):] = -np.inf
+        got = tie_ranks_rows(s, nf)
         assert got.dtype == np.int32 and got.shape == (nq, k)
         for q in range(nq):
+            n = min(max(int(nf[q]), 0), k)
+            neg = -s[q, :n].astype(np.float64)
             want = np.zeros(k, np.int32)
-            want[:nf[q]] = tie_ranks(s[q], int(nf[q]))
+            want[:n] = np.searchsorted(neg, neg, side="left") + 1
             np.testing.assert_array_equal(got[q], want)
+            np.testing.assert_array_equal(tie_ranks(s[q], n), want[:n])
+    with pytest.raises(ValueError):
+        tie_ranks_rows(np.zeros((2, 3), np.float32), np.zeros(3, np.int32))
 
 
 def _fuse_reference(legs, k, fusion):
@@ -275,3 +280,34 @@ def test_fusion_to_dict_is_exact():
     assert RRF(k=30, weights={"bm25": 2.0}).to_dict() == {"method": "rrf", "k": 30, "weights": {"bm25": 2.0}}
     assert Linear(norm="zscore").to_dict() == {"method": "linear", "norm": "zscore", "weights": {}}
     assert parse_fusion("linear:none").to_dict()["method"] == "linear"
+
+
+def test_parse_fusion_one_parser_for_library_and_cli(bm25_index, capsys):
+    """Names, weights (mapping or "leg=number" text) and the RRF k through the one parser; the
+    CLI's --fusion/--weights/--rrf-k land on the same objects and errors."""
+    import argparse
+
+    from retriever.cli import _fusion, main
+    from retriever.fusion import parse_weights
+
+    assert parse_fusion(None) == RRF() == parse_fusion("rrf")
+    assert parse_fusion("linear") == Linear("minmax")
+    assert parse_fusion("linear:none", weights="bm25=2, dense=0.5") == Linear("none", {"bm25": 2.0, "dense": 0.5})
+    assert parse_fusion("rrf", weights={"bm25": 3}, rrf_k=10.0) == RRF(10.0, {"bm25": 3})
+    obj = Linear("zscore", {"dense": 2.0})
+    assert parse_fusion(obj) is obj
+    assert parse_weights("bm25=1,dense=1.5") == {"bm25": 1.0, "dense": 1.5}
+    for spec, kw, match in [("linearx", {}, "unknown fusion 'linearx'"), ("rrf:zscore", {}, "unknown fusion"),
+                            ("linear:softmax", {}, "unknown normalisation 'softmax'"),
+                            ("linear", {"rrf_k": 5.0}, "applies to 'rrf' only"),
+                            (obj, {"weights": "bm25=1"}, "is an object"), (7, {}, "got int"),
+                            ("rrf", {"weights": "bm25"}, "expected leg=number, got 'bm25'"),
+                            ("rrf", {"weights": "bm25=1,bm25=2"}, "given twice"),
+                            ("rrf", {"weights": "=1"}, "expected leg=number")]:
+        with pytest.raises(QueryError, match=match):
+            parse_fusion(spec, **kw)
+    ns = argparse.Namespace(fusion="linear:zscore", weights="bm25=2", rrf_k=None)
+    assert _fusion(ns) == Linear("zscore", {"bm25": 2.0})
+    assert _fusion(argparse.Namespace(fusion="rrf", weights=None, rrf_k=20.0)) == RRF(20.0)
+    rc = main(["search", str(bm25_index), "vitamin", "--mode", "bm25", "--fusion", "linear", "--rrf-k", "5"])
+    assert rc == 1 and "applies to 'rrf' only" in capsys.readouterr().err

@@ -140,8 +140,8 @@ def test_concurrent_legs_same_results(dense_idx, monkeypatch):
     v = np.random.default_rng(2).standard_normal((len(qs), 16)).astype(np.float32)
     got = {}
     for concurrent in (False, True):
-        monkeypatch.setattr(engine, "CONCURRENT_LEGS", concurrent)
-        got[concurrent] = r.search_arrays(qs, k=5, mode="hybrid", query_vectors=v, n_threads=2)
+        got[concurrent] = r.search_arrays(qs, k=5, mode="hybrid", query_vectors=v, n_threads=2,
+                                          concurrent_legs=concurrent)
     a, b = got[False], got[True]
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
     assert np.array_equal(a.n_found, b.n_found) and a.n_found.max() > 0

@@ -10,7 +10,7 @@ import pytest
 from retriever.index.errors import ConfigError, QueryError
 from retriever.index.matryoshka import build_vector_index
 from retriever import Retriever, _kernels
-from retriever.funnel import recall_at_k
+from retriever.metrics import recall_at_k
 from retriever.int8scan import BLOCK_DOCS, int8_scan, quantize_prefix, quantize_queries
 
 IMPLS = ["portable"] + (["vnni"] if _kernels.int8_scan_has_vnni() else [])
@@ -205,7 +205,11 @@ def test_int8_funnel_batch_single_and_threads_agree(idx, queries):
         one = search(idx, queries[i:i + 1], 10, dim=8, shortlist=30, scan_dtype="int8")
         np.testing.assert_array_equal(one.ids[0], batch.ids[i])
         np.testing.assert_array_equal(one.scores[0], batch.scores[i])
-    parts = [leg.search(queries, 10, n_threads=t, dim=8, shortlist=30, scan_dtype="int8") for t in (1, 2, 4)]
+    from retriever.legs.base import SearchContext
+    from retriever.params import DenseSearchParams
+
+    prep = leg.prepare_vectors(queries, DenseSearchParams(dim=8, shortlist=30, scan_dtype="int8"))
+    parts = [[leg.search_shard(prep, s, SearchContext(10, t)) for s in range(leg.n_shards)] for t in (1, 2, 4)]
     for p in parts[1:]:
         for (a_ids, a_s, a_n), (b_ids, b_s, b_n) in zip(parts[0], p):
             np.testing.assert_array_equal(a_ids, b_ids)

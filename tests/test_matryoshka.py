@@ -15,7 +15,8 @@ from retriever.index.errors import ConfigError, QueryError
 from retriever.index.matryoshka import (ROTATION_FILE, build_vector_index, check_dims, fit_pca_rotation, prefix_normalize,
                               to_storage)
 from retriever import Retriever, build_index
-from retriever.funnel import choose_prefix_dim, recall_at_k
+from retriever.funnel import choose_prefix_dim
+from retriever.metrics import recall_at_k
 
 D = 48
 

@@ -275,10 +275,10 @@ def test_concurrent_legs_identical_to_sequential(tmp_path, monkeypatch):
         return (res.ids.tolist(), res.scores.tolist(),
                 {n: (np.nan_to_num(la.scores, nan=-1.0).tolist(), la.ranks.tolist()) for n, la in res.legs.items()})
 
-    monkeypatch.setattr(engine, "CONCURRENT_LEGS", False)
+    r.engine.concurrent_legs = False
     seq_batch = run(0, nq, 1)
     seq_one = [run(i, i + 1, 1) for i in range(nq)]
-    monkeypatch.setattr(engine, "CONCURRENT_LEGS", True)
+    r.engine.concurrent_legs = True
     assert run(0, nq, 2) == seq_batch and run(0, nq, 3) == seq_batch
     assert [run(i, i + 1, 2) for i in range(nq)] == seq_one
     assert set(r.engine.leg_cost) == {"bm25", "dense", "sparse"}
@@ -315,13 +315,11 @@ def test_concurrent_legs_dynamic_queue(tmp_path, monkeypatch):
     r = Retriever.open(tmp_path / "ix", n_threads=2)
     qv = rng.standard_normal((1, 8)).astype(np.float32)
     qsv = [(np.array([1, 5, 9], np.uint32), np.array([1.0, 0.5, 0.25], np.float32))]
-    monkeypatch.setattr(engine, "CONCURRENT_LEGS", False)
-    want = r.search_arrays(["bone cell"], 10, query_vectors=qv, sparse_vectors=qsv)
-    monkeypatch.setattr(engine, "CONCURRENT_LEGS", True)
+    want = r.search_arrays(["bone cell"], 10, query_vectors=qv, sparse_vectors=qsv, concurrent_legs=False)
     dense_done = threading.Event()
     calls: list[tuple[str, str]] = []
     for name, leg in r.engine.legs.items():
-        def wrapped(*a, _orig=leg.search, _name=name, **kw):
+        def wrapped(*a, _orig=leg.search_shard, _name=name, **kw):
             calls.append((_name, threading.current_thread().name))
             if _name == "bm25":
                 assert dense_done.wait(timeout=20), "dense was queued behind the long bm25 leg"
@@ -329,7 +327,7 @@ def test_concurrent_legs_dynamic_queue(tmp_path, monkeypatch):
             if _name == "dense":
                 dense_done.set()
             return out
-        monkeypatch.setattr(leg, "search", wrapped)
+        monkeypatch.setattr(leg, "search_shard", wrapped)
     r.engine.leg_cost = {"sparse": 3.0, "bm25": 1.4, "dense": 1.2}  # queue: sparse, bm25, dense
     got = r.search_arrays(["bone cell"], 10, query_vectors=qv, sparse_vectors=qsv, n_threads=2)
     assert sorted(n for n, _ in calls) == ["bm25", "dense", "sparse"]

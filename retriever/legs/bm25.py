@@ -11,25 +11,26 @@ otherwise the exact length. avgdl is always the exact mean length.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import Counter, OrderedDict
 from contextlib import contextmanager
-from typing import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from retriever.index.analyzer import Analyzer
+from retriever.index.errors import IndexFormatError, QueryError
 from retriever.index.format import read_table
 
 from .. import _kernels
-from ..shards import IndexReader
+from ..params import BM25_ALGORITHMS, BM25SearchParams
+from ..shards import IndexReader, Shard
+from ..stats import BM25Stats
+from .base import SearchContext, TopK
 
 BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
-
-
-#: the exact top-k algorithms of the BM25 kernel (all return identical ids and scores)
-BM25_ALGORITHMS = ("auto", "exhaustive", "maxscore", "bmw", "bmm")
+__all__ = ["BM25Leg", "BM25Prepared", "BM25_ALGORITHMS", "lucene_norm_length", "score_postings"]
 
 
 def _long_to_int4(i: np.ndarray) -> np.ndarray:
@@ -61,16 +62,25 @@ def lucene_norm_length(dl: np.ndarray) -> np.ndarray:
 
 
 class BM25Leg:
-    """The BM25 leg of an opened index.
+    """The BM25 leg of an opened index (the leg protocol of :mod:`retriever.legs.base`).
 
     Args:
         reader: the opened index.
-        n_threads: default worker threads for batches (``None`` = all cores).
+        shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
+        stats: corpus-wide statistics (N, df, sum of lengths) to score with; default: combined
+            from the held shards (:meth:`BM25Stats.combine`), which equals the whole index's when
+            every shard is held. A process holding a subset of the shards passes the whole
+            index's statistics here, so its scores equal a one-process search's.
+
+    Raises:
+        IndexFormatError: inconsistent vocabulary, postings or statistics (names the file).
     """
 
     name = "bm25"
+    Params = BM25SearchParams
 
-    def __init__(self, reader: IndexReader) -> None:
+    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None,
+                 stats: BM25Stats | None = None) -> None:
         cfg = reader.config
         self.params = cfg.bm25
         self.analyzer = Analyzer(cfg.analyzer)
@@ -80,38 +90,33 @@ class BM25Leg:
         if reader.manifest["stats"].get("n_terms", n_terms) != n_terms:
             raise _fmt_error(reader.path / "vocab.arrow", f"has {n_terms} terms, manifest says "
                              f"{reader.manifest['stats'].get('n_terms')}")
-        df = np.zeros(n_terms, dtype=np.int64)
+        self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
+        self.n_shards = len(self.shard_ids)
         self.shards = []
-        sum_dl = 0
-        lens = []
-        for s in reader.shards:
-            a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
-            t_s = len(a["offsets"]) - 1
-            if t_s != s.entry.get("n_terms", t_s) or len(a["doc_ids"]) != s.entry.get("nnz", len(a["doc_ids"])):
-                raise _fmt_error(s.dir / "bm25.arrow", f"has {t_s} terms / {len(a['doc_ids'])} postings, manifest "
-                                 f"says {s.entry.get('n_terms')} / {s.entry.get('nnz')}")
-            if t_s > n_terms or len(a["doc_len"]) != s.rows:
-                raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
-            try:
-                _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
-            except ValueError as e:
-                raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
-            if len(a["tfs"]) != len(a["doc_ids"]):
-                raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
-            df[:t_s] += np.diff(a["offsets"]).astype(np.int64)
-            sum_dl += int(a["doc_len"].sum(dtype=np.int64))
-            lens.append(a["doc_len"])
+        parts = []
+        for sid in self.shard_ids:
+            s = reader.shards[sid]
+            a = load_bm25_arrays(reader, s, n_terms)
+            parts.append(BM25Stats.of_shard(a["offsets"], a["doc_len"], n_terms))
             self.shards.append((s, a))
-        self.N = reader.n_docs
-        self.avgdl = sum_dl / self.N if self.N else 0.0
-        self.df = df
-        self.idf = np.log1p((self.N - df + 0.5) / (df + 0.5)).astype(np.float32)
+        if stats is None:
+            stats = BM25Stats.combine(parts, n_terms)
+        elif len(stats.df) != n_terms:
+            raise QueryError(f"bm25 statistics cover {len(stats.df)} terms, the index has {n_terms}")
+        self.stats = stats
+        self.N = stats.n_docs
+        self.avgdl = stats.avgdl
+        self.df = stats.df
+        self.idf = stats.idf()
         self._idf_list: list[float] = self.idf.tolist()
         self._token_ids: dict[str, int] = {}
         self._table = None  # compiled query path: token -> term id table, made on first use
         self._char_args: tuple | None = None  # its character tables (flags, fold_n, fold_cp, ascii fold, lowercase)
         self._slot: np.ndarray | None = None
         self._table_lock = _ReadWriteLock()  # the table grows in place: readers share, a writer is alone
+        # the LRU caches below (scoring states per (k1, b), single-term thresholds per depth) are
+        # shared by concurrent searches: every get / move_to_end / insert / evict holds this lock
+        self._cache_lock = threading.Lock()
         self._dl = []
         for (s, a) in self.shards:
             dl = a["doc_len"].astype(np.int64)
@@ -171,10 +176,11 @@ class BM25Leg:
         key = (float(k1), float(b))
         if getattr(self, "kernel_shards", None) is not None and key == (float(self.params.k1), float(self.params.b)):
             return self.kernel_shards
-        hit = self._scoring_cache.get(key)
-        if hit is not None:
-            self._scoring_cache.move_to_end(key)
-            return hit
+        with self._cache_lock:
+            hit = self._scoring_cache.get(key)
+            if hit is not None:
+                self._scoring_cache.move_to_end(key)
+                return hit
         out = []
         avg = self.avgdl if self.avgdl > 0 else 1.0
         for (s, a), dl, dense in zip(self.shards, self._dl, self._dense):
@@ -188,14 +194,85 @@ class BM25Leg:
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
                         "kth": OrderedDict(), "kth_ok": None})
         if getattr(self, "kernel_shards", None) is not None:
-            self._scoring_cache[key] = out
-            while len(self._scoring_cache) > self.SCORING_CACHE:
-                self._scoring_cache.popitem(last=False)
+            with self._cache_lock:  # another thread may have built the same state meanwhile: keep one
+                out = self._scoring_cache.setdefault(key, out)
+                self._scoring_cache.move_to_end(key)
+                while len(self._scoring_cache) > self.SCORING_CACHE:
+                    self._scoring_cache.popitem(last=False)
         return out
 
-    def prepare(self, queries: Sequence[str], n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Leg interface: analyse the batch (see :meth:`query_terms`) on ``n_threads`` threads."""
-        return self.query_terms(queries, n_threads)
+    # ------------------------------------------------------------------ the leg protocol
+    def prepare(self, queries: Sequence[str], params: BM25SearchParams | None = None,
+                n_threads: int = 1) -> "BM25Prepared":
+        """Analyse a batch once for every shard (:meth:`query_terms`), or plan the fused pass.
+
+        Where one compiled pass can analyse and score together (an index of one shard scored
+        exhaustively: ``algorithm`` ``"exhaustive"``, or ``"auto"`` on at most
+        ``_kernels.BM25_AUTO_EXHAUSTIVE_DOCS`` documents; the index's ``k1``/``b``; at least
+        :attr:`VECTORISE_MIN` queries; a token table that already holds tokens), the analysis is
+        left to :meth:`search_shard` (``_kernels.bm25_topk_text``: each query analysed and scored
+        on the same thread); otherwise the batch is analysed here. Identical results either way.
+
+        Raises:
+            QueryError: ``params`` of another leg.
+        """
+        p = params or BM25SearchParams()
+        if not isinstance(p, BM25SearchParams):
+            raise QueryError(f"bm25 leg params must be BM25SearchParams, got {type(p).__name__}")
+        texts = queries if isinstance(queries, list) else list(queries)
+        default = p.k1 is None and p.b is None
+        scoring = self.kernel_shards if default else self._scoring(*p.resolve(self.params))
+        utf8 = self._fused_input(texts, p) if default else None
+        batch = None if utf8 is not None else self.query_terms(texts, n_threads)
+        return BM25Prepared(texts, p.algorithm, scoring, batch, utf8)
+
+    def prepare_vectors(self, vectors: Any, params: Any = None, n_threads: int = 1) -> "BM25Prepared":
+        """The BM25 leg takes query text only.
+
+        Raises:
+            QueryError: always.
+        """
+        raise QueryError("the bm25 leg takes query text, not query vectors")
+
+    def search_shard(self, prepared: "BM25Prepared", shard: int, ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of shard position ``shard`` (global ordinals; see the protocol).
+
+        Raises:
+            QueryError: from the kernel's argument checks (names the array and value).
+        """
+        allow = ctx.allow_for(shard)
+        if prepared.utf8 is not None:
+            got = self._fused_topk(prepared, allow, ctx.depth, ctx.n_threads)
+            if got is not None:
+                return got
+        batch = self.batch_of(prepared, ctx.n_threads)
+        return self._kernel_topk(batch, prepared.scoring[shard], ctx.depth, ctx.n_threads, allow, prepared.algorithm)
+
+    def score_docs(self, prepared: "BM25Prepared", shard: int, offsets: np.ndarray,
+                   ordinals: np.ndarray) -> np.ndarray:
+        """Exact BM25 scores of given documents of shard position ``shard``: for query i the
+        shard-local ordinals ``ordinals[offsets[i]:offsets[i+1]]``; float32, aligned with
+        ``ordinals``, bit-identical to what the top-k kernels report (the same float32 sum, term
+        by term in the query's order, of ``weight · impact``); 0 where no query term occurs.
+
+        Each query term's posting list is searched for the documents (binary search: postings are
+        sorted by document within a list), O(terms · candidates · log(list length)).
+
+        Raises:
+            QueryError: an ordinal outside the shard, or offsets that do not fit ``ordinals``.
+        """
+        batch = self.batch_of(prepared, 1)
+        q_off, q_terms, q_weights = (x.astype(np.int64) if i == 0 else x for i, x in enumerate(batch))
+        ks = prepared.scoring[shard]
+        return score_postings(ks["offsets"], ks["doc_ids"], ks["impacts"], ks["n_terms"],
+                              q_off, q_terms, q_weights, offsets, ordinals, len(ks["doc_norm"]))
+
+    def batch_of(self, prepared: "BM25Prepared", n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The analysed batch ``(q_offsets u64, q_terms u32, q_weights f32)`` of ``prepared``
+        (analysed now, once, if the fused pass had left it for later)."""
+        if prepared.batch is None:
+            prepared.batch = self.query_terms(prepared.texts, n_threads)
+        return prepared.batch
 
     def query_terms(self, queries: Sequence[str], n_threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Analyse queries into a ragged batch.
@@ -388,76 +465,30 @@ class BM25Leg:
         self._token_ids[token] = i
         return i
 
-    def search(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], depth: int, n_threads: int,
-               allow: list[np.ndarray | None] | None = None, algorithm: str = "auto",
-               k1: float | None = None, b: float | None = None):
-        """Top-``depth`` per query from every shard (global ordinals), one list per shard.
-
-        Args:
-            batch: from :meth:`query_terms`.
-            algorithm: ``"auto"`` (default: exhaustive term-at-a-time on collections of at most 65,536
-                documents and for queries whose lists
-                are short, MaxScore otherwise; the fastest exact choice in
-                ``benchmarks/bench_bm25.py``), ``"exhaustive"``, ``"maxscore"``, ``"bmw"`` or
-                ``"bmm"``. All return identical ids and scores. Without an allow filter the
-                pruning algorithms start from a safe threshold, the best single-term
-                ``depth``-th score of the query's terms (:meth:`_term_kth`).
-            k1, b: BM25 parameters for this call (default: the index's). Other values build
-                per-posting impacts and bounds for them on first use (O(nnz), cached).
-
-        Raises:
-            QueryError: ``k1``/``b`` out of range (k1 finite >= 0, b in [0, 1]), or an unknown ``algorithm``.
-        """
-        if algorithm not in BM25_ALGORITHMS:
-            from retriever.index.errors import QueryError
-            raise QueryError(f"bm25 algorithm must be one of {', '.join(BM25_ALGORITHMS)}; got {algorithm!r}")
-        shards = self.kernel_shards
-        if k1 is not None or b is not None:
-            from retriever.index.config import BM25Params
-            from retriever.index.errors import ConfigError, QueryError
-            try:
-                p = BM25Params(k1=self.params.k1 if k1 is None else k1, b=self.params.b if b is None else b)
-            except ConfigError as e:
-                raise QueryError(str(e)) from None
-            shards = self._scoring(p.k1, p.b)
-        return self._search_shards(batch, shards, depth, n_threads, allow, algorithm)
-
-    def search_texts(self, queries: Sequence[str], depth: int, n_threads: int,
-                     allow: list[np.ndarray | None] | None = None, algorithm: str = "auto",
-                     k1: float | None = None, b: float | None = None):
-        """:meth:`query_terms` then :meth:`search` in one compiled pass where that applies: an index
-        of one shard scored exhaustively (``algorithm`` ``"exhaustive"``, or ``"auto"`` on at most
-        ``_kernels.BM25_AUTO_EXHAUSTIVE_DOCS`` documents), the index's ``k1``/``b``, a batch of at
-        least :attr:`VECTORISE_MIN` queries and a token table that already holds tokens.
-        ``_kernels.bm25_topk_text`` analyses and scores each query on the same thread (the analysis
-        runs in parallel with ``n_threads`` > 1 instead of in a pass of its own); queries holding a
-        token the table lacks go through :meth:`query_terms` and :meth:`search` afterwards.
-        Identical results to the two calls.
-
-        Returns:
-            what :meth:`search` returns, or ``None`` where this path does not apply (the caller
-            then calls :meth:`query_terms` and :meth:`search`).
-
-        Raises:
-            QueryError: as :meth:`search`.
-        """
-        shards = self.kernel_shards
-        if (len(queries) < self.VECTORISE_MIN or k1 is not None or b is not None or len(shards) != 1
-                or algorithm not in ("auto", "exhaustive")):
+    def _fused_input(self, texts: list[str], p: BM25SearchParams) -> tuple[np.ndarray, np.ndarray] | None:
+        """The UTF-8 bytes and offsets of ``texts`` when the fused pass applies (see
+        :meth:`prepare`), else ``None``."""
+        if len(texts) < self.VECTORISE_MIN or self.n_shards != 1 or p.algorithm not in ("auto", "exhaustive"):
             return None
-        ks = shards[0]
-        if algorithm == "auto" and len(ks["doc_norm"]) > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
+        ks = self.kernel_shards[0]
+        if p.algorithm == "auto" and len(ks["doc_norm"]) > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
             return None
         if ks["n_terms"] < len(self.idf) or self._char_args is None:
             return None
         from retriever.index.analyzer_kernels import utf8_arrays
 
-        texts = queries if isinstance(queries, list) else list(queries)
         try:
-            data, offsets = utf8_arrays(texts)
+            return utf8_arrays(texts)
         except UnicodeError:  # lone surrogates
             return None
-        keep = None if allow is None else allow[0]
+
+    def _fused_topk(self, prepared: "BM25Prepared", allow: np.ndarray | None, depth: int,
+                    n_threads: int) -> TopK | None:
+        """The one-shard top-k through ``_kernels.bm25_topk_text`` (analysis and scoring in one
+        compiled pass); queries holding a token the table lacks are analysed (and added) in Python,
+        then scored. ``None`` when the token table is empty or full (the caller analyses)."""
+        data, offsets = prepared.utf8
+        ks = prepared.scoring[0]
         with self._table_lock.read():
             table = self._table
             if table is None or not 0 < table.n < self.TOKEN_TABLE_MAX:
@@ -465,51 +496,40 @@ class BM25Leg:
             ids, scores, n_found, status = _kernels.bm25_topk_text(
                 data, offsets, table.slots, table.off, table.blob, table.value, table.n, *self._char_args,
                 self.idf, ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], depth, n_threads=n_threads,
-                allow=keep, impacts=ks["impacts"], **ks["rows"])
-        if ks["base"]:  # shard ordinals to global ones (as _search_shards returns them)
+                allow=allow, impacts=ks["impacts"], **ks["rows"])
+        if ks["base"]:  # shard ordinals to global ones
             ids = np.where(ids >= 0, ids + ks["base"], -1)
         if status.any():  # tokens the table lacks: analysed (and added) in Python, then scored
             todo = np.flatnonzero(status)
-            batch = self.query_terms([texts[i] for i in todo.tolist()], n_threads)
-            ids[todo], scores[todo], n_found[todo] = self._search_shards(batch, shards, depth, n_threads, allow,
-                                                                         "exhaustive")[0]
-        return [(ids, scores, n_found)]
+            batch = self.query_terms([prepared.texts[i] for i in todo.tolist()], n_threads)
+            ids[todo], scores[todo], n_found[todo] = self._kernel_topk(batch, ks, depth, n_threads, allow,
+                                                                       "exhaustive")
+        return ids, scores, n_found
 
-    def _search_shards(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], shards: list[dict], depth: int,
-                       n_threads: int, allow: list[np.ndarray | None] | None, algorithm: str):
-        """The kernel over every shard for an analysed batch; one (ids, scores, n_found) per shard."""
+    def _kernel_topk(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], ks: dict, depth: int,
+                     n_threads: int, allow: np.ndarray | None, algorithm: str) -> TopK:
+        """``_kernels.bm25_topk`` over one shard's scoring state ``ks`` for an analysed batch."""
         q_offsets, q_terms, q_weights = batch
-        parts = []
-        for si, ks in enumerate(shards):
-            # a shard's vocabulary may end before the index's (terms added by later shards)
-            if ks["n_terms"] < len(self.idf) and len(q_terms) and q_terms.max() >= ks["n_terms"]:
-                keep = q_terms < ks["n_terms"]
-                counts = np.add.reduceat(keep.astype(np.int64), q_offsets[:-1].astype(np.int64)) \
-                    if len(q_terms) else np.zeros(len(q_offsets) - 1, np.int64)
-                empty = q_offsets[1:] == q_offsets[:-1]
-                counts[empty] = 0
-                offs = np.zeros(len(q_offsets), dtype=np.uint64)
-                np.cumsum(counts, out=offs[1:])
-                terms, weights = q_terms[keep], q_weights[keep]
-            else:
-                offs, terms, weights = q_offsets, q_terms, q_weights
-            algo = algorithm
-            if algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
-                algo = "exhaustive"  # what "auto" picks for every query there; skips the bounds' checks
-            kth = None
-            if algo != "exhaustive" and (allow is None or allow[si] is None) and len(terms):
-                kth = self._term_kth(ks, terms, depth, n_threads)
-            ids, scores, n_found = _kernels.bm25_topk(
-                ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
-                n_threads=n_threads, allow=None if allow is None else allow[si], algorithm=algo,
-                term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
-                impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0,
-                **(ks["dense"] if algo != "exhaustive" else ks["rows"]))
-            if ks["base"]:  # the kernel pads with -1; shard ordinals to global ones
-                ids = np.where(ids >= 0, ids + ks["base"], -1)
-            parts.append((ids, scores, n_found))
-        return parts
-
+        # a shard's vocabulary may end before the index's (terms first seen in later shards)
+        if ks["n_terms"] < len(self.idf) and len(q_terms) and q_terms.max() >= ks["n_terms"]:
+            offs, terms, weights = drop_terms(q_offsets, q_terms, q_weights, q_terms < ks["n_terms"])
+        else:
+            offs, terms, weights = q_offsets, q_terms, q_weights
+        algo = algorithm
+        if algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
+            algo = "exhaustive"  # what "auto" picks for every query there; skips the bounds' checks
+        kth = None
+        if algo != "exhaustive" and allow is None and len(terms):
+            kth = self._term_kth(ks, terms, depth, n_threads)
+        ids, scores, n_found = _kernels.bm25_topk(
+            ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,
+            n_threads=n_threads, allow=allow, algorithm=algo,
+            term_ub=ks["term_ub"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
+            impacts=ks["impacts"], term_kth=kth, term_kth_depth=depth if kth is not None else 0,
+            **(ks["dense"] if algo != "exhaustive" else ks["rows"]))
+        if ks["base"]:  # the kernel pads with -1; shard ordinals to global ones
+            ids = np.where(ids >= 0, ids + ks["base"], -1)
+        return ids, scores, n_found
 
     #: depths whose single-term thresholds are kept per shard and (k1, b) (LRU).
     KTH_CACHE = 4
@@ -531,14 +551,16 @@ class BM25Leg:
         if not ks["kth_ok"]:
             return None
         cache: OrderedDict = ks["kth"]
-        arr = cache.get(depth)
-        if arr is None:
-            arr = np.full(ks["n_terms"], np.nan, dtype=np.float32)
-            cache[depth] = arr
-            while len(cache) > self.KTH_CACHE:
-                cache.popitem(last=False)
-        else:
-            cache.move_to_end(depth)
+        with self._cache_lock:  # shared by concurrent searches (an unlocked get + move_to_end raced)
+            arr = cache.get(depth)
+            if arr is None:
+                arr = np.full(ks["n_terms"], np.nan, dtype=np.float32)
+                cache[depth] = arr
+                while len(cache) > self.KTH_CACHE:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(depth)
+        # concurrent fills of one array write the same values (a term's threshold is deterministic)
         need = terms[np.isnan(arr[terms])]
         if len(need):
             need = np.unique(need)
@@ -612,11 +634,115 @@ def _splice(fast: tuple[np.ndarray, np.ndarray, np.ndarray], todo: np.ndarray,
     return offsets, terms, weights
 
 
-def _fmt_error(path, msg):
-    from retriever.index.errors import IndexFormatError
+@dataclass
+class BM25Prepared:
+    """A batch prepared by :meth:`BM25Leg.prepare`.
+
+    Attributes:
+        texts: the query strings.
+        algorithm: the top-k algorithm of this call.
+        scoring: per held shard, the kernel's scoring state for this call's (k1, b).
+        batch: the analysed batch ``(q_offsets u64[nq+1], q_terms u32, q_weights f32)``, or
+            ``None`` while the fused pass is to analyse (filled on first need).
+        utf8: ``(data u8, offsets i64)`` of the texts for the fused pass, or ``None``.
+    """
+
+    texts: list[str]
+    algorithm: str
+    scoring: list[dict]
+    batch: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    utf8: tuple[np.ndarray, np.ndarray] | None
+
+
+def load_bm25_arrays(reader: IndexReader, s: Shard, n_terms: int) -> dict[str, np.ndarray]:
+    """A shard's ``bm25.arrow`` (postings CSR, term frequencies, document lengths), checked.
+
+    Raises:
+        IndexFormatError: arrays that do not match the manifest, the vocabulary or the shard's
+            rows, or corrupted postings (names the file).
+    """
+    a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
+    t_s = len(a["offsets"]) - 1
+    if t_s != s.entry.get("n_terms", t_s) or len(a["doc_ids"]) != s.entry.get("nnz", len(a["doc_ids"])):
+        raise _fmt_error(s.dir / "bm25.arrow", f"has {t_s} terms / {len(a['doc_ids'])} postings, manifest "
+                         f"says {s.entry.get('n_terms')} / {s.entry.get('nnz')}")
+    if t_s > n_terms or len(a["doc_len"]) != s.rows:
+        raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
+    try:
+        _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
+    except ValueError as e:
+        raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
+    if len(a["tfs"]) != len(a["doc_ids"]):
+        raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
+    return a
+
+
+def drop_terms(q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
+               keep: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The ragged batch with only the entries where ``keep`` (bool, one per entry) is true; every
+    query keeps its row (possibly empty). Counts come from each entry's query index, so empty
+    queries anywhere (the last ones included) are fine (a per-query ``np.add.reduceat`` over the
+    offsets failed when the last queries were empty)."""
+    nq = len(q_offsets) - 1
+    qidx = np.repeat(np.arange(nq, dtype=np.int64), np.diff(q_offsets.astype(np.int64)))
+    counts = np.bincount(qidx[keep], minlength=nq)
+    offs = np.zeros(nq + 1, dtype=np.uint64)
+    np.cumsum(counts, out=offs[1:])
+    return offs, q_terms[keep], q_weights[keep]
+
+
+def score_postings(offsets: np.ndarray, doc_ids: np.ndarray, impacts: np.ndarray, n_terms: int,
+                   q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
+                   c_offsets: np.ndarray, c_docs: np.ndarray, n_docs: int) -> np.ndarray:
+    """Scores ``Σ_t float32(w_t · impact(t, d))`` of given documents, term by term in query order
+    in float32 (the exhaustive kernel's arithmetic, so equal bit for bit to its scores).
+
+    Args:
+        offsets, doc_ids, impacts: a shard's postings (CSR by term, documents ascending within a
+            list) and per-posting impacts (float32).
+        n_terms: terms the shard's postings cover (larger query term ids score 0 there).
+        q_offsets, q_terms, q_weights: the ragged query batch (int64 offsets).
+        c_offsets: int64 (nq + 1,) offsets into ``c_docs`` per query.
+        c_docs: int64 shard-local documents to score.
+        n_docs: the shard's documents.
+
+    Returns:
+        float32 scores aligned with ``c_docs``.
+
+    Raises:
+        QueryError: offsets that do not fit, or a document outside ``[0, n_docs)`` (names it).
+    """
+    c_offsets = np.asarray(c_offsets, dtype=np.int64)
+    c_docs = np.asarray(c_docs, dtype=np.int64)
+    nq = len(q_offsets) - 1
+    if len(c_offsets) != nq + 1 or c_offsets[0] != 0 or c_offsets[-1] != len(c_docs) \
+            or (np.diff(c_offsets) < 0).any():
+        raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(c_docs)}")
+    if len(c_docs) and (c_docs.min() < 0 or c_docs.max() >= n_docs):
+        bad = int(c_docs.min()) if c_docs.min() < 0 else int(c_docs.max())
+        raise QueryError(f"document ordinal {bad} is outside the shard's [0, {n_docs})")
+    out = np.zeros(len(c_docs), dtype=np.float32)
+    for q in range(nq):
+        lo_c, hi_c = int(c_offsets[q]), int(c_offsets[q + 1])
+        if lo_c == hi_c:
+            continue
+        docs = c_docs[lo_c:hi_c]
+        acc = np.zeros(hi_c - lo_c, dtype=np.float32)
+        for j in range(int(q_offsets[q]), int(q_offsets[q + 1])):
+            t = int(q_terms[j])
+            if t >= n_terms:
+                continue
+            lo, hi = int(offsets[t]), int(offsets[t + 1])
+            lst = doc_ids[lo:hi]
+            pos = np.searchsorted(lst, docs)
+            hit = pos < len(lst)
+            hit[hit] = lst[pos[hit]] == docs[hit]
+            contrib = np.zeros(len(docs), dtype=np.float32)
+            contrib[hit] = np.float32(q_weights[j]) * impacts[lo + pos[hit]]
+            acc[hit] = acc[hit] + contrib[hit]  # float32 add, only where the term occurs
+        out[lo_c:hi_c] = acc
+    return out
+
+
+def _fmt_error(path: Any, msg: str) -> IndexFormatError:
     return IndexFormatError(f"{path}: {msg}")
-
-
-def default_threads() -> int:
-    """Default worker threads for batches: the machine's CPU count (1 when unknown)."""
-    return os.cpu_count() or 1

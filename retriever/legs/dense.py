@@ -13,8 +13,8 @@ top-``shortlist`` (k') candidates per shard, and these are re-scored exactly at 
 from the stored vectors. On CPU the exact prefix scan can run over int8-quantised prefixes
 (``scan_dtype="int8"``, :mod:`retriever.int8scan`: integer dot products in C++, AVX-512 VNNI
 where available), several times faster than the float32 BLAS scan at the same ``dim``; only the
-shortlist changes, the final scores are the same exact re-scores. All knobs are per-call keyword
-arguments of :meth:`DenseLeg.search` (``Retriever.search_arrays(..., leg_params={"dense":
+shortlist changes, the final scores are the same exact re-scores. All knobs are per-call fields of
+:class:`~retriever.params.DenseSearchParams` (``Retriever.search_arrays(..., leg_params={"dense":
 {...}})``); prefix indexes built for a ``(dim, index)`` pair are cached, but no search parameter
 is stored on them.
 
@@ -33,18 +33,21 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
 from retriever.index.encoders.dense import DenseEncoder
-from retriever.index.errors import ConfigError, IndexFormatError, QueryError
+from retriever.index.errors import IndexFormatError, QueryError
 from retriever.index.format import read_table
 from retriever.index.matryoshka import load_rotation, prefix_normalize
 
 from .. import _kernels
 from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
+from ..params import DenseSearchParams
 from ..shards import IndexReader
+from ..threads import thread_limits
+from .base import SearchContext, TopK, empty_topk
 
 log = logging.getLogger(__name__)
 
@@ -57,9 +60,6 @@ SHORTLIST_MIN = 100
 CHUNK_BYTES = 256 << 20
 #: largest k FAISS GPU indexes accept; larger shortlists use the CPU copy.
 GPU_MAX_K = 2048
-PARAM_NAMES = ("dim", "shortlist", "index", "nprobe", "ef_search", "rescore", "batch_size", "scan_dtype")
-#: element types of the exact prefix scan (``scan_dtype``).
-SCAN_DTYPES = ("float32", "int8")
 
 
 def load_vectors(path, rows: int, dim: int) -> np.ndarray:
@@ -90,7 +90,7 @@ def load_vectors(path, rows: int, dim: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class FunnelParams:
-    """Validated per-call dense search options (see :meth:`DenseLeg.search`)."""
+    """Per-call dense search options resolved for one depth (see :meth:`DenseLeg.funnel_params`)."""
 
     dim: int
     shortlist: int
@@ -102,12 +102,24 @@ class FunnelParams:
     scan_dtype: str = "float32"
 
 
-def _int_param(name: str, v: Any, lo: int = 1) -> int | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-        raise QueryError(f"dense leg_params {name!r} must be an integer >= {lo}, got {v!r}")
-    return int(v)
+@dataclass(frozen=True)
+class DensePrepared:
+    """A batch prepared by :meth:`DenseLeg.prepare` / :meth:`DenseLeg.prepare_vectors`.
+
+    Attributes:
+        q: float32 (nq, d) queries in the stored basis (rotated).
+        qp: float32 (nq, dim) their re-normalised ``dim``-prefixes (``q`` itself at full dimension
+            with the index's own structure).
+        params: the call's options.
+        dim: the prefix length searched.
+        use_own: the shard's own FAISS structure generates the candidates (full dimension).
+    """
+
+    q: np.ndarray
+    qp: np.ndarray
+    params: DenseSearchParams
+    dim: int
+    use_own: bool
 
 
 class _PrefixIndex:
@@ -139,6 +151,7 @@ class DenseLeg:
 
     Args:
         reader: the opened index.
+        shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
         use_gpu: move FAISS flat/IVF indexes to GPU (``None`` = when ``faiss.get_num_gpus() > 0``).
         device: torch device for the query encoder.
 
@@ -147,8 +160,10 @@ class DenseLeg:
     """
 
     name = "dense"
+    Params = DenseSearchParams
 
-    def __init__(self, reader: IndexReader, *, use_gpu: bool | None = None, device: str = "cpu") -> None:
+    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, use_gpu: bool | None = None,
+                 device: str = "cpu") -> None:
         import faiss
 
         self.reader = reader
@@ -172,7 +187,10 @@ class DenseLeg:
         self.cpu_indexes: list[Any] = []
         self._prefix: dict[tuple[int, int, str], _PrefixIndex] = {}
         self._gpu_lock = threading.Lock()
-        for s in reader.shards:
+        self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
+        self.n_shards = len(self.shard_ids)
+        self.shards = [reader.shards[i] for i in self.shard_ids]
+        for s in self.shards:
             vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
             self.vectors.append(vec)
             if (s.dir / "dense.faiss").is_file():
@@ -199,19 +217,50 @@ class DenseLeg:
         """The query encoder, loaded on first use from the model recorded in the manifest."""
         with self._lock:
             if self._encoder is None:
+                if not self.model_path:
+                    raise QueryError("this index has no dense query encoder (its dense vectors were given "
+                                     "precomputed at build time): pass query_vectors= (float32 (nq, "
+                                     f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid'")
                 cfg = self.config
-                self._encoder = DenseEncoder(self.model_path, max_length=cfg.max_length,
-                                             batch_size=cfg.batch_size, device=self.device,
-                                             normalize=cfg.normalize)
-                if self._encoder.dim != self.dim:
-                    raise IndexFormatError(f"dense model {self.model_path} has dim {self._encoder.dim}, "
-                                           f"index has {self.dim}")
+                enc = DenseEncoder(self.model_path, max_length=cfg.max_length, batch_size=cfg.batch_size,
+                                   device=self.device, normalize=cfg.normalize)
+                if enc.dim != self.dim:  # kept only once it passed: every later search raises this too
+                    raise IndexFormatError(f"dense model {self.model_path} has dim {enc.dim}, index has {self.dim}")
+                self._encoder = enc
             return self._encoder
 
-    def prepare(self, queries: list[str], n_threads: int = 1) -> np.ndarray:
-        """Leg interface: encode the batch (model space; :meth:`search` applies the rotation).
-        ``n_threads`` is not used: the encoder runs on torch's own threads."""
-        return self.encode(queries)
+    def prepare(self, queries: Sequence[str], params: DenseSearchParams | None = None,
+                n_threads: int = 1) -> "DensePrepared":
+        """Encode the batch with the index's query encoder (torch's own threads) and bring it into
+        the stored basis (see :meth:`prepare_vectors`).
+
+        Raises:
+            QueryError: the index has no query encoder (precomputed vectors), or bad ``params``.
+        """
+        return self.prepare_vectors(self.encode(list(queries)), params, n_threads, checked=True)
+
+    def prepare_vectors(self, vectors: Any, params: DenseSearchParams | None = None, n_threads: int = 1,
+                        *, checked: bool = False) -> "DensePrepared":
+        """Prepare model-space query vectors (float32 (nq, dim), as the encoder gives them): rotated
+        into the stored basis, and re-normalised to the ``params.dim`` prefix for a funnel search.
+
+        Raises:
+            QueryError: bad vectors (:meth:`check_vectors`), ``dim`` above the index's, or
+                ``params`` of another leg.
+        """
+        p = params or DenseSearchParams()
+        if not isinstance(p, DenseSearchParams):
+            raise QueryError(f"dense leg params must be DenseSearchParams, got {type(p).__name__}")
+        if p.dim is not None and p.dim > self.dim:
+            raise QueryError(f"dense leg_params 'dim' must be <= {self.dim}, got {p.dim!r}")
+        qv = vectors if checked else self.check_vectors(vectors)
+        q = self.rotate(qv)
+        dim = self.dim if p.dim is None else p.dim
+        int8 = p.scan_dtype == "int8"
+        use_own = dim == self.dim and p.index is None and not int8
+        with thread_limits(n_threads):
+            qp = q if use_own else prefix_normalize(q, dim)
+        return DensePrepared(q, qp, p, dim, use_own)
 
     def encode(self, queries: list[str]) -> np.ndarray:
         """float32 (nq, dim) query vectors in the model's space."""
@@ -351,126 +400,110 @@ class DenseLeg:
         return D, I
 
     # ------------------------------------------------------------------ search
-    def parse_params(self, depth: int, params: dict[str, Any]) -> FunnelParams:
-        """Validate per-call options (names as in :meth:`search`).
-
-        Raises:
-            QueryError: unknown option or a bad value (names the option and the value).
-        """
-        unknown = sorted(set(params) - set(PARAM_NAMES))
-        if unknown:
-            raise QueryError(f"unknown dense leg_params {unknown}; expected some of {', '.join(PARAM_NAMES)}")
-        dim = _int_param("dim", params.get("dim"))
-        if dim is None:
-            dim = self.dim
-        if dim > self.dim:
-            raise QueryError(f"dense leg_params 'dim' must be <= {self.dim}, got {dim!r}")
-        index = params.get("index")
-        if index is not None and (not isinstance(index, str) or not index.strip()):
-            raise QueryError(f"dense leg_params 'index' must be a FAISS factory string, got {index!r}")
-        shortlist = _int_param("shortlist", params.get("shortlist"))
+    def funnel_params(self, p: DenseSearchParams, depth: int) -> FunnelParams:
+        """The call's options resolved for ``depth`` hits (default shortlist, dim)."""
+        dim = self.dim if p.dim is None else p.dim
+        shortlist = p.shortlist
         if shortlist is None:
-            funnel = dim < self.dim or index is not None or params.get("scan_dtype") == "int8"
+            funnel = dim < self.dim or p.index is not None or p.scan_dtype == "int8"
             shortlist = max(SHORTLIST_FACTOR * depth, SHORTLIST_MIN) if funnel else depth
-        rescore = params.get("rescore", True)
-        if not isinstance(rescore, bool):
-            raise QueryError(f"dense leg_params 'rescore' must be True or False, got {rescore!r}")
-        scan_dtype = params.get("scan_dtype", "float32")
-        if scan_dtype not in SCAN_DTYPES:
-            raise QueryError(f"dense leg_params 'scan_dtype' must be one of {', '.join(SCAN_DTYPES)}, "
-                             f"got {scan_dtype!r}")
-        if scan_dtype == "int8" and index is not None and index.replace(" ", "") != "Flat":
-            raise QueryError(f"dense leg_params 'scan_dtype' 'int8' is an exact prefix scan and needs index "
-                             f"'Flat' or none, got index {index!r}")
-        return FunnelParams(dim=dim, shortlist=max(shortlist, depth), index=index,
-                            nprobe=_int_param("nprobe", params.get("nprobe")),
-                            ef_search=_int_param("ef_search", params.get("ef_search")),
-                            rescore=rescore, batch_size=_int_param("batch_size", params.get("batch_size")),
-                            scan_dtype=scan_dtype)
+        return FunnelParams(dim=dim, shortlist=max(shortlist, depth), index=p.index, nprobe=p.nprobe,
+                            ef_search=p.ef_search, rescore=p.rescore, batch_size=p.batch_size,
+                            scan_dtype=p.scan_dtype)
 
-    def search(self, qv: np.ndarray, depth: int, n_threads: int = 0, **params: Any
-               ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Top-``depth`` per shard, exact or by funnel search.
-
-        Args:
-            qv: float32 (nq, dim) query vectors in the model's space (rotated here).
-            depth: hits per shard (k).
-            n_threads: threads of the re-scoring kernel (<= 0: FAISS's OpenMP setting,
-                ``faiss.omp_get_max_threads()``); FAISS uses its own OpenMP setting.
-            **params: per-call options (all optional):
-
-                - ``dim`` (int, 1..d, default d): prefix length the candidate generator searches;
-                  prefixes of queries and documents are re-normalised to unit length.
-                - ``shortlist`` (int, k'): candidates per shard kept for exact re-scoring
-                  (default ``k`` for a full-dimension search with the index's own structure,
-                  else ``max(10·k, 100)``; never below ``k``).
-                - ``index`` (str): FAISS factory string of the generator over the prefix
-                  (``"Flat"``, ``"IVF1024,Flat"``, ``"HNSW32"``, ``"PQ16"``...); default: the
-                  index's own structure at full dimension, ``"Flat"`` over a shorter prefix.
-                  On CPU, ``"Flat"`` over a prefix is the exact blocked scan :func:`_prefix_scan`
-                  (BLAS + the C++ running top-k'), not a FAISS index.
-                - ``nprobe`` (int): IVF lists visited (default 16; capped at nlist).
-                - ``ef_search`` (int): HNSW efSearch (default: the index's; at least k').
-                - ``rescore`` (bool, default True): re-score the shortlist at full dimension
-                  from the stored vectors; False returns the generator's (prefix) scores.
-                - ``batch_size`` (int): queries per FAISS call (default: sized to ~256 MiB) or
-                  per block of the exact prefix scan (default :data:`SCAN_QUERY_BLOCK`).
-                - ``scan_dtype`` (``"float32"`` or ``"int8"``, default ``"float32"``): element type of
-                  the exact prefix scan (``index`` ``"Flat"`` or none). ``"int8"`` scans int8-
-                  quantised prefixes with exact integer dot products in C++ (AVX-512 VNNI where
-                  the CPU has it; :mod:`retriever.int8scan`), on CPU even when GPUs are used;
-                  the shortlist is then re-scored exactly as usual, and ``rescore=False`` returns
-                  the de-quantised approximate prefix scores. Any ``dim`` (1..d) is accepted.
+    def search_shard(self, prepared: "DensePrepared", shard: int, ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of shard position ``shard``, exact or by funnel search (the options are
+        those of :class:`~retriever.params.DenseSearchParams`): a candidate generator (the shard's
+        own FAISS structure at full dimension, else a cached generator over the ``dim``-prefix:
+        the exact blocked scan, its int8 form, or a FAISS index built from the factory string)
+        keeps the top-``shortlist`` candidates, which are re-scored exactly at full dimension from
+        the stored vectors (``_kernels.rescore_topk``). FAISS's OpenMP team and BLAS run on
+        ``ctx.n_threads`` threads.
 
         Returns:
-            per shard ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth),
-            n_found int32 (nq,))``, rows sorted by score descending then ordinal, padded with
-            -1 / -inf after ``n_found``.
+            ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth), n_found int32
+            (nq,))``, rows sorted by score descending then ordinal, padded with -1 / -inf.
 
         Raises:
-            QueryError: bad option (names it and the value).
-            ConfigError: an invalid FAISS factory string.
+            QueryError: an allow mask (the dense leg has no filter support yet); ConfigError: an
+                invalid FAISS factory string.
         """
-        import faiss
-
-        fp = self.parse_params(depth, params)
-        threads = n_threads if n_threads > 0 else max(1, faiss.omp_get_max_threads())
-        q = self.rotate(qv)
+        if ctx.allow_for(shard) is not None:
+            raise QueryError("the dense leg does not take an allow mask yet")
+        depth, threads = ctx.depth, max(1, ctx.n_threads)
+        fp = self.funnel_params(prepared.params, depth)
+        q, qp = prepared.q, prepared.qp
         nq = q.shape[0]
-        int8 = fp.scan_dtype == "int8"
-        use_own = fp.dim == self.dim and fp.index is None and not int8
-        qp = q if use_own else prefix_normalize(q, fp.dim)
-        parts = []
-        for si, s in enumerate(self.reader.shards):
-            kk = min(fp.shortlist, s.rows)
-            if kk == 0 or nq == 0:
-                parts.append((np.full((nq, depth), -1, np.int64), np.full((nq, depth), -np.inf, np.float32),
-                              np.zeros(nq, np.int32)))
-                continue
-            vec = self.vectors[si]
-            pi = None
-            if use_own:
-                cpu, gpu, exact = self.cpu_indexes[si], self.indexes[si], vec
-                if gpu is cpu:
-                    gpu = None
-            else:
-                pi = self._prefix_index(si, fp.dim, "int8" if int8 else fp.index or "Flat")
-                cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
+        s = self.shards[shard]
+        kk = min(fp.shortlist, s.rows)
+        if kk == 0 or nq == 0:
+            return empty_topk(nq, depth)
+        vec = self.vectors[shard]
+        pi = None
+        if prepared.use_own:
+            cpu, gpu, exact = self.cpu_indexes[shard], self.indexes[shard], vec
+            if gpu is cpu:
+                gpu = None
+        else:
+            pi = self._prefix_index(shard, fp.dim, "int8" if fp.scan_dtype == "int8" else fp.index or "Flat")
+            cpu, gpu, exact = pi.cpu, pi.gpu, pi.prefix
+        with thread_limits(threads):
             if pi is not None and pi.int8 is not None:
                 D, I = int8_scan(pi.int8, qp, kk, threads)
             elif cpu is None:
                 D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size)
             else:
                 D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
+                if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
+                    bad = int(I.min()) if I.min() < -1 else int(I.max())
+                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                           f"{s.rows} rows (corrupted index file)")
                 D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
-            if fp.rescore:
-                parts.append(_kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth,
-                                                   int(s.base), threads))
-            else:
-                valid = I >= 0
-                scores = np.where(valid, D, -np.inf).astype(np.float32)
-                parts.append(_top(np.where(valid, I + s.base, -1), scores, depth))
-        return parts
+        if fp.rescore:
+            return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
+        valid = I >= 0
+        scores = np.where(valid, D, -np.inf).astype(np.float32)
+        return _top(np.where(valid, I + s.base, -1), scores, depth)
+
+    def score_docs(self, prepared: "DensePrepared", shard: int, offsets: np.ndarray,
+                   ordinals: np.ndarray) -> np.ndarray:
+        """Exact full-dimension inner products of given documents of shard position ``shard``
+        (query i: shard-local ``ordinals[offsets[i]:offsets[i+1]]``), float32 aligned with
+        ``ordinals``: ``_kernels.rescore_topk``'s float64 sum in a fixed order rounded to float32,
+        so equal to the re-scored values :meth:`search_shard` returns.
+
+        Raises:
+            QueryError: offsets that do not fit, or an ordinal outside the shard (names it).
+        """
+        ords = np.asarray(ordinals, dtype=np.int64)
+        offs = np.asarray(offsets, dtype=np.int64)
+        nq = prepared.q.shape[0]
+        rows = self.shards[shard].rows
+        if len(offs) != nq + 1 or offs[0] != 0 or offs[-1] != len(ords) or (np.diff(offs) < 0).any():
+            raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(ords)}")
+        if len(ords) and (ords.min() < 0 or ords.max() >= rows):
+            bad = int(ords.min()) if ords.min() < 0 else int(ords.max())
+            raise QueryError(f"document ordinal {bad} is outside the shard's [0, {rows})")
+        counts = np.diff(offs)
+        width = int(counts.max()) if nq and len(ords) else 0
+        out = np.zeros(len(ords), dtype=np.float32)
+        if width == 0:
+            return out
+        cand = np.full((nq, width), -1, dtype=np.int64)
+        col = np.arange(len(ords)) - np.repeat(offs[:-1], counts)
+        row = np.repeat(np.arange(nq), counts)
+        cand[row, col] = ords
+        ids, scores, _ = _kernels.rescore_topk(prepared.q, self.vectors[shard], cand, width, 0, 1)
+        # rescore_topk returns each row sorted; map the scores back to the candidates' positions
+        lookup = {}
+        for r, c, d in zip(row.tolist(), col.tolist(), ords.tolist()):
+            lookup[(r, d)] = c
+        for r in range(nq):
+            for j in range(int(counts[r])):
+                d = int(ids[r, j])
+                if d >= 0:
+                    out[offs[r] + lookup[(r, d)]] = scores[r, j]
+        return out
 
     @staticmethod
     def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int

@@ -25,6 +25,7 @@ first (scipy's own rule), and the checks apply to the sums.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numba as nb
@@ -34,7 +35,9 @@ from retriever.index.errors import IndexFormatError, QueryError
 from retriever.index.sparse_build import SPARSE_FWD
 
 from .. import _kernels
+from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
 from ..shards import IndexReader
+from .base import SearchContext, TopK
 
 SPARSE_INDEX_ARRAYS = {
     "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
@@ -45,14 +48,7 @@ SPARSE_INDEX_ARRAYS = {
 }
 _BLOCK_ARGS = ("term_blocks", "block_docs_offsets", "block_docs", "summary_comp_offsets", "summary_dir",
                "summary_entry_offsets", "summary_entries", "summary_scale", "fwd_packed", "fwd_term_rank")
-#: Query-time defaults of the approximate mode, chosen from ``python -m benchmarks.bench_sparse
-#: --collections scifact --engines seismic,pyseismic --query-cuts 3,4,5,6,8,10,12,20 --heap-factors
-#: 0.7,0.8,0.9,1.0`` (2026-12-01 03:09 UTC, packed forward copy and inverted summaries): query_cut 10
-#: at heap_factor 0.9 gave recall@10 0.988 against exact at 4,841 QPS (1 thread; pyseismic's fastest
-#: point with recall >= 0.987 ran at 2,971 QPS). Lower query_cut trades recall for speed (8: 0.981 at
-#: 5,837 QPS; 5: 0.939 at 7,069; 3: ~0.85).
-DEFAULT_QUERY_CUT = 10
-DEFAULT_HEAP_FACTOR = 0.9
+__all__ = ["SparseLeg", "SparsePrepared", "csr_batch", "DEFAULT_QUERY_CUT", "DEFAULT_HEAP_FACTOR"]
 
 QueryBatch = tuple[np.ndarray, np.ndarray, np.ndarray]
 
@@ -217,6 +213,7 @@ class SparseLeg:
 
     Args:
         reader: the opened index (built with the ``sparse`` leg).
+        shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
         device: query encoder device.
 
     Raises:
@@ -224,8 +221,9 @@ class SparseLeg:
     """
 
     name = "sparse"
+    Params = SparseSearchParams
 
-    def __init__(self, reader: IndexReader, device: str = "cpu") -> None:
+    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, device: str = "cpu") -> None:
         st = reader.manifest["stats"]
         try:
             self.scale = float(st["sparse_scale"])
@@ -236,8 +234,10 @@ class SparseLeg:
         self.config = reader.config.sparse
         self.device = device
         self._encoder = None
+        self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
+        self.n_shards = len(self.shard_ids)
         self.shards = []
-        for s in reader.shards:
+        for s in (reader.shards[i] for i in self.shard_ids):
             path = s.dir / "sparse_index.arrow"
             try:
                 a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
@@ -269,12 +269,24 @@ class SparseLeg:
                                           device=self.device)
         return self._encoder
 
-    def prepare(self, queries: Sequence[str], n_threads: int = 1) -> QueryBatch:
-        """Encode queries with the index's SPLADE model into a ragged batch
-        ``(q_offsets uint64 (nq+1,), q_terms uint32, q_weights float32)``. ``n_threads`` is not
-        used: the encoder runs on torch's own threads."""
+    def prepare(self, queries: Sequence[str], params: SparseSearchParams | None = None,
+                n_threads: int = 1) -> "SparsePrepared":
+        """Encode queries with the index's SPLADE model into a ragged batch (torch's own threads)."""
         indptr, terms, weights = self.encoder.encode_queries(list(queries))
-        return indptr.astype(np.uint64), terms.astype(np.uint32), weights.astype(np.float32)
+        batch = (indptr.astype(np.uint64), terms.astype(np.uint32), weights.astype(np.float32))
+        return self._prepared(batch, params)
+
+    def prepare_vectors(self, vectors: Any, params: SparseSearchParams | None = None,
+                        n_threads: int = 1) -> "SparsePrepared":
+        """A batch from user-supplied query vectors (validated by :func:`csr_batch`)."""
+        return self._prepared(self.check_vectors(vectors), params)
+
+    def _prepared(self, batch: QueryBatch, params: SparseSearchParams | None) -> "SparsePrepared":
+        p = params or SparseSearchParams()
+        if not isinstance(p, SparseSearchParams):
+            raise QueryError(f"sparse leg params must be SparseSearchParams, got {type(p).__name__}")
+        self._check_score_range(*batch)
+        return SparsePrepared(batch, p)
 
     def check_vectors(self, vectors: Any) -> QueryBatch:
         """Validate user-supplied query vectors (see :func:`csr_batch`)."""
@@ -317,32 +329,115 @@ class SparseLeg:
             raise QueryError(f"sparse query #{i}: weights too large — its best possible score "
                              f"{bound[i]:.3g} overflows float32; rescale the query weights")
 
-    def search(self, batch: QueryBatch, depth: int, n_threads: int, *, algorithm: str = "exact",
-               query_cut: int = DEFAULT_QUERY_CUT, heap_factor: float = DEFAULT_HEAP_FACTOR):
-        """Top-``depth`` per query from every shard as ``(ids int64 (nq, depth) global ordinals,
-        scores float32, n_found int32)``, one tuple per shard.
+    def search_shard(self, prepared: "SparsePrepared", shard: int, ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of shard position ``shard`` (global ordinals): exact
+        (``_kernels.sparse_exact_topk``) or Seismic-style approximate (``_kernels.sparse_seismic_topk``).
 
         Raises:
-            QueryError: unknown ``algorithm``, out-of-range knob, or query weights so large that a
-                score would overflow float32.
+            QueryError: an out-of-range knob (from the kernel, naming it) or an allow mask (the
+                sparse leg has no filter support yet).
         """
-        if algorithm not in ("exact", "seismic"):
-            raise QueryError(f"sparse algorithm must be 'exact' or 'seismic', got {algorithm!r}")
-        q_offsets, q_terms, q_weights = batch
-        self._check_score_range(q_offsets, q_terms, q_weights)
-        parts = []
-        for s, a in self.shards:
-            try:
-                if algorithm == "exact":
-                    ids, scores, n_found = _kernels.sparse_exact_topk(
-                        a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
-                        a["fwd_values"], self.scale, q_offsets, q_terms, q_weights, depth, n_threads=n_threads)
-                else:
-                    ids, scores, n_found = _kernels.sparse_seismic_topk(
-                        a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
-                        *[a[n] for n in _BLOCK_ARGS], q_offsets, q_terms, q_weights, depth,
-                        query_cut=int(query_cut), heap_factor=float(heap_factor), n_threads=n_threads)
-            except ValueError as e:
-                raise QueryError(f"sparse search: {e}") from None
-            parts.append((np.where(ids >= 0, ids + s.base, -1), scores, n_found))
-        return parts
+        if ctx.allow_for(shard) is not None:
+            raise QueryError("the sparse leg does not take an allow mask yet")
+        q_offsets, q_terms, q_weights = prepared.batch
+        p = prepared.params
+        s, a = self.shards[shard]
+        try:
+            if p.algorithm == "exact":
+                ids, scores, n_found = _kernels.sparse_exact_topk(
+                    a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
+                    a["fwd_values"], self.scale, q_offsets, q_terms, q_weights, ctx.depth, n_threads=ctx.n_threads)
+            else:
+                ids, scores, n_found = _kernels.sparse_seismic_topk(
+                    a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
+                    *[a[n] for n in _BLOCK_ARGS], q_offsets, q_terms, q_weights, ctx.depth,
+                    query_cut=int(p.query_cut), heap_factor=float(p.heap_factor), n_threads=ctx.n_threads)
+        except ValueError as e:
+            raise QueryError(f"sparse search: {e}") from None
+        return np.where(ids >= 0, ids + s.base, -1), scores, n_found
+
+    def score_docs(self, prepared: "SparsePrepared", shard: int, offsets: np.ndarray,
+                   ordinals: np.ndarray) -> np.ndarray:
+        """Exact scores of given documents of shard position ``shard`` from the forward index
+        (:func:`forward_scores`: the kernels' own summation order, so bit-identical to the scores
+        :meth:`search_shard` returns); 0 for a document sharing no term with the query.
+
+        Raises:
+            QueryError: offsets that do not fit, or an ordinal outside the shard (names it).
+        """
+        s, a = self.shards[shard]
+        return forward_scores(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale, self.vocab_size,
+                              *prepared.batch, offsets, ordinals, s.rows)
+
+
+@dataclass(frozen=True)
+class SparsePrepared:
+    """A batch prepared by :meth:`SparseLeg.prepare` / :meth:`SparseLeg.prepare_vectors`.
+
+    Attributes:
+        batch: ``(q_offsets u64 (nq+1,), q_terms u32, q_weights f32)``.
+        params: the call's options.
+    """
+
+    batch: QueryBatch
+    params: SparseSearchParams
+
+
+def forward_scores(fwd_offsets: np.ndarray, fwd_terms: np.ndarray, fwd_values: np.ndarray, scale: float,
+                   vocab_size: int, q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
+                   c_offsets: np.ndarray, c_docs: np.ndarray, n_docs: int) -> np.ndarray:
+    """Forward-index scores ``scale · Σ_t q_t · value(t, d)`` of given documents in the kernels'
+    fixed float32 order (``cpp_ext/blocked_topk.cpp`` ``forward_score``): a row's entries go in
+    chunks of 8, alternately to lane groups A and B (entry j of a chunk to lane j), the last < 8
+    entries to A's lanes 0, 1, ...; then lane-wise A + B, the 8 lanes summed as
+    ((l0 + l4) + (l1 + l5)) + ((l2 + l6) + (l3 + l7)), times the scale. ``np.add.at`` adds in
+    element order, one float32 addition at a time, so each lane's sum is the kernel's.
+
+    Args:
+        fwd_offsets, fwd_terms, fwd_values: the shard's forward index (CSR by document).
+        scale: the index's quantisation scale; vocab_size: query term ids are below it.
+        q_offsets, q_terms, q_weights: the ragged query batch.
+        c_offsets: int64 (nq + 1,) offsets into ``c_docs`` per query; c_docs: shard-local ordinals.
+        n_docs: the shard's documents.
+
+    Returns:
+        float32 scores aligned with ``c_docs``.
+
+    Raises:
+        QueryError: offsets that do not fit, or an ordinal outside ``[0, n_docs)`` (names it).
+    """
+    c_offsets = np.asarray(c_offsets, dtype=np.int64)
+    c_docs = np.asarray(c_docs, dtype=np.int64)
+    nq = len(q_offsets) - 1
+    if len(c_offsets) != nq + 1 or c_offsets[0] != 0 or c_offsets[-1] != len(c_docs) \
+            or (np.diff(c_offsets) < 0).any():
+        raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(c_docs)}")
+    if len(c_docs) and (c_docs.min() < 0 or c_docs.max() >= n_docs):
+        bad = int(c_docs.min()) if c_docs.min() < 0 else int(c_docs.max())
+        raise QueryError(f"document ordinal {bad} is outside the shard's [0, {n_docs})")
+    out = np.zeros(len(c_docs), dtype=np.float32)
+    qd = np.zeros(vocab_size, dtype=np.float32)
+    fo = fwd_offsets.astype(np.int64)
+    for q in range(nq):
+        lo_c, hi_c = int(c_offsets[q]), int(c_offsets[q + 1])
+        if lo_c == hi_c:
+            continue
+        t = q_terms[int(q_offsets[q]):int(q_offsets[q + 1])].astype(np.int64)
+        qd[t] = q_weights[int(q_offsets[q]):int(q_offsets[q + 1])]
+        docs = c_docs[lo_c:hi_c]
+        starts, lens = fo[docs], fo[docs + 1] - fo[docs]
+        row = np.repeat(np.arange(len(docs)), lens)
+        j = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)  # entry within its row
+        pos = np.repeat(starts, lens) + j
+        full = (lens // 8) * 8  # entries in whole chunks of 8; the rest goes to A's first lanes
+        in_chunk = j < np.repeat(full, lens)
+        group = np.where(in_chunk, (j // 8) % 2, 0)
+        lane = np.where(in_chunk, j % 8, j - np.repeat(full, lens))
+        prod = qd[fwd_terms[pos].astype(np.int64)] * fwd_values[pos].astype(np.float32)
+        acc = np.zeros((len(docs), 2, 8), dtype=np.float32)
+        np.add.at(acc, (row, group, lane), prod)
+        lanes = acc[:, 0, :] + acc[:, 1, :]
+        out[lo_c:hi_c] = (((lanes[:, 0] + lanes[:, 4]) + (lanes[:, 1] + lanes[:, 5]))
+                          + ((lanes[:, 2] + lanes[:, 6]) + (lanes[:, 3] + lanes[:, 7]))) * np.float32(scale)
+        qd[t] = 0.0
+    return out

@@ -1,0 +1,83 @@
+"""The leg protocol: what the engine asks of every retrieval leg (BM25, learned sparse, dense).
+
+The engine owns the loop over shards (:func:`retriever.engine.search_leg`); a leg only knows how
+to prepare a batch of queries once and how to search, or score documents of, one shard::
+
+    prepared = leg.prepare(queries, params, n_threads)       # analyse / encode once
+    for shard in range(leg.n_shards):                        # the engine's loop
+        ids, scores, n_found = leg.search_shard(prepared, shard, ctx)
+    scores = leg.score_docs(prepared, shard, offsets, ordinals)   # exact scores of given documents
+
+Per-shard results carry *global* ordinals (the shard's base added), rows sorted by score
+descending then ordinal ascending, padded with -1 / -inf after ``n_found``: the shape FAISS's
+``merge_knn_results`` merges. Corpus-wide statistics come from a :class:`~retriever.stats.CorpusStats`
+given to the leg at construction, so one shard's search does not depend on which other shards
+this process holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
+
+import numpy as np
+
+#: one shard's (or a merged) top-k: ids int64 (nq, k) global ordinals, scores float32 (nq, k),
+#: n_found int32 (nq,)
+TopK = tuple[np.ndarray, np.ndarray, np.ndarray]
+
+
+@dataclass(frozen=True)
+class SearchContext:
+    """What every shard search of one call needs besides the prepared queries.
+
+    Attributes:
+        depth: hits wanted per query from each shard (the leg's candidate depth, >= 1).
+        n_threads: kernel threads of this call (>= 1); FAISS's OpenMP team and BLAS are held to it.
+        allow: per shard (indexed like the index's shards) a uint8 array of the shard's rows
+            (1 = may be returned) or ``None`` for "every row"; ``None`` for no mask at all.
+            Filters and deletes are applied through it, before top-k.
+    """
+
+    depth: int
+    n_threads: int
+    allow: Sequence[np.ndarray | None] | None = None
+
+    def allow_for(self, shard: int) -> np.ndarray | None:
+        """The allow mask of shard ``shard`` (``None``: every row may be returned)."""
+        return None if self.allow is None else self.allow[shard]
+
+
+def empty_topk(nq: int, k: int) -> TopK:
+    """A top-k with no hits: ids -1, scores -inf, n_found 0."""
+    return np.full((nq, k), -1, np.int64), np.full((nq, k), -np.inf, np.float32), np.zeros(nq, np.int32)
+
+
+@runtime_checkable
+class Leg(Protocol):
+    """A retrieval leg over the shards of one opened index.
+
+    Attributes:
+        name: ``"bm25"``, ``"dense"`` or ``"sparse"``.
+        n_shards: shards this leg holds (the index's, in order).
+    """
+
+    name: ClassVar[str]
+    n_shards: int
+
+    def prepare(self, queries: Sequence[str], params: Any, n_threads: int) -> Any:
+        """Analyse or encode ``queries`` once for every shard; ``params`` is the leg's parameter
+        object (:mod:`retriever.params`). Returns a leg-specific prepared batch."""
+
+    def prepare_vectors(self, vectors: Any, params: Any, n_threads: int) -> Any:
+        """A prepared batch from user-supplied query representations (query vectors) instead of
+        text (legs without such an input raise QueryError)."""
+
+    def search_shard(self, prepared: Any, shard: int, ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of shard ``shard`` for every prepared query (global ordinals)."""
+
+    def score_docs(self, prepared: Any, shard: int, offsets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
+        """Exact scores of given documents of shard ``shard``: for query i the shard-local
+        ordinals ``ordinals[offsets[i]:offsets[i+1]]`` (int64); float32 scores aligned with
+        ``ordinals`` (what :meth:`search_shard` would report for them; 0 for a document the query
+        does not match in a sparse leg)."""

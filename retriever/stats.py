@@ -1,0 +1,89 @@
+"""Corpus-wide statistics, combined from per-shard statistics.
+
+Scores must not depend on how documents were split into shards, nor on which shards one process
+holds: every leg scores with statistics of the whole corpus. They are sums over shards, so they
+are combined once at open (or collected on one machine and handed to the processes that each hold
+some shards: the ``dfs_query_then_fetch`` of a distributed search, computed once instead of per
+query).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class BM25Stats:
+    """BM25 statistics of a set of documents.
+
+    Attributes:
+        n_docs: N, the number of documents.
+        sum_dl: the sum of their lengths (analysed tokens, title and text).
+        df: int64 (n_terms,): documents containing each term of the index's vocabulary.
+    """
+
+    n_docs: int
+    sum_dl: int
+    df: np.ndarray
+
+    @property
+    def avgdl(self) -> float:
+        """Mean document length (0.0 for an empty corpus)."""
+        return self.sum_dl / self.n_docs if self.n_docs else 0.0
+
+    def idf(self) -> np.ndarray:
+        """float32 (n_terms,): Lucene's idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Robertson–Spärck
+        Jones with Lucene's +1 inside the log, ``BM25Similarity``), computed in float64."""
+        return np.log1p((self.n_docs - self.df + 0.5) / (self.df + 0.5)).astype(np.float32)
+
+    @classmethod
+    def of_shard(cls, offsets: np.ndarray, doc_len: np.ndarray, n_terms: int) -> "BM25Stats":
+        """One shard's statistics from its postings' CSR ``offsets`` (uint64, n_terms_s + 1;
+        df = list lengths) and ``doc_len`` (uint32, one per document); terms past the shard's own
+        vocabulary get df 0."""
+        df = np.zeros(n_terms, dtype=np.int64)
+        t_s = len(offsets) - 1
+        df[:t_s] = np.diff(offsets).astype(np.int64)
+        return cls(int(len(doc_len)), int(doc_len.sum(dtype=np.int64)), df)
+
+    @classmethod
+    def combine(cls, parts: Sequence["BM25Stats"], n_terms: int) -> "BM25Stats":
+        """The statistics of the union of disjoint document sets (sums of N, lengths and df)."""
+        df = np.zeros(n_terms, dtype=np.int64)
+        for p in parts:
+            df[:len(p.df)] += p.df
+        return cls(sum(p.n_docs for p in parts), sum(p.sum_dl for p in parts), df)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (df as a list), e.g. to send to a remote worker."""
+        return {"n_docs": self.n_docs, "sum_dl": self.sum_dl, "df": self.df.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "BM25Stats":
+        """Inverse of :meth:`to_dict`."""
+        return cls(int(d["n_docs"]), int(d["sum_dl"]), np.asarray(d["df"], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class CorpusStats:
+    """Statistics every leg scores with, for the whole index.
+
+    Attributes:
+        n_docs: documents in the index.
+        bm25: BM25 statistics (``None`` when the index has no BM25 leg).
+
+    The learned-sparse leg's quantisation scale and the dense dimension are build-time constants
+    of the index (the manifest's ``stats``), the same for every shard, so they need no combining.
+    """
+
+    n_docs: int
+    bm25: BM25Stats | None = None
+
+    @classmethod
+    def of_legs(cls, n_docs: int, legs: Mapping[str, Any]) -> "CorpusStats":
+        """The statistics the opened legs combined from the shards they hold."""
+        bm25 = legs.get("bm25")
+        return cls(n_docs, None if bm25 is None else bm25.stats)

@@ -1,0 +1,113 @@
+"""Holding a call's thread budget in the libraries a leg calls: FAISS's OpenMP team and BLAS.
+
+The C++ kernels take their thread count as an argument. FAISS (OpenMP) and BLAS (numpy's
+OpenBLAS for the prefix scan, FAISS's own for flat search) size their teams from their own
+settings, so a call with ``n_threads=1`` used to run FAISS and BLAS on every core.
+:func:`thread_limits` sets both for the duration of a leg's search.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+_OMP_LOCAL = threading.local()  # per thread: the OpenMP thread count this module last set there
+
+
+class omp_threads:
+    """Context manager: OpenMP threads of the *calling* thread (FAISS's OpenMP setting is per
+    thread) set to ``n``, restored afterwards (``restore=False``: left set, for the engine's own
+    pool workers). No-op when FAISS has not been imported.
+
+    The value this module set in a thread is remembered (thread-local), so a pool worker that
+    already runs with ``n`` OpenMP threads makes no FAISS call at all: every FAISS call releases
+    and re-takes the GIL, and with another leg's thread running Python code at that moment the
+    re-take can wait, which showed up in the hybrid p99."""
+
+    def __init__(self, n: int, restore: bool = True) -> None:
+        self.n = n
+        self.restore = restore
+        self.prev: int | None = None
+        self.faiss = sys.modules.get("faiss")
+
+    def __enter__(self) -> None:
+        if self.faiss is None:
+            return
+        if not self.restore and getattr(_OMP_LOCAL, "n", None) == self.n:
+            return
+        if self.restore:
+            self.prev = int(self.faiss.omp_get_max_threads())
+            if self.prev == self.n:
+                self.prev = None
+                return
+        self.faiss.omp_set_num_threads(self.n)
+        _OMP_LOCAL.n = self.n
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.faiss is not None and self.prev is not None:
+            self.faiss.omp_set_num_threads(self.prev)
+            _OMP_LOCAL.n = self.prev
+
+
+class _BlasLimit:
+    """Process-wide BLAS thread limit shared by concurrent calls: while any call holds a limit,
+    every BLAS library runs with the smallest limit held; when the last one leaves, the
+    libraries' own settings come back. (Nested per-call limits restored in another order than
+    they were set would leave a stale value behind.) BLAS libraries are found and set by
+    threadpoolctl, a well-kept library."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: list[int] = []
+        self._controller: Any = None
+        self._original: Any = None  # the first limiter: restores the libraries' own settings
+
+    def _apply(self, n: int) -> Any:
+        if self._controller is None:
+            from threadpoolctl import ThreadpoolController
+            self._controller = ThreadpoolController()
+        return self._controller.limit(limits=n, user_api="blas")
+
+    def enter(self, n: int) -> None:
+        with self._lock:
+            self._held.append(n)
+            if self._original is None:
+                self._original = self._apply(n)
+            elif n < min(self._held[:-1]):
+                self._apply(n)
+
+    def exit(self, n: int) -> None:
+        with self._lock:
+            self._held.remove(n)
+            if not self._held:
+                self._original.restore_original_limits()
+                self._original = None
+            elif n < min(self._held):
+                self._apply(min(self._held))
+
+
+_BLAS = _BlasLimit()
+
+
+@contextmanager
+def thread_limits(n: int, *, restore: bool = True) -> Iterator[None]:
+    """Hold FAISS's OpenMP team (calling thread) and every BLAS library to ``n`` threads.
+
+    BLAS thread counts are process-wide (see :class:`_BlasLimit`); they are only limited when
+    ``n`` is below the machine's core count, so the default budget costs nothing (a limit costs
+    ~20 µs).
+    """
+    n = max(1, int(n))
+    limit_blas = n < (os.cpu_count() or 1)
+    with omp_threads(n, restore=restore):
+        if not limit_blas:
+            yield
+            return
+        _BLAS.enter(n)
+        try:
+            yield
+        finally:
+            _BLAS.exit(n)
