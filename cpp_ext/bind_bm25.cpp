@@ -5,13 +5,16 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <tuple>
 #include <utility>
 
+#include "bm25_shards.hpp"
 #include "postings_topk.hpp"
 #include "query_terms.hpp"
 
@@ -474,6 +477,199 @@ carray<float> py_bm25_term_kth(const carray<uint64_t>& offsets, const carray<uin
     return out;
 }
 
+
+/// The entries of one bm25_topk_shards bundle (a dict), by name; exact dtype and C order
+/// (TypeError otherwise, as the noconvert arguments of bm25_topk), None = absent.
+class shard_bundle {
+  public:
+    shard_bundle(const py::handle& obj, size_t i) : m_where("shards[" + std::to_string(i) + "]") {
+        if (!py::isinstance<py::dict>(obj)) {
+            throw py::type_error(m_where + " must be a dict of the shard's arrays, got " +
+                                 std::string(py::str(py::type::of(obj))));
+        }
+        m_dict = py::reinterpret_borrow<py::dict>(obj);
+        for (const auto& item : m_dict) {
+            const std::string key = py::str(item.first);
+            if (std::find(std::begin(kKeys), std::end(kKeys), key) == std::end(kKeys)) {
+                fail(m_where + " has an unknown key '" + key + "'");
+            }
+        }
+    }
+
+    template <class T>
+    opt_carray<T> opt(const char* key) const {
+        if (!m_dict.contains(key)) return std::nullopt;
+        const py::object v = m_dict[key];
+        if (v.is_none()) return std::nullopt;
+        if (!py::isinstance<carray<T>>(v)) {
+            throw py::type_error(m_where + "['" + key + "'] must be a C-contiguous numpy array of dtype " +
+                                 std::string(py::str(py::dtype::of<T>())) + ", got " +
+                                 std::string(py::str(py::repr(v))).substr(0, 80));
+        }
+        return py::reinterpret_borrow<carray<T>>(v);
+    }
+
+    template <class T>
+    carray<T> req(const char* key) const {
+        opt_carray<T> a = opt<T>(key);
+        if (!a) fail(m_where + " lacks the array '" + key + "'");
+        return *a;
+    }
+
+    int64_t integer(const char* key, int64_t dflt) const {
+        if (!m_dict.contains(key)) return dflt;
+        const py::object v = m_dict[key];
+        if (v.is_none()) return dflt;
+        if (!py::isinstance<py::int_>(v)) {
+            throw py::type_error(m_where + "['" + key + "'] must be an int, got " +
+                                 std::string(py::str(py::type::of(v))));
+        }
+        return v.cast<int64_t>();
+    }
+
+    const std::string& where() const { return m_where; }
+
+  private:
+    static constexpr const char* kKeys[] = {
+        "offsets", "doc_ids", "tfs", "doc_norm", "impacts", "term_ub", "block_offsets", "block_ub",
+        "block_size", "term_kth", "term_kth_depth", "dense_slot", "dense_bits", "dense_rank",
+        "impact_rows", "impact_row_slot", "allow"};
+    std::string m_where;
+    py::dict m_dict;
+};
+
+/// The arrays one shard of bm25_topk_shards reads, held for the call (the bundles' dicts
+/// may change while the GIL is released), and its view.
+struct shard_arrays {
+    std::vector<py::object> keep;
+    bm25_shard_view view;
+    std::vector<uint64_t> q_offsets;  // the call's batch without the terms >= this shard's n_terms
+    std::vector<uint32_t> q_terms;
+    std::vector<float> q_weights;
+    bool own_batch = false;
+};
+
+/// Python's bm25_topk_shards (retriever/_kernels.pyi).
+topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& bases,
+                                const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                                const carray<float>& q_weights, int64_t k, int64_t n_terms, int n_threads,
+                                const std::string& algorithm) {
+    const size_t n_shards = shards.size();
+    require_eq(len1d(bases, "bases"), n_shards, "len(bases)", "len(shards)");
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    check_k(k);
+    const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
+    const bool need_ub = algo != bm25_algorithm::exhaustive;
+    const bool need_blocks = algo == bm25_algorithm::block_max_wand || algo == bm25_algorithm::block_max_maxscore;
+    std::vector<shard_arrays> arrs(n_shards);
+    size_t max_terms = 0;
+    uint64_t next_base = 0;
+    for (size_t i = 0; i < n_shards; ++i) {
+        const shard_bundle sb(shards[i], i);
+        shard_arrays& sa = arrs[i];
+        try {
+            const carray<uint64_t> offsets = sb.req<uint64_t>("offsets");
+            const carray<uint32_t> doc_ids = sb.req<uint32_t>("doc_ids");
+            const carray<uint32_t> tfs = sb.req<uint32_t>("tfs");
+            const carray<float> doc_norm = sb.req<float>("doc_norm");
+            const opt_carray<float> impacts = sb.opt<float>("impacts"), impact_rows = sb.opt<float>("impact_rows");
+            const opt_carray<int32_t> impact_row_slot = sb.opt<int32_t>("impact_row_slot");
+            const opt_carray<float> term_ub = sb.opt<float>("term_ub"), term_kth = sb.opt<float>("term_kth");
+            const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
+            const opt_carray<float> block_ub = sb.opt<float>("block_ub");
+            const opt_carray<int32_t> dense_slot = sb.opt<int32_t>("dense_slot");
+            const opt_carray<uint64_t> dense_bits = sb.opt<uint64_t>("dense_bits");
+            const opt_carray<uint32_t> dense_rank = sb.opt<uint32_t>("dense_rank");
+            const opt_carray<uint8_t> allow = sb.opt<uint8_t>("allow");
+            sa.keep = {offsets, doc_ids, tfs, doc_norm};
+            const auto keep = [&sa](const auto& a) {
+                if (a) sa.keep.push_back(*a);
+            };
+            keep(impacts), keep(impact_rows), keep(impact_row_slot), keep(term_ub), keep(term_kth);
+            keep(block_offsets), keep(block_ub), keep(dense_slot), keep(dense_bits), keep(dense_rank), keep(allow);
+
+            bm25_shard_view& v = sa.view;
+            v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+            attach_impacts(v.data, impacts, impact_rows, impact_row_slot);
+            v.allow = allow_ptr(allow, v.data.n_docs, true);
+            if (need_ub) {
+                attach_term_bounds(v.bounds, v.data, algorithm, k, term_ub, term_kth,
+                                   sb.integer("term_kth_depth", 0));
+                attach_dense_bitmaps(v.bounds, v.data, dense_slot, dense_bits, dense_rank);
+                v.has_bounds = true;
+            }
+            if (need_blocks) {
+                attach_blocks(v.bounds, v.data, algorithm, block_offsets, block_ub, sb.integer("block_size", 128));
+            }
+        } catch (const std::invalid_argument& e) {
+            fail(sb.where() + ": " + e.what());
+        }
+        const int64_t base = bases.data()[i];
+        if (base < 0 || static_cast<uint64_t>(base) < next_base) {
+            fail("bases[" + std::to_string(i) + "] = " + std::to_string(base) + " must be >= " +
+                 (i == 0 ? std::string("0") : "bases[" + std::to_string(i - 1) + "] + n_docs of shards[" +
+                                                 std::to_string(i - 1) + "] = " + std::to_string(next_base)) +
+                 " (shards in ordinal order, not overlapping)");
+        }
+        next_base = static_cast<uint64_t>(base) + sa.view.data.n_docs;
+        if (next_base > kMaxDocs) {
+            fail("bases[" + std::to_string(i) + "] + n_docs of shards[" + std::to_string(i) + "] = " +
+                 std::to_string(next_base) + " exceeds the supported maximum ordinal " + std::to_string(kMaxDocs));
+        }
+        sa.view.base = static_cast<uint64_t>(base);
+        max_terms = std::max(max_terms, sa.view.data.csr.n_terms);
+    }
+    if (n_terms < 0) n_terms = static_cast<int64_t>(max_terms);
+    if (static_cast<size_t>(n_terms) < max_terms) {
+        fail("n_terms = " + std::to_string(n_terms) + " is below a shard's vocabulary (" +
+             std::to_string(max_terms) + " terms: len(offsets) - 1)");
+    }
+    topk_arrays res(queries.nq, static_cast<size_t>(k));
+    std::vector<bm25_shard_view> views(n_shards);
+    {
+        py::gil_scoped_release nogil;
+        check_query_batch(queries, static_cast<size_t>(n_terms));
+        for (size_t i = 0; i < n_shards; ++i) {
+            shard_arrays& sa = arrs[i];
+            const size_t st = sa.view.data.csr.n_terms;
+            bool all_in = true;
+            for (size_t j = 0; j < queries.m && all_in; ++j) all_in = queries.q_terms[j] < st;
+            if (all_in) {
+                sa.view.queries = queries;
+            } else {  // terms first seen in later shards: not in this one's vocabulary
+                sa.q_offsets.assign(queries.nq + 1, 0);
+                sa.q_terms.clear();
+                sa.q_weights.clear();
+                for (size_t q = 0; q < queries.nq; ++q) {
+                    for (uint64_t j = queries.q_offsets[q]; j < queries.q_offsets[q + 1]; ++j) {
+                        if (queries.q_terms[j] < st) {
+                            sa.q_terms.push_back(queries.q_terms[j]);
+                            sa.q_weights.push_back(queries.q_weights[j]);
+                        }
+                    }
+                    sa.q_offsets[q + 1] = sa.q_terms.size();
+                }
+                query_batch_view& qv = sa.view.queries;
+                qv.q_offsets = sa.q_offsets.data();
+                qv.nq = queries.nq;
+                qv.q_terms = sa.q_terms.data();
+                qv.q_weights = sa.q_weights.data();
+                qv.m = sa.q_terms.size();
+            }
+            try {
+                check_query_term_ranges(sa.view.data.csr, sa.view.queries);
+                check_impact_row_slots(sa.view.data, sa.view.queries);
+                if (need_ub) check_bounds_for_queries(sa.view.data.csr, sa.view.bounds, sa.view.queries);
+            } catch (const std::invalid_argument& e) {
+                fail("shards[" + std::to_string(i) + "]: " + e.what());
+            }
+            views[i] = sa.view;
+        }
+        bm25_topk_shards(views, queries.nq, algo, n_threads, res.out);
+    }
+    return res.result();
+}
+
 }  // namespace
 
 void register_bm25(py::module_& m) {
@@ -550,6 +746,23 @@ void register_bm25(py::module_& m) {
           "bits u64[rows * words], rank u32[rows * words]) with words = ceil(n_docs / 64):\n"
           "bit d of a row is set iff d is in the list; rank[w] counts its postings below doc\n"
           "64 * w. Memory: 12 bytes per 64 documents per row.");
+
+    m.def("bm25_topk_shards", &py_bm25_topk_shards, py::arg("shards"), py::arg("bases").noconvert(),
+          py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
+          py::arg("k"), py::arg("n_terms") = -1, py::arg("n_threads") = 0, py::arg("algorithm") = "maxscore",
+          "Exact BM25 top-k over several shards of one index for a ragged batch of queries, in one\n"
+          "call: equal (ids and scores bit for bit) to bm25_topk on each shard with its ordinals\n"
+          "shifted by bases[i], merged by score descending then ordinal ascending. shards: per\n"
+          "shard a dict of bm25_topk's per-shard arguments by name (offsets, doc_ids, tfs,\n"
+          "doc_norm required; impacts, term_ub, block_offsets, block_ub, block_size, term_kth,\n"
+          "term_kth_depth, dense_slot, dense_bits, dense_rank, impact_rows, impact_row_slot,\n"
+          "allow optional), checked as bm25_topk checks them. bases: i64[len(shards)], the global\n"
+          "ordinal of each shard's document 0, ascending, shards not overlapping. q_terms index\n"
+          "the index's vocabulary of n_terms terms (-1: the largest shard vocabulary); a term\n"
+          "beyond a shard's len(offsets) - 1 is skipped for that shard. Each query runs through\n"
+          "the shards in order on one thread with one top-k collector, each shard's pruning\n"
+          "starting from the k-th score collected so far. Returns (ids i64[nq, k] global\n"
+          "ordinals, scores f32[nq, k], n_found i32[nq]).");
 
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
 

@@ -71,7 +71,11 @@ class bm25_worker {
     void operator()(size_t qi) { run(qi, m_ctx.q.q_offsets[qi], m_ctx.q.q_offsets[qi + 1]); }
 
     /// Scores the query whose terms are m_ctx.q.q_terms[b .. e) into output row qi.
-    void run(size_t qi, uint64_t b, uint64_t e) {
+    /// floor: a score the caller already holds k better-ranked hits for (the shared
+    /// threshold of bm25_topk_shards, -inf otherwise): the pruning algorithms start
+    /// from it, so the row is exact only for the hits that rank above it.
+    void run(size_t qi, uint64_t b, uint64_t e,
+             float floor = -std::numeric_limits<float>::infinity()) {
         m_ctx.heap.reset(m_ctx.out.k);
         if (e > b) {
             bool negative = false;
@@ -87,10 +91,10 @@ class bm25_worker {
                            ? bm25_algorithm::exhaustive
                            : bm25_algorithm::maxscore;
             }
-            m_ctx.theta_ext = -std::numeric_limits<float>::infinity();
+            m_ctx.theta_ext = floor;
             if (!negative && m_ctx.allow == nullptr && m_ctx.bounds != nullptr &&
                 m_ctx.bounds->term_kth != nullptr) {
-                m_ctx.theta_ext = m_ctx.single_term_threshold(b, e);
+                m_ctx.theta_ext = std::max(floor, m_ctx.single_term_threshold(b, e));
             }
             if (algo == bm25_algorithm::exhaustive || negative || m_ctx.bounds == nullptr) {
                 m_exhaustive.exhaustive(b, e);
@@ -233,3 +237,5 @@ void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const 
 }
 
 }  // namespace retriever
+
+#include "bm25_topk_shards.hpp"  // bm25_topk_shards: uses bm25_worker above

@@ -43,7 +43,7 @@ never returned; k is still honoured whenever enough allowed documents match.
 NaN scores are never returned.
 """
 
-from typing import Literal
+from typing import Literal, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -399,6 +399,47 @@ def bm25_topk(
             ``term_kth_depth != k``, or a query term's ``term_kth`` neither ``-inf``
             nor in ``[0, term_ub[t]]``; an unknown ``impl`` or one this CPU lacks.
         TypeError: wrong dtype or non-contiguous array.
+    """
+
+
+def bm25_topk_shards(
+    shards: Sequence[Mapping[str, _U64 | _U32 | _F32 | _I32 | _U8 | int | None]],
+    bases: _I64,
+    q_offsets: _U64,
+    q_terms: _U32,
+    q_weights: _F32,
+    k: int,
+    n_terms: int = -1,
+    n_threads: int = 0,
+    algorithm: Literal["auto", "exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
+) -> tuple[_I64, _F32, _I32]:
+    """Exact BM25 top-k over several shards of one index in one call: equal (ids
+    identical, scores bit for bit) to :func:`bm25_topk` on each shard, ids shifted by
+    ``bases[i]``, merged by score descending then ordinal ascending
+    (``retriever.topk.merge_topk``).
+
+    ``shards``: per shard a dict of :func:`bm25_topk`'s per-shard arguments by name:
+    ``offsets``, ``doc_ids``, ``tfs``, ``doc_norm`` (required); ``impacts``,
+    ``term_ub``, ``block_offsets``, ``block_ub``, ``block_size`` (int, default 128),
+    ``term_kth`` with ``term_kth_depth`` (= ``k``), ``dense_slot`` / ``dense_bits`` /
+    ``dense_rank``, ``impact_rows`` / ``impact_row_slot``, ``allow`` (uint8
+    ``(n_docs,)``); checked as :func:`bm25_topk` checks them (``ValueError`` starting
+    ``shards[i]:``; a wrong dtype or layout: ``TypeError``; an unknown key:
+    ``ValueError``). ``bases``: int64 ``(len(shards),)``, the global ordinal of each
+    shard's document 0, ascending with ``bases[i] + n_docs_i <= bases[i + 1]`` and all
+    ordinals below 2**32 - 1. ``q_terms`` index the index's vocabulary of ``n_terms``
+    terms (-1: the largest shard's ``len(offsets) - 1``); a term at or beyond a shard's
+    own ``len(offsets) - 1`` is skipped for that shard.
+
+    Each query goes through the shards in order on one thread (queries are split over
+    ``n_threads`` threads, the GIL released) with one top-k heap of global ordinals;
+    each shard's pruning starts from the k-th score collected so far (Lucene's shared
+    minimum competitive score). Exact: a document scoring below that score cannot
+    enter, one scoring equal ranks after the k earlier hits (smaller ordinals win
+    ties), and pruning discards only bounds strictly below it.
+
+    Returns ``(ids int64 (nq, k) global ordinals, scores float32 (nq, k), n_found
+    int32 (nq,))``, rows padded with -1 / -inf.
     """
 
 def bm25_term_kth(

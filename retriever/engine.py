@@ -25,7 +25,6 @@ from .results import BatchResult, LegArrays
 from .shards import IndexReader
 from .stats import CorpusStats
 from .threads import thread_limits
-from .topk import merge_topk
 
 MODES = ("hybrid", "bm25", "dense", "sparse")
 
@@ -66,16 +65,16 @@ def _pool() -> ThreadPoolExecutor:
 
 
 def search_leg(leg: Leg, prepared: Any, ctx: SearchContext) -> TopK:
-    """The shard loop: ``leg.search_shard`` over every shard the leg holds, merged once into one
-    top-``ctx.depth`` (:func:`retriever.topk.merge_topk`: score descending, then ordinal).
+    """Every shard the leg holds, merged into one top-``ctx.depth`` (score descending, then
+    ordinal): ``leg.search_shards`` (the plain one loops ``leg.search_shard`` and merges once with
+    :func:`retriever.topk.merge_topk`; the BM25 leg searches its shards in one compiled call).
 
     Returns:
         ``(ids int64 (nq, depth) global ordinals, scores float32, n_found int32)``.
     """
-    parts = [leg.search_shard(prepared, shard, ctx) for shard in range(leg.n_shards)]
-    if not parts:
+    if leg.n_shards == 0:
         return empty_topk(prepared.n_queries, ctx.depth)
-    return merge_topk(parts, ctx.depth)
+    return leg.search_shards(prepared, range(leg.n_shards), ctx)
 
 
 def plan_legs(names: Sequence[str], n_groups: int, cost: Mapping[str, float]) -> list[list[str]]:

@@ -6,6 +6,7 @@ to prepare a batch of queries once and how to search, or score documents of, one
     prepared = leg.prepare(queries, params, n_threads)       # analyse / encode once
     for shard in range(leg.n_shards):                        # the engine's loop
         ids, scores, n_found = leg.search_shard(prepared, shard, ctx)
+    merged = leg.search_shards(prepared, range(leg.n_shards), ctx)   # ... or all at once
     scores = leg.score_docs(prepared, shard, offsets, ordinals)   # exact scores of given documents
 
 Per-shard results carry *global* ordinals (the shard's base added), rows sorted by score
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
+
+from ..topk import merge_topk
 
 #: one shard's (or a merged) top-k: ids int64 (nq, k) global ordinals, scores float32 (nq, k),
 #: n_found int32 (nq,)
@@ -77,8 +80,21 @@ class Leg(Protocol):
     def search_shard(self, prepared: Any, shard: int, ctx: SearchContext) -> TopK:
         """Top-``ctx.depth`` of shard ``shard`` for every prepared query (global ordinals)."""
 
+    def search_shards(self, prepared: Any, shards: Sequence[int], ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of the union of shards ``shards``, merged: equal to :meth:`search_shard`
+        on each merged by :func:`retriever.topk.merge_topk` (:func:`search_each_shard` is that
+        default; a leg may search its shards together, e.g. with one threshold across them)."""
+
     def score_docs(self, prepared: Any, shard: int, offsets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """Exact scores of given documents of shard ``shard``: for query i the shard-local
         ordinals ``ordinals[offsets[i]:offsets[i+1]]`` (int64); float32 scores aligned with
         ``ordinals`` (what :meth:`search_shard` would report for them; 0 for a document the query
         does not match in a sparse leg)."""
+
+
+def search_each_shard(leg: Leg, prepared: Any, shards: Sequence[int], ctx: SearchContext, nq: int) -> TopK:
+    """``leg.search_shard`` on each of ``shards``, merged once (:func:`retriever.topk.merge_topk`:
+    score descending, then ordinal); ``empty_topk(nq, ctx.depth)`` for no shards. The plain
+    :meth:`Leg.search_shards`."""
+    parts = [leg.search_shard(prepared, shard, ctx) for shard in shards]
+    return merge_topk(parts, ctx.depth) if parts else empty_topk(nq, ctx.depth)

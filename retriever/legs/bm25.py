@@ -27,7 +27,7 @@ from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
 from ..shards import IndexReader, Shard
 from ..stats import BM25Stats
-from .base import SearchContext, TopK
+from .base import SearchContext, TopK, empty_topk
 
 BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 __all__ = ["BM25Leg", "BM25Prepared", "BM25_ALGORITHMS", "lucene_norm_length", "score_postings"]
@@ -188,11 +188,16 @@ class BM25Leg:
             term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
                 a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
+            rows = self._impact_rows(s.rows, a, impacts)
+            # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
+            bundle = {"offsets": a["offsets"], "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
+                      "impacts": impacts, "term_ub": term_ub, "block_offsets": block_offsets,
+                      "block_ub": block_ub, "block_size": 128, **dense, **rows}
             out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
-                        "dense": dense, "rows": self._impact_rows(s.rows, a, impacts),
+                        "dense": dense, "rows": rows,
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
-                        "kth": OrderedDict(), "kth_ok": None})
+                        "kth": OrderedDict(), "kth_ok": None, "bundle": bundle})
         if getattr(self, "kernel_shards", None) is not None:
             with self._cache_lock:  # another thread may have built the same state meanwhile: keep one
                 out = self._scoring_cache.setdefault(key, out)
@@ -247,6 +252,44 @@ class BM25Leg:
                 return got
         batch = self.batch_of(prepared, ctx.n_threads)
         return self._kernel_topk(batch, prepared.scoring[shard], ctx.depth, ctx.n_threads, allow, prepared.algorithm)
+
+    def search_shards(self, prepared: "BM25Prepared", shards: Sequence[int], ctx: SearchContext) -> TopK:
+        """Top-``ctx.depth`` of the union of shard positions ``shards``, merged (global ordinals):
+        equal, ids and scores bit for bit, to :meth:`search_shard` on each merged by
+        :func:`retriever.topk.merge_topk`, in one compiled call (``_kernels.bm25_topk_shards``)
+        where each query goes through the shards in ordinal order with one top-k heap, so a
+        later shard prunes from the k-th score the earlier ones reached (Lucene's shared minimum
+        competitive score). One shard: :meth:`search_shard` (the fused pass where it applies).
+
+        Raises:
+            QueryError: from the kernel's argument checks (names the shard, array and value).
+        """
+        order = sorted(shards, key=lambda s: prepared.scoring[s]["base"])  # ordinal order
+        if len(order) <= 1:
+            return self.search_shard(prepared, order[0], ctx) if order else empty_topk(len(prepared.texts),
+                                                                                       ctx.depth)
+        q_offsets, q_terms, q_weights = self.batch_of(prepared, ctx.n_threads)
+        algo, depth = prepared.algorithm, ctx.depth
+        n_terms = len(self.idf)
+        bundles = []
+        for s in order:
+            ks = prepared.scoring[s]
+            allow = ctx.allow_for(s)
+            bundle = ks["bundle"]
+            small_auto = algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
+            if allow is not None or (algo != "exhaustive" and not small_auto and len(q_terms)):
+                bundle = dict(bundle)
+                if allow is not None:
+                    bundle["allow"] = allow
+                else:  # single-term thresholds of the shard's own terms (see _term_kth)
+                    terms = q_terms if ks["n_terms"] >= n_terms else q_terms[q_terms < ks["n_terms"]]
+                    kth = self._term_kth(ks, terms, depth, ctx.n_threads) if len(terms) else None
+                    if kth is not None:
+                        bundle["term_kth"], bundle["term_kth_depth"] = kth, depth
+            bundles.append(bundle)
+        bases = np.fromiter((prepared.scoring[s]["base"] for s in order), np.int64, len(order))
+        return _kernels.bm25_topk_shards(bundles, bases, q_offsets, q_terms, q_weights, depth, n_terms=n_terms,
+                                         n_threads=ctx.n_threads, algorithm=algo)
 
     def score_docs(self, prepared: "BM25Prepared", shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:

@@ -47,7 +47,7 @@ from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
 from ..params import DenseSearchParams
 from ..shards import IndexReader
 from ..threads import thread_limits
-from .base import SearchContext, TopK, empty_topk
+from .base import SearchContext, TopK, empty_topk, search_each_shard
 
 log = logging.getLogger(__name__)
 
@@ -415,6 +415,10 @@ class DenseLeg:
         return FunnelParams(dim=dim, shortlist=max(shortlist, depth), index=p.index, nprobe=p.nprobe,
                             ef_search=p.ef_search, rescore=p.rescore, batch_size=p.batch_size,
                             scan_dtype=p.scan_dtype)
+
+    def search_shards(self, prepared: "DensePrepared", shards: Sequence[int], ctx: SearchContext) -> TopK:
+        """:meth:`search_shard` on each of ``shards``, merged (:func:`~retriever.legs.base.search_each_shard`)."""
+        return search_each_shard(self, prepared, shards, ctx, prepared.q.shape[0])
 
     def search_shard(self, prepared: "DensePrepared", shard: int, ctx: SearchContext) -> TopK:
         """Top-``ctx.depth`` of shard position ``shard``, exact or by funnel search (the options are

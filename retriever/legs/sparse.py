@@ -37,7 +37,7 @@ from retriever.index.sparse_build import SPARSE_FWD
 from .. import _kernels
 from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
 from ..shards import IndexReader
-from .base import SearchContext, TopK
+from .base import SearchContext, TopK, search_each_shard
 
 SPARSE_INDEX_ARRAYS = {
     "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
@@ -328,6 +328,10 @@ class SparseLeg:
             i = int(bad[0])
             raise QueryError(f"sparse query #{i}: weights too large — its best possible score "
                              f"{bound[i]:.3g} overflows float32; rescale the query weights")
+
+    def search_shards(self, prepared: "SparsePrepared", shards: Sequence[int], ctx: SearchContext) -> TopK:
+        """:meth:`search_shard` on each of ``shards``, merged (:func:`~retriever.legs.base.search_each_shard`)."""
+        return search_each_shard(self, prepared, shards, ctx, len(prepared.batch[0]) - 1)
 
     def search_shard(self, prepared: "SparsePrepared", shard: int, ctx: SearchContext) -> TopK:
         """Top-``ctx.depth`` of shard position ``shard`` (global ordinals): exact
