@@ -46,7 +46,7 @@ class bm25_shards_worker {
             const bm25_shard_view& s = shards[i];
             m_st->workers.push_back(std::make_unique<bm25_worker>(
                 s.data, s.has_bounds ? &s.bounds : nullptr, s.queries, s.allow, algorithm, m_st->row,
-                norm_min[i]));
+                norm_min[i], bm25_scatter_for_cpu()));  // the scatter chosen once per process
         }
     }
 
