@@ -32,13 +32,12 @@ from .metrics import latency_summary, recall_at_k
 
 #: leg → ``leg_params`` that select the leg's exhaustive search in the engine itself
 #: (:meth:`Retriever.search_arrays`): BM25 scores every posting of the query terms; learned sparse
-#: scans its exact inverted index; dense scans every stored vector with a flat inner product
-#: (``index="Flat"`` at full dimension: BLAS blocks on CPU, FAISS flat on GPU) and re-scores the
-#: shortlist at full precision, which is exact for L2-normalised vectors (everything the model
-#: encodes; precomputed vectors are stored as given). A leg without an entry gets recall ``None``.
+#: scans its exact inverted index; dense scans every stored vector with a raw inner product at full
+#: dimension (``exhaustive``: BLAS blocks, no re-normalisation, whatever ANN structure the index
+#: has) and re-scores exactly. A leg without an entry gets recall ``None``.
 EXACT_LEG_PARAMS: dict[str, dict[str, Any]] = {"bm25": {"algorithm": "exhaustive"},
                                                "sparse": {"algorithm": "exact"},
-                                               "dense": {"index": "Flat"}}
+                                               "dense": {"exhaustive": True}}
 
 
 class _gc_paused:

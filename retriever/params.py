@@ -133,6 +133,10 @@ class DenseSearchParams:
             prefix scan.
         scan_dtype: ``"float32"`` or ``"int8"`` (int8-quantised exact prefix scan; needs ``index``
             ``"Flat"`` or none).
+        exhaustive: scan every stored vector with a raw inner product at full dimension (float32
+            BLAS blocks, no re-normalisation, nothing cached), whatever ANN structure the index was
+            built with: the exact reference (recall@k is measured against it). Excludes ``dim``,
+            ``index``, ``scan_dtype="int8"`` and ``rescore=False``.
 
     Raises:
         QueryError: a value of the wrong type or range (names the option and the value).
@@ -147,8 +151,15 @@ class DenseSearchParams:
     rescore: bool = True
     batch_size: int | None = None
     scan_dtype: str = "float32"
+    exhaustive: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.exhaustive, bool):
+            raise QueryError(f"dense leg_params 'exhaustive' must be True or False, got {self.exhaustive!r}")
+        if self.exhaustive and (self.dim is not None or self.index is not None or self.scan_dtype != "float32"
+                                or not self.rescore):
+            raise QueryError("dense leg_params 'exhaustive' scans the full vectors exactly: it takes no 'dim', "
+                             "'index', 'scan_dtype' or 'rescore'")
         for name in ("dim", "shortlist", "nprobe", "ef_search", "batch_size"):
             _opt_int("dense", name, getattr(self, name))
         if self.index is not None and (not isinstance(self.index, str) or not self.index.strip()):

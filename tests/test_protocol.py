@@ -267,3 +267,25 @@ def test_faiss_ids_outside_the_shard_are_a_format_error(three_leg):
     leg.cpu_indexes[0] = leg.indexes[0] = big
     with pytest.raises(IndexFormatError, match=r"dense.faiss: returned id \d+, outside the shard's"):
         r.search_arrays(qs, 60, mode="dense", query_vectors=qv, leg_params={"dense": {"rescore": False}})
+
+
+def test_dense_exhaustive_is_the_raw_inner_product(tmp_path):
+    """``DenseSearchParams(exhaustive=True)``: the exact top-k by raw inner product over the stored
+    vectors (not unit length here), whatever the index's own structure (IVF at nprobe 1 misses)."""
+    rng = np.random.default_rng(3)
+    n, d = 600, 16
+    docs = [{"_id": f"d{i}", "text": "x"} for i in range(n)]
+    dv = (rng.standard_normal((n, d)) * rng.uniform(0.5, 2.0, (n, 1))).astype(np.float32)
+    from retriever import BuildConfig, DenseConfig
+    cfg = BuildConfig(legs=("dense",), dense=DenseConfig(faiss_factory="IVF16,Flat", dtype="float32"))
+    build_index(docs, tmp_path / "ix", cfg, dense_vectors=dv, show_progress=False, shard_size=250)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    qv = rng.standard_normal((20, d)).astype(np.float32)
+    got = r.search_arrays(["q"] * 20, 10, mode="dense", query_vectors=qv, leg_params={"dense": {"exhaustive": True}})
+    ip = qv.astype(np.float64) @ dv.astype(np.float64).T
+    want = np.argsort(-ip, axis=1, kind="stable")[:, :10]
+    np.testing.assert_array_equal(got.ids, want)
+    approx = r.search_arrays(["q"] * 20, 10, mode="dense", query_vectors=qv, leg_params={"dense": {"nprobe": 1}})
+    assert not np.array_equal(approx.ids, want)
+    with pytest.raises(QueryError, match="'exhaustive' scans the full vectors exactly"):
+        DenseSearchParams(exhaustive=True, dim=8)

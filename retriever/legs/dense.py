@@ -449,6 +449,11 @@ class DenseLeg:
             return empty_topk(nq, depth)
         vec = self.vectors[shard]
         pi = None
+        if prepared.params.exhaustive:  # the exact reference: raw inner products, nothing kept
+            with thread_limits(threads):
+                D, I = _prefix_scan(np.ascontiguousarray(vec, dtype=np.float32), q, min(depth, s.rows), threads,
+                                    fp.batch_size)
+            return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
         if prepared.use_own:
             cpu, gpu, exact = self.cpu_indexes[shard], self.indexes[shard], vec
             if gpu is cpu:
