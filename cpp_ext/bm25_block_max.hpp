@@ -30,7 +30,7 @@ class block_max_query : public daat_query {
         const size_t n = m_cursors.size();
         for (auto& c : m_cursors) c.update_block();
         const bound_check bc(n);
-        const float* norm = m_ctx.data.doc_norm;
+        const float* norm = m_doc_norm;
         float thr = prime_threshold();
         size_t fe = 0;
         while (fe < n && !bc.may_enter(m_prefix[fe], thr)) ++fe;
@@ -52,13 +52,13 @@ class block_max_query : public daat_query {
                 continue;
             }
             // (2) candidate bound from the blocks holding cur
-            m_ctx.check_doc(cur);
+            check_doc(cur);
             double cand_bound = non_essential;
             for (size_t j = fe; j < n; ++j) {
                 const posting_cursor& c = *m_sorted[j];
                 if (c.doc == cur) cand_bound += std::min(c.blk_bound, tf_bound(c));
             }
-            if (!m_ctx.allowed(cur) || !bc.may_enter(cand_bound, thr)) {
+            if (!allowed(cur) || !bc.may_enter(cand_bound, thr)) {
                 for (size_t j = fe; j < n; ++j) {
                     if (m_sorted[j]->doc == cur) m_sorted[j]->next_b();
                 }
@@ -74,7 +74,7 @@ class block_max_query : public daat_query {
                     m_contrib[c.qpos] = v;
                     partial += v;
                     c.next_b();
-                    if (m_ctx.imp == nullptr) prefetch_norm(c, norm);
+                    if (m_imp == nullptr) prefetch_norm(c, norm);
                 }
             }
             const bool keep = complete_non_essential(cur, fe, partial, thr, bc);
@@ -113,8 +113,8 @@ class block_max_query : public daat_query {
             if (bc.may_enter(bb, thr)) {
                 if (m_sorted[0]->doc == pivot) {
                     // Lists 0..p hold exactly the terms of pivot.
-                    m_ctx.check_doc(pivot);
-                    if (m_ctx.allowed(pivot)) {
+                    check_doc(pivot);
+                    if (allowed(pivot)) {
                         for (size_t i = 0; i <= p; ++i) {
                             const posting_cursor& c = *m_sorted[i];
                             m_contrib[c.qpos] = contribution(c, pivot);
