@@ -41,12 +41,27 @@ class bm25_shards_worker {
     bm25_shards_worker(const std::vector<bm25_shard_view>& shards, const std::vector<float>& norm_min,
                        bm25_algorithm algorithm, const topk_out& out)
         : m_shards(shards), m_out(out), m_st(std::make_unique<state>(out.k)) {
-        m_st->workers.reserve(shards.size());
+        // "auto" decides per query over the union of the shards, as bm25_worker does for one
+        // shard holding them all (per shard, a query's shorter lists would go exhaustive and lose
+        // the carried threshold): one exhaustive and one MaxScore worker per shard.
+        m_auto = algorithm == bm25_algorithm::automatic;
+        bool all_impacts = true;
+        for (const bm25_shard_view& s : shards) {
+            m_auto_docs += s.data.n_docs;
+            all_impacts &= s.data.impacts != nullptr;
+        }
+        m_auto_limit = all_impacts ? kAutoExhaustivePostings : kAutoExhaustivePostings / 4;
+        const bm25_algorithm first = m_auto ? bm25_algorithm::exhaustive : algorithm;
         for (size_t i = 0; i < shards.size(); ++i) {
             const bm25_shard_view& s = shards[i];
-            m_st->workers.push_back(std::make_unique<bm25_worker>(
-                s.data, s.has_bounds ? &s.bounds : nullptr, s.queries, s.allow, algorithm, m_st->row,
-                norm_min[i], bm25_scatter_for_cpu()));  // the scatter chosen once per process
+            const bm25_bounds_view* bounds = s.has_bounds ? &s.bounds : nullptr;
+            const bm25_scatter scatter = bm25_scatter_for_cpu();  // chosen once per process
+            m_st->workers.push_back(std::make_unique<bm25_worker>(s.data, bounds, s.queries, s.allow, first,
+                                                                  m_st->row, norm_min[i], scatter));
+            if (m_auto) {
+                m_st->maxscore.push_back(std::make_unique<bm25_worker>(
+                    s.data, bounds, s.queries, s.allow, bm25_algorithm::maxscore, m_st->row, norm_min[i], scatter));
+            }
         }
     }
 
@@ -54,11 +69,22 @@ class bm25_shards_worker {
         state& st = *m_st;
         const size_t k = m_out.k;
         st.carry.reset(k);
+        bool prune = false;  // "auto": MaxScore for this query
+        if (m_auto && m_auto_docs > kAutoExhaustiveDocs) {
+            uint64_t total = 0;
+            for (const bm25_shard_view& s : m_shards) {
+                for (uint64_t j = s.queries.q_offsets[qi]; j < s.queries.q_offsets[qi + 1]; ++j) {
+                    const uint32_t t = s.queries.q_terms[j];
+                    total += s.data.csr.offsets[t + 1] - s.data.csr.offsets[t];
+                }
+            }
+            prune = total > m_auto_limit;
+        }
         for (size_t i = 0; i < m_shards.size(); ++i) {
             const bm25_shard_view& s = m_shards[i];
             const uint64_t b = s.queries.q_offsets[qi], e = s.queries.q_offsets[qi + 1];
             if (b == e || s.data.n_docs == 0) continue;  // no term of the query in this shard
-            st.workers[i]->run(0, b, e, st.carry.threshold());
+            (prune ? st.maxscore : st.workers)[i]->run(0, b, e, st.carry.threshold());
             const int32_t n = st.n_found;
             for (int32_t j = 0; j < n; ++j) {
                 st.carry.push(st.scores[j], static_cast<uint32_t>(s.base + static_cast<uint64_t>(st.ids[j])));
@@ -80,10 +106,14 @@ class bm25_shards_worker {
         int32_t n_found = 0;
         topk_out row;  // the shard workers' output: one row of k
         topk_heap carry;
-        std::vector<std::unique_ptr<bm25_worker>> workers;
+        std::vector<std::unique_ptr<bm25_worker>> workers;   // the call's algorithm ("auto": exhaustive)
+        std::vector<std::unique_ptr<bm25_worker>> maxscore;  // "auto" only
     };
 
     const std::vector<bm25_shard_view>& m_shards;
+    bool m_auto = false;
+    size_t m_auto_docs = 0;
+    uint64_t m_auto_limit = 0;
     const topk_out& m_out;
     std::unique_ptr<state> m_st;
 };

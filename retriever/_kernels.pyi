@@ -437,6 +437,9 @@ def bm25_topk_shards(
     minimum competitive score). Exact: a document scoring below that score cannot
     enter, one scoring equal ranks after the k earlier hits (smaller ordinals win
     ties), and pruning discards only bounds strictly below it.
+    ``"auto"`` picks per query over the union of the shards (exhaustive when the
+    query's lists in all shards total at most 16,384 postings or the shards hold at
+    most 65,536 documents in all, else MaxScore), as one shard holding them would.
 
     Returns ``(ids int64 (nq, k) global ordinals, scores float32 (nq, k), n_found
     int32 (nq,))``, rows padded with -1 / -inf.

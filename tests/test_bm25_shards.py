@@ -111,6 +111,21 @@ def test_kernel_equals_per_shard_merged(sizes, algorithm):
     assert (want[2].max() > 0) == (sum(sizes) > 0)  # the corpora match something
 
 
+@pytest.mark.parametrize("algorithm", ["auto", "maxscore"])
+def test_kernel_auto_over_many_documents(algorithm):
+    """Over more than BM25_AUTO_EXHAUSTIVE_DOCS documents in all, "auto" picks per query by the
+    postings of all shards together (MaxScore for the long queries, exhaustive for the others)."""
+    rng = np.random.default_rng(21)
+    sizes = [40000, 0, 30000]
+    assert sum(sizes) > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
+    bundles, bases = _layout(rng, sizes, 12)
+    batch = _random_queries(rng, 40, 12)
+    for depth in (1, 10):
+        want = _reference(bundles, bases, batch, depth, "exhaustive")
+        _assert_same(_kernels.bm25_topk_shards(bundles, bases, *batch, depth, n_terms=12, n_threads=2,
+                                               algorithm=algorithm), want)
+
+
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_kernel_with_term_kth_and_allow(algorithm):
     """Single-term thresholds (without a filter) and allow masks per shard (some None)."""

@@ -271,12 +271,14 @@ class BM25Leg:
         q_offsets, q_terms, q_weights = self.batch_of(prepared, ctx.n_threads)
         algo, depth = prepared.algorithm, ctx.depth
         n_terms = len(self.idf)
+        # "auto" decides per query over the union of the shards (exhaustive on few documents)
+        small_auto = algo == "auto" and sum(len(prepared.scoring[s]["doc_norm"]) for s in order
+                                            ) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
         bundles = []
         for s in order:
             ks = prepared.scoring[s]
             allow = ctx.allow_for(s)
             bundle = ks["bundle"]
-            small_auto = algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
             if allow is not None or (algo != "exhaustive" and not small_auto and len(q_terms)):
                 bundle = dict(bundle)
                 if allow is not None:
