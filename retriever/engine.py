@@ -130,6 +130,9 @@ class Engine:
             raise QueryError(f"shards must be distinct positions in [0, {len(reader.shards)}), got {list(self.shard_ids)}")
         self.legs: dict[str, Leg] = {name: LEG_LOADERS[name](reader, self.shard_ids, stats, **leg_options)
                                      for name in reader.legs}
+        #: per held shard, uint8 live-documents mask (0 = deleted) or None (no tombstones): every
+        #: search's allow mask, so a deleted document is never returned by any leg
+        self.live: tuple[np.ndarray | None, ...] = tuple(_live_mask(reader.shards[i]) for i in self.shard_ids)
         n_held = int(sum(reader.shards[i].rows for i in self.shard_ids))
         self.stats = stats if stats is not None else CorpusStats.of_legs(n_held, self.legs)
         self.concurrent_legs = bool(concurrent_legs)
@@ -188,6 +191,7 @@ class Engine:
         leg_depth = k if len(names) == 1 else max(depth, k)
         per_leg: dict[str, TopK] = {}
         params = params or {}
+        masks = _and_masks(self.live, allow)
 
         def run_leg(name: str, threads: int) -> tuple[float, float]:
             leg = self.legs[name]
@@ -201,7 +205,7 @@ class Engine:
             else:
                 prep, rows = None, 0
             t1 = time.perf_counter()
-            ctx = SearchContext(depth=leg_depth, n_threads=threads, allow=allow)
+            ctx = SearchContext(depth=leg_depth, n_threads=threads, allow=masks)
             merged = empty_topk(rows, leg_depth) if prep is None else search_leg(leg, prep, ctx)
             t2 = time.perf_counter()
             per_leg[name] = merged if given else _scatter(merged, blank, leg_depth)
@@ -283,6 +287,29 @@ class Engine:
                 if not f.cancel():
                     f.result()
         return [spent_by[name] for name in names]
+
+
+def _live_mask(shard: Any) -> np.ndarray | None:
+    """uint8 (rows,) 1 for live rows, 0 for the shard's tombstones; None without tombstones."""
+    if shard.deleted is None or not len(shard.deleted):
+        return None
+    mask = np.ones(shard.rows, dtype=np.uint8)
+    mask[np.asarray(shard.deleted, dtype=np.int64)] = 0
+    return mask
+
+
+def _and_masks(live: Sequence[np.ndarray | None],
+               allow: Sequence[np.ndarray | None] | None) -> Sequence[np.ndarray | None] | None:
+    """Per shard the AND of the live-documents mask and the call's allow mask (None = all rows);
+    None when no shard has either."""
+    if allow is None:
+        return None if all(m is None for m in live) else live
+    if len(allow) != len(live):
+        raise QueryError(f"allow has {len(allow)} masks for {len(live)} shards")
+    out = []
+    for m, a in zip(live, allow):
+        out.append(m if a is None else a if m is None else (m & a).astype(np.uint8))
+    return out if any(x is not None for x in out) else None
 
 
 def _scatter(res: TopK, blank: np.ndarray, k: int) -> TopK:

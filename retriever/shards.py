@@ -77,6 +77,8 @@ class IndexReader:
         self.manifest = read_manifest(self.path, generation)
         self.generation: int = self.manifest["generation"]
         mname = self.path / manifest_name(self.generation)
+        #: the file of this generation's manifest (named in errors)
+        self.manifest_path = mname
         if verify:
             verify_checksums(self.path, self.manifest)
         try:

@@ -289,3 +289,35 @@ def test_dense_exhaustive_is_the_raw_inner_product(tmp_path):
     assert not np.array_equal(approx.ids, want)
     with pytest.raises(QueryError, match="'exhaustive' scans the full vectors exactly"):
         DenseSearchParams(exhaustive=True, dim=8)
+
+
+def test_tombstoned_documents_never_come_back(tmp_path):
+    """A generation with tombstones (a deletes file on a shard): the engine passes the shard's
+    live-documents mask to every leg as its allow mask; BM25 never returns a deleted document, even
+    one that would rank first, and still returns k live ones; a leg that cannot apply a mask yet
+    refuses with a clear error instead of returning deleted documents."""
+    from retriever.index.format import read_manifest, write_arrays
+    from retriever.index.generations import commit_generation, file_entry
+
+    docs = [{"_id": f"d{i}", "text": ("vitamin " * (5 if i in (3, 7) else 1)) + f"bone w{i}"} for i in range(40)]
+    dv = np.random.default_rng(2).standard_normal((40, 8)).astype(np.float32)
+    path = tmp_path / "ix"
+    build_index(docs, path, legs=("bm25", "dense"), dense_vectors=dv, shard_size=20, show_progress=False)
+    before = Retriever.open(path).search_arrays(["vitamin"], k=5, mode="bm25")
+    assert set(before.ids[0, :2].tolist()) == {3, 7}  # the deleted ones would rank first
+    m1 = read_manifest(path)
+    rel = "shards/00000/deletes.000002.arrow"
+    write_arrays(path / rel, {"rows": np.array([3, 7], np.uint32)})
+    shards = [dict(s) for s in m1["shards"]]
+    shards[0]["deletes"] = rel
+    commit_generation(path, parent=1, changes={"shards": shards, "files": {**m1["files"], rel: file_entry(path, rel)}})
+    r = Retriever.open(path)
+    for algo in ("exhaustive", "maxscore", "bmw", "bmm", "auto"):
+        got = r.search_arrays(["vitamin", "bone w3", "w7"], k=5, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+        returned = set(got.ids[got.ids >= 0].tolist())
+        assert not returned & {3, 7}
+        assert got.n_found[0] == 5
+    hits = r.search("vitamin", k=40, mode="bm25")
+    assert {h.id for h in hits} == {f"d{i}" for i in range(40)} - {"d3", "d7"}
+    with pytest.raises(QueryError, match="dense leg does not take an allow mask yet"):
+        r.search("vitamin", mode="dense", query_vectors=dv[:1])

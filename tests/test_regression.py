@@ -61,7 +61,7 @@ def test_runner_prints_ok_and_fail(tmp_path, data_dir, capsys, monkeypatch):
     assert "1 OK, 1 FAIL, 0 skipped" in out[-1]
     f.write_text(PIN.format(ndcg=0.662238))
     assert main(["--file", str(f), "--index-dir", str(tmp_path / "ix")]) == 0
-    assert (tmp_path / "ix" / "medline-bm25" / "manifest.json").is_file()
+    assert (tmp_path / "ix" / "medline-bm25" / "CURRENT").is_file()
     assert main(["--file", str(f), "--index-dir", str(tmp_path / "ix")]) == 0  # reused index
     assert "2 OK, 0 FAIL" in capsys.readouterr().out
 

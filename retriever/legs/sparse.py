@@ -229,7 +229,7 @@ class SparseLeg:
             self.scale = float(st["sparse_scale"])
             self.vocab_size = int(st["sparse_vocab_size"])
         except (KeyError, TypeError, ValueError):
-            raise IndexFormatError(f"{reader.path / 'manifest.json'}: stats lack sparse_scale / "
+            raise IndexFormatError(f"{reader.manifest_path}: stats lack sparse_scale / "
                                    f"sparse_vocab_size") from None
         self.config = reader.config.sparse
         self.device = device

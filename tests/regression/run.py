@@ -198,7 +198,7 @@ def check(pins: Sequence[Pin], *, slow: bool = False, data: Path | None = None, 
             key = (p.collection, p.legs)
             if key not in opened:
                 out = root / f"{p.collection}-{'-'.join(p.legs)}"
-                if not (out / "manifest.json").is_file():
+                if not (out / "CURRENT").is_file():  # an index already built there is reused
                     t0 = time.perf_counter()
                     build_index(data / p.collection, out, legs=p.legs, show_progress=False)
                     report.seconds[f"build {out.name}"] = time.perf_counter() - t0
