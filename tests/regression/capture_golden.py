@@ -41,7 +41,7 @@ from tests.regression import golden_cases as G  # noqa: E402
 
 
 def _git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=G.ROOT, capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(["git", *args], cwd=G.ROOT, capture_output=True, text=True, check=True).stdout.rstrip()
 
 
 def _save_npz(path: Path, **arrays: np.ndarray) -> None:
@@ -243,7 +243,10 @@ def capture(collections: list[str]) -> int:
     dirty = [ln for ln in _git("status", "--porcelain").splitlines() if not ln[3:].startswith("tests/")]
     manifest = {"what": "top-k ids and scores of every case on every collection and layout; see "
                         "tests/regression/golden_cases.py",
-                "commit": _git("rev-parse", "HEAD"), "code_modified_outside_tests": bool(dirty),
+                "commit": _git("rev-parse", "HEAD"),
+                # the last commit that changed anything outside tests/ (the code the results come from)
+                "code_commit": _git("log", "-1", "--format=%H", "--", ".", ":(exclude)tests"),
+                "code_modified_outside_tests": bool(dirty),
                 "captured_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
                 "k": G.K, "legs": list(G.LEGS), "n_threads": G.N_THREADS,
                 "cases": [case.describe() for case in G.CASES], "collections": collection_info,
