@@ -78,9 +78,16 @@ print(json.dumps(out))
 '''
 
 
-def run_child(checkout: Path, corpus: str, vectors: str, idx: Path) -> dict[str, float]:
-    """One measurement in ``checkout`` (its own interpreter process and working directory)."""
-    res = subprocess.run([sys.executable, "-c", CHILD, corpus, vectors, str(idx)], cwd=checkout,
+def run_child(checkout: Path, corpus: str, vectors: str, idx: Path, pin: bool = False) -> dict[str, float]:
+    """One measurement in ``checkout`` (its own interpreter process and working directory);
+    ``pin``: OpenMP and BLAS held to one thread by the environment, so a version that does not
+    bound them by ``n_threads`` is compared on the same budget."""
+    import os
+
+    env = dict(os.environ)
+    if pin:
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    res = subprocess.run([sys.executable, "-c", CHILD, corpus, vectors, str(idx)], cwd=checkout, env=env,
                          capture_output=True, text=True, timeout=1800)
     if res.returncode != 0:
         raise SystemExit(f"{checkout}: measurement failed:\n{res.stderr[-3000:]}")
@@ -94,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--collection", default="scifact", help="a folder of $RETRIEVER_DATA")
     ap.add_argument("--vectors", default=None, help="vectors .npz (default tests/regression/vectors/<collection>.npz)")
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--pin-threads", action="store_true",
+                    help="OMP/OPENBLAS/MKL_NUM_THREADS=1 in both children (the same thread budget for FAISS and BLAS)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     import os
@@ -108,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.rounds):
             for side in (("a", "b") if r % 2 == 0 else ("b", "a")):
                 path = Path(getattr(args, side)).resolve()
-                runs[side].append(run_child(path, corpus, vectors, idx[side]))
+                runs[side].append(run_child(path, corpus, vectors, idx[side], args.pin_threads))
                 print(f"round {r} {side}: " + ", ".join(f"{k} {v:,.0f}" for k, v in runs[side][-1].items()),
                       flush=True)
     report: dict[str, Any] = {"command": "python -m benchmarks.ab_versions " + " ".join(argv or sys.argv[1:]),
