@@ -29,7 +29,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
            "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks", "bm25_topk_text",
-           "bm25_score_docs",
+           "bm25_score_docs", "bm25_topk_shards",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -158,6 +158,44 @@ def test_fuzz_bm25_upper_bounds(data):
     if imp is not None:
         assert imp.shape == doc_ids.shape
 
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_bm25_topk_shards(data):
+    """Several shards of (mostly well-formed) postings with optional, sometimes corrupted bounds
+    and filters, arbitrary bases and a shared query batch."""
+    shards, n_max = [], 0
+    for _ in range(data.draw(st.integers(0, 3))):
+        offsets, doc_ids, n_docs = data.draw(csr())
+        tfs = _u32(data.draw, len(doc_ids), 5)
+        norm = _f32(data.draw, n_docs)
+        b = {"offsets": offsets, "doc_ids": doc_ids, "tfs": tfs, "doc_norm": norm}
+        ub = _call(K.bm25_upper_bounds, offsets, doc_ids, tfs, norm, block_size=4, n_threads=1)
+        if ub is not None and data.draw(st.integers(0, 4)) > 0:
+            b.update(term_ub=ub[0], block_offsets=ub[1], block_ub=ub[2], block_size=4)
+            if data.draw(st.integers(0, 3)) == 0 and len(ub[0]):
+                b["term_ub"] = ub[0].copy()
+                b["term_ub"][data.draw(st.integers(0, len(ub[0]) - 1))] = data.draw(F32_EDGE)
+        if data.draw(st.booleans()):
+            imp = _call(K.bm25_impacts, offsets, doc_ids, tfs, norm, n_threads=1)
+            if imp is not None:
+                b["impacts"] = imp[:-1] if data.draw(st.integers(0, 3)) == 0 and len(imp) else imp
+        if data.draw(st.integers(0, 3)) == 0:
+            b["allow"] = np.ones(max(n_docs + data.draw(st.sampled_from([0, 0, 1, -1])), 0), np.uint8)
+        shards.append(b)
+        n_max = max(n_max, len(offsets) - 1)
+    n_terms = n_max + data.draw(st.sampled_from([0, 0, 2, -1]))
+    q_offsets, q_terms, q_weights = data.draw(queries(max(n_terms, 0)))
+    bases = np.cumsum([0] + [len(b["doc_norm"]) + data.draw(st.sampled_from([0, 0, 3, -1]))
+                             for b in shards[:-1]]).astype(np.int64)
+    if data.draw(st.integers(0, 5)) == 0:
+        bases = bases[:-1] if len(bases) else np.int64([2**40])
+    k = data.draw(st.sampled_from([1, 2, 5, 0]))
+    algo = data.draw(st.sampled_from(["exhaustive", "maxscore", "bmw", "bmm", "auto", "bogus"]))
+    res = _call(K.bm25_topk_shards, shards, bases, q_offsets, q_terms, q_weights, k, n_terms=n_terms,
+                n_threads=data.draw(st.integers(0, 3)), algorithm=algo)
+    if res is not None:
+        _check_topk(res, len(q_offsets) - 1, k)
 
 @SETTINGS
 @given(data=st.data())
