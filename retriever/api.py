@@ -22,6 +22,9 @@ from .results import BatchResult, Hit, LegHit
 from .shards import IndexReader
 
 DEFAULT_DEPTH = 100
+#: batches with at least this many hits are made with the cyclic garbage collector paused
+#: (see :func:`_gc_paused`); below it, re-enabling the collector costs more than the pause saves
+GC_PAUSE_HITS = 1024
 #: n_threads above this are capped (results do not depend on the thread count): the C++ kernels
 #: start one thread per query up to n_threads and FAISS's OpenMP team takes the value as is, so
 #: n_threads=10**6 on a large batch used to try to start that many threads.
@@ -263,6 +266,8 @@ class Retriever:
         per-hit Python objects are made). The documents of the whole batch are fetched in one
         pass (:meth:`IndexReader.fetch_batch`: one Arrow ``take`` per shard and column) and the
         hits are built column-wise, a few hundred nanoseconds each."""
+        if int(result.n_found.sum()) < GC_PAUSE_HITS:  # a few hits: pausing costs more than it saves
+            return self._hits(result)
         with _gc_paused():  # every object made here stays reachable: a collection would only cost
             return self._hits(result)
 
