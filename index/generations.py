@@ -22,19 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
 from .errors import IndexFormatError, IndexLockedError
+from .writer import _fsync_dir  # the one directory fsync of the build side
 from .format import CURRENT, manifest_digest, manifest_name, read_current, read_manifest, sha256_file
 
 LOCK = "LOCK"
 #: manifest fields a new generation may change (the rest is the parent's)
 MUTABLE_FIELDS = ("shards", "files", "stats", "fusion", "metadata_schema", "build")
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _write_atomic(path: Path, data: bytes) -> None:

@@ -23,6 +23,8 @@ from typing import Any, ClassVar, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from retriever.index.errors import QueryError
+
 from ..topk import merge_topk
 
 #: one shard's (or a merged) top-k: ids int64 (nq, k) global ordinals, scores float32 (nq, k),
@@ -49,6 +51,24 @@ class SearchContext:
     def allow_for(self, shard: int) -> np.ndarray | None:
         """The allow mask of shard ``shard`` (``None``: every row may be returned)."""
         return None if self.allow is None else self.allow[shard]
+
+
+def check_candidates(offsets: np.ndarray, ordinals: np.ndarray, nq: int, n_docs: int
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """``score_docs``' candidate lists, checked: int64 ``offsets`` (nq + 1 non-decreasing values
+    from 0 to ``len(ordinals)``) and int64 ``ordinals`` in ``[0, n_docs)``.
+
+    Raises:
+        QueryError: offsets that do not fit, or an ordinal outside the shard (names it).
+    """
+    offs = np.asarray(offsets, dtype=np.int64)
+    ords = np.asarray(ordinals, dtype=np.int64)
+    if len(offs) != nq + 1 or offs[0] != 0 or offs[-1] != len(ords) or (np.diff(offs) < 0).any():
+        raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(ords)}")
+    if len(ords) and (ords.min() < 0 or ords.max() >= n_docs):
+        bad = int(ords.min()) if ords.min() < 0 else int(ords.max())
+        raise QueryError(f"document ordinal {bad} is outside the shard's [0, {n_docs})")
+    return offs, ords
 
 
 def empty_topk(nq: int, k: int) -> TopK:

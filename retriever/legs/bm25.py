@@ -27,7 +27,7 @@ from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
 from ..shards import IndexReader, Shard
 from ..stats import BM25Stats
-from .base import SearchContext, TopK, empty_topk
+from .base import SearchContext, TopK, check_candidates, empty_topk
 
 BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 __all__ = ["BM25Leg", "BM25Prepared", "BM25_ALGORITHMS", "lucene_norm_length", "score_postings"]
@@ -762,15 +762,8 @@ def score_postings(offsets: np.ndarray, doc_ids: np.ndarray, impacts: np.ndarray
     Raises:
         QueryError: offsets that do not fit, or a document outside ``[0, n_docs)`` (names it).
     """
-    c_offsets = np.asarray(c_offsets, dtype=np.int64)
-    c_docs = np.asarray(c_docs, dtype=np.int64)
     nq = len(q_offsets) - 1
-    if len(c_offsets) != nq + 1 or c_offsets[0] != 0 or c_offsets[-1] != len(c_docs) \
-            or (np.diff(c_offsets) < 0).any():
-        raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(c_docs)}")
-    if len(c_docs) and (c_docs.min() < 0 or c_docs.max() >= n_docs):
-        bad = int(c_docs.min()) if c_docs.min() < 0 else int(c_docs.max())
-        raise QueryError(f"document ordinal {bad} is outside the shard's [0, {n_docs})")
+    c_offsets, c_docs = check_candidates(c_offsets, c_docs, nq, n_docs)
     out = np.zeros(len(c_docs), dtype=np.float32)
     for q in range(nq):
         lo_c, hi_c = int(c_offsets[q]), int(c_offsets[q + 1])

@@ -47,7 +47,7 @@ from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
 from ..params import DenseSearchParams
 from ..shards import IndexReader
 from ..threads import thread_limits
-from .base import SearchContext, TopK, empty_topk, search_each_shard
+from .base import SearchContext, TopK, check_candidates, empty_topk, search_each_shard
 
 log = logging.getLogger(__name__)
 
@@ -489,15 +489,8 @@ class DenseLeg:
         Raises:
             QueryError: offsets that do not fit, or an ordinal outside the shard (names it).
         """
-        ords = np.asarray(ordinals, dtype=np.int64)
-        offs = np.asarray(offsets, dtype=np.int64)
         nq = prepared.q.shape[0]
-        rows = self.shards[shard].rows
-        if len(offs) != nq + 1 or offs[0] != 0 or offs[-1] != len(ords) or (np.diff(offs) < 0).any():
-            raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(ords)}")
-        if len(ords) and (ords.min() < 0 or ords.max() >= rows):
-            bad = int(ords.min()) if ords.min() < 0 else int(ords.max())
-            raise QueryError(f"document ordinal {bad} is outside the shard's [0, {rows})")
+        offs, ords = check_candidates(offsets, ordinals, nq, self.shards[shard].rows)
         counts = np.diff(offs)
         width = int(counts.max()) if nq and len(ords) else 0
         out = np.zeros(len(ords), dtype=np.float32)

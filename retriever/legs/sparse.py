@@ -37,7 +37,7 @@ from retriever.index.sparse_build import SPARSE_FWD
 from .. import _kernels
 from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
 from ..shards import IndexReader
-from .base import SearchContext, TopK, search_each_shard
+from .base import SearchContext, TopK, check_candidates, search_each_shard
 
 SPARSE_INDEX_ARRAYS = {
     "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
@@ -415,15 +415,8 @@ def forward_scores(fwd_offsets: np.ndarray, fwd_terms: np.ndarray, fwd_values: n
     Raises:
         QueryError: offsets that do not fit, or an ordinal outside ``[0, n_docs)`` (names it).
     """
-    c_offsets = np.asarray(c_offsets, dtype=np.int64)
-    c_docs = np.asarray(c_docs, dtype=np.int64)
     nq = len(q_offsets) - 1
-    if len(c_offsets) != nq + 1 or c_offsets[0] != 0 or c_offsets[-1] != len(c_docs) \
-            or (np.diff(c_offsets) < 0).any():
-        raise QueryError(f"candidate offsets must be {nq + 1} non-decreasing values from 0 to {len(c_docs)}")
-    if len(c_docs) and (c_docs.min() < 0 or c_docs.max() >= n_docs):
-        bad = int(c_docs.min()) if c_docs.min() < 0 else int(c_docs.max())
-        raise QueryError(f"document ordinal {bad} is outside the shard's [0, {n_docs})")
+    c_offsets, c_docs = check_candidates(c_offsets, c_docs, nq, n_docs)
     out = np.zeros(len(c_docs), dtype=np.float32)
     qd = np.zeros(vocab_size, dtype=np.float32)
     fo = fwd_offsets.astype(np.int64)
