@@ -68,7 +68,14 @@ setup(
         f"faiss-gpu==1.15.1; {FAISS_GPU}",
         f"faiss-cpu>=1.8; {FAISS_CPU}",
     ],
-    extras_require={"test": ["pytest", "hypothesis", "pytest-timeout", "pyyaml"]},
+    extras_require={
+        "ray": ["ray[data]==2.60.0"],
+        "langchain": ["langchain-core>=1.0"],
+        "llamaindex": ["llama-index-core>=0.14"],
+        # the test command installs every extra, so CI runs the Ray and adapter suites too
+        "test": ["pytest", "hypothesis", "pytest-timeout", "pyyaml", "langchain-tests>=1.0",
+                 "ray[data]==2.60.0", "langchain-core>=1.0", "llama-index-core>=0.14"],
+    },
     entry_points={"console_scripts": ["retriever = retriever.cli:main"]},
     zip_safe=False,
 )
