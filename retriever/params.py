@@ -154,6 +154,10 @@ class DenseSearchParams:
             BLAS blocks, no re-normalisation, nothing cached), whatever ANN structure the index was
             built with: the exact reference (recall@k is measured against it). Excludes ``dim``,
             ``index``, ``scan_dtype="int8"`` and ``rescore=False``.
+        filter_exact_below: the filter planner's threshold: on a shard where the allow mask
+            (filter and deletes) passes a fraction of the rows below it, the passing documents are
+            scanned exactly whatever the algorithm (in [0, 1]; 0: only IVF's cost rule applies).
+            See docs/SEARCH.md.
 
     Raises:
         QueryError: a value of the wrong type or range (names the option and the value).
@@ -169,8 +173,10 @@ class DenseSearchParams:
     batch_size: int | None = None
     scan_dtype: str = "float32"
     exhaustive: bool = False
+    filter_exact_below: float = DEFAULT_DENSE_FILTER_EXACT_BELOW
 
     def __post_init__(self) -> None:
+        _check_fraction("dense", "filter_exact_below", self.filter_exact_below)
         if not isinstance(self.exhaustive, bool):
             raise QueryError(f"dense leg_params 'exhaustive' must be True or False, got {self.exhaustive!r}")
         if self.exhaustive and (self.dim is not None or self.index is not None or self.scan_dtype != "float32"
