@@ -493,11 +493,12 @@ class DenseLeg:
                          mask: ShardMask) -> TopK:
         """:meth:`search_shard` with an allow mask that some but not all rows pass.
 
-        The planner: when the passing fraction is below ``params.filter_exact_below``, or for an
-        IVF generator whose ``nprobe`` (raised to ``nprobe / fraction``, so that as many passing
-        vectors are visited as without a filter) would visit more vectors than pass, the passing
-        documents are scanned exactly (:meth:`_scan_passing`): the exact filtered top-k, whatever
-        the algorithm. Otherwise every generator takes the mask before its top-k': the exact
+        The planner: when the passing fraction is below ``params.filter_exact_below``, when the
+        generator scans every row anyway and a scan of the passing vectors costs less
+        (:meth:`_passing_scan_cheaper`), or for an IVF generator whose ``nprobe`` (raised to
+        ``nprobe / fraction``, so that as many passing vectors are visited as without a filter)
+        would visit more vectors than pass, the passing documents are scanned exactly
+        (:meth:`_scan_passing`): the exact filtered top-k, whatever the algorithm. Otherwise every generator takes the mask before its top-k': the exact
         scans (float32 blocks, int8) through their kernels' ``allow``; FAISS through an
         ``IDSelectorBitmap`` in the search parameters (IVF ``nprobe`` and HNSW ``efSearch``
         divided by the fraction, capped), or, for index types without selector support (flat
@@ -517,7 +518,8 @@ class DenseLeg:
         if not p.exhaustive and not prepared.use_own:
             pi = self._prefix_index(shard, fp.dim, "int8" if fp.scan_dtype == "int8" else fp.index or "Flat")
         cpu = self.cpu_indexes[shard] if prepared.use_own else (pi.cpu if pi is not None else None)
-        if mask.fraction < p.filter_exact_below or (cpu is not None and self._ivf_scans_more(cpu, fp, mask)):
+        if (mask.fraction < p.filter_exact_below or self._passing_scan_cheaper(prepared, cpu, pi, fp, mask)
+                or (cpu is not None and self._ivf_scans_more(cpu, fp, mask))):
             return self._scan_passing(prepared, shard, depth, threads, fp, mask)
         with thread_limits(threads):
             if p.exhaustive:
@@ -568,6 +570,23 @@ class DenseLeg:
             D, I = _prefix_scan(subp, prepared.qp, need, threads, fp.batch_size)
         ids = np.where(I >= 0, rows[np.maximum(I, 0)] + s.base, -1)
         return _top(ids, np.where(I >= 0, D, -np.inf).astype(np.float32), depth)
+
+    def _passing_scan_cheaper(self, prepared: "DensePrepared", cpu: Any, pi: "_PrefixIndex | None",
+                              fp: FunnelParams, mask: ShardMask) -> bool:
+        """True when the generator is itself a scan of every row (exhaustive, the flat float32 or
+        int8 prefix scans, a flat FAISS index) and gathering and scanning the passing vectors at
+        full dimension costs less: ``passing · d · (1 + 1/nq)`` multiply-adds and copies against
+        ``rows · dim`` (a quarter of that for int8 codes)."""
+        if prepared.params.exhaustive:
+            gen = float(self.dim)
+        elif pi is not None and pi.int8 is not None:
+            gen = fp.dim / 4.0
+        elif cpu is None or type(cpu).__name__ in ("IndexFlatIP", "IndexFlat"):
+            gen = float(self.dim if prepared.use_own else fp.dim)
+        else:
+            return False
+        nq = max(1, prepared.q.shape[0])
+        return mask.n_pass * self.dim * (1.0 + 1.0 / nq) <= mask.rows * gen
 
     @staticmethod
     def _ivf_scans_more(cpu: Any, fp: FunnelParams, mask: ShardMask) -> bool:
