@@ -63,18 +63,21 @@ Filter = Any  # None | pc.Expression | Mapping[str, Any]
 def _list_contains_kernel(ctx: Any, lists: pa.Array, needles: Any) -> pa.Array:
     """UDF body of :data:`LIST_CONTAINS`: per row, whether the list holds any of ``needles``
     (a list scalar, or an array whose first row is the needle list); null where the list is null.
-    Arrow compute does the matching (``list_flatten``, ``list_parent_indices``, ``is_in``)."""
+    Arrow compute matches the values (``is_in``); a prefix sum over the hits
+    read at the list offsets counts each row's."""
     if isinstance(needles, pa.Scalar):
         values = needles.values
     else:
         values = needles[0].values
     if values is None:
         values = pa.array([], pa.large_string())
-    flat = pc.list_flatten(lists)
-    parents = pc.list_parent_indices(lists).to_numpy()
+    offs = lists.offsets.to_numpy().astype(np.int64)
+    flat = lists.values.slice(int(offs[0]), int(offs[-1] - offs[0]))  # this (sliced) array's values, no copy
     hit = pc.fill_null(pc.is_in(flat, value_set=values), False).to_numpy(zero_copy_only=False)
-    out = np.zeros(len(lists), dtype=bool)
-    out[parents[hit]] = True
+    offs -= offs[0]
+    cum = np.zeros(len(hit) + 1, dtype=np.int64)
+    np.cumsum(hit, out=cum[1:])
+    out = cum[offs[1:]] > cum[offs[:-1]]
     return pa.array(out, mask=lists.is_null().to_numpy(zero_copy_only=False) if lists.null_count else None)
 
 
@@ -457,19 +460,28 @@ def compile_filter(expr: Filter, reader: IndexReader, shard_ids: Sequence[int]) 
     """
     schema = reader.metadata_schema
     e = parse_filter(expr, schema)
-    masks: list[np.ndarray | None] = []
-    for sid in shard_ids:
-        shard = reader.shards[sid]
-        try:
-            out = _evaluate(e, shard_table(shard, schema))
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
-            raise QueryError(f"filter {e}: {str(err).splitlines()[0]} on {shard.dir / 'docs.arrow'}") from None
-        if pa.types.is_null(out.type):
-            masks.append(np.zeros(shard.rows, dtype=np.uint8))
-            continue
+    shards = [reader.shards[sid] for sid in shard_ids]
+    if not shards:
+        return []
+    # one Arrow pass over the shards' columns side by side (zero-copy chunks): a plan per shard
+    # cost ~0.5 ms each at 10 shards
+    table = pa.concat_tables([shard_table(s, schema) for s in shards])
+    try:
+        out = _evaluate(e, table)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as err:
+        raise QueryError(f"filter {e}: {str(err).splitlines()[0]} (on {shards[0].dir.parent})") from None
+    n = sum(s.rows for s in shards)
+    if pa.types.is_null(out.type) or len(out) == 0:
+        flat = np.zeros(n, dtype=np.uint8)
+    else:
         arr = out.combine_chunks() if out.num_chunks != 1 else out.chunk(0)
-        m = pc.fill_null(arr, False).to_numpy(zero_copy_only=False).view(np.uint8)
-        if len(m) != shard.rows:  # a literal (e.g. the empty filter) broadcast by Acero has the rows
-            m = np.broadcast_to(m, shard.rows).copy()
-        masks.append(None if m.all() else np.ascontiguousarray(m))
+        flat = pc.fill_null(arr, False).to_numpy(zero_copy_only=False).view(np.uint8)
+        if len(flat) != n:  # a literal (the empty filter) comes back as one value
+            flat = np.broadcast_to(flat, n)
+    masks: list[np.ndarray | None] = []
+    start = 0
+    for s in shards:
+        m = flat[start:start + s.rows]
+        start += s.rows
+        masks.append(None if m.all() else np.array(m, dtype=np.uint8))  # a copy per shard
     return masks
