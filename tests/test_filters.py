@@ -26,9 +26,6 @@ T0 = dt.datetime(2020, 1, 1)
 CATS = [f"c{i}" for i in range(50)]
 TAGS = ["red", "green", "blue", "black", "white"]
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
-#: the dense and sparse legs do not take allow masks until the `filterlegs` branch lands
-LEGS_PENDING = pytest.mark.xfail(strict=True, raises=QueryError,
-                                 reason="needs dense & sparse allow masks (branch filterlegs, issue 22)")
 
 
 def add_fields(docs: list[dict], seed: int, *, missing: bool) -> list[dict]:
@@ -435,8 +432,7 @@ def _leg_oracle(r: Retriever, mode: str, qv, qsv):
                            leg_params={mode: EXACT[mode]})
 
 
-@pytest.mark.parametrize("mode", ["bm25", pytest.param("dense", marks=LEGS_PENDING),
-                                  pytest.param("sparse", marks=LEGS_PENDING)])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "sparse"])
 def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
     r, qv, qsv = three_legs
     ref = _leg_oracle(r, mode, qv, qsv)
@@ -449,8 +445,8 @@ def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
 
 
 @pytest.mark.parametrize("fusion", [RRF(), Linear(), Linear(norm="zscore")], ids=["rrf", "minmax", "zscore"])
-@pytest.mark.parametrize("legs", [pytest.param(("bm25", "dense", "sparse"), marks=LEGS_PENDING, id="all"),
-                                  pytest.param(("bm25", "dense"), marks=LEGS_PENDING, id="bm25+dense")])
+@pytest.mark.parametrize("legs", [pytest.param(("bm25", "dense", "sparse"), id="all"),
+                                  pytest.param(("bm25", "dense"), id="bm25+dense")])
 def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fusion, legs):
     """Fusion sees only passing documents: the filtered hybrid result (ids, fused scores, per-leg
     scores and ranks) equals fusing each leg's brute-force filtered list."""
@@ -481,9 +477,9 @@ def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fus
         assert keep[got.ids[got.ids >= 0]].all()
 
 
-@pytest.mark.parametrize("mode", ["bm25", pytest.param("dense", marks=LEGS_PENDING),
-                                  pytest.param("sparse", marks=LEGS_PENDING),
-                                  pytest.param("hybrid", marks=LEGS_PENDING)])
+@pytest.mark.parametrize("mode", ["bm25", "dense",
+                                  "sparse",
+                                  "hybrid"])
 def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
     r, qv, qsv = three_legs
     fl = [{"year": {"$lt": 300}}, None, {"tags": "red"}, {"year": {"$lt": 300}}, {"flag": True},
