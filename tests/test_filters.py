@@ -496,3 +496,47 @@ def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
         np.testing.assert_array_equal(batch.scores[i], one.scores[0])
         for m in batch.legs:
             np.testing.assert_array_equal(batch.legs[m].ranks[i], one.legs[m].ranks[0])
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_cli_filter_on_search_eval_and_bench(tmp_path, small_docs, capsys):
+    """``--filter JSON`` on ``search``, ``eval`` and ``bench``: the same hits as the library, only
+    passing documents in the run file; bad JSON and an unknown field are one-line errors."""
+    from conftest import cli_error
+    from retriever.cli import main
+
+    build_index(small_docs, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    f = {"year": {"$lt": 300}, "tags": {"$in": ["red", "blue"]}}
+    passing = {d["_id"] for d in small_docs if d.get("year") is not None and d["year"] < 300
+               and {"red", "blue"} & set(d["tags"])}
+    assert main(["search", str(tmp_path / "ix"), "vitamin bone", "-k", "8", "--mode", "bm25", "--json",
+                 "--filter", json.dumps(f)]) == 0
+    got = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
+    assert got == [h.id for h in r.search("vitamin bone", 8, mode="bm25", filter=f)] and len(got) == 8
+    assert set(got) <= passing
+
+    qfile, qrels = tmp_path / "queries.jsonl", tmp_path / "qrels.tsv"
+    qfile.write_text("".join(json.dumps({"_id": f"q{i}", "text": q}) + "\n" for i, q in enumerate(QUERIES)))
+    qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(QUERIES))))
+    run = tmp_path / "run.txt"
+    assert main(["eval", str(tmp_path / "ix"), "--queries", str(qfile), "--qrels", str(qrels), "--mode", "bm25",
+                 "--json", "--run-out", str(run), "--filter", json.dumps(f)]) == 0
+    capsys.readouterr()
+    docs_in_run = {line.split()[2] for line in run.read_text().splitlines()}
+    assert docs_in_run and docs_in_run <= passing
+
+    assert main(["bench", str(tmp_path / "ix"), "--queries", str(qfile), "--mode", "bm25", "--json",
+                 "--filter", json.dumps(f)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["settings"]["filter"] == f
+    assert rep["modes"]["bm25"]["recall@10"]["bm25"] == 1.0  # exact algorithms against the exact filtered search
+
+    err = cli_error(capsys, ["search", str(tmp_path / "ix"), "bone", "--filter", '{"yaer": 1}'])
+    assert "unknown field 'yaer'; fields: " in err and "year (int64)" in err
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path / "ix"), "bone", "--filter", "{year: 1"])
+    assert "--filter: not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path / "ix"), "bone", "--filter", "[1]"])
+    assert "--filter: expected a JSON object" in capsys.readouterr().err
