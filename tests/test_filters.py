@@ -540,3 +540,53 @@ def test_cli_filter_on_search_eval_and_bench(tmp_path, small_docs, capsys):
     with pytest.raises(SystemExit):
         main(["search", str(tmp_path / "ix"), "bone", "--filter", "[1]"])
     assert "--filter: expected a JSON object" in capsys.readouterr().err
+
+
+def test_fields_missing_in_shards_null_only_fields_aware_timestamps_and_dates(tmp_path):
+    """A field only later shards hold (earlier ones lack it or have a null-typed child), a field
+    that is null everywhere (schema type null), a UTC timestamp column, a date column and a JSON
+    column ($exists only)."""
+    utc = dt.timezone.utc
+    docs = []
+    for i in range(90):
+        d = {"_id": f"d{i}", "text": "bone vitamin" if i % 2 else "gene", "blank": None,
+             "tsu": dt.datetime(2021, 1, 1, tzinfo=utc) + dt.timedelta(hours=i),
+             "day": dt.date(2021, 1, 1) + dt.timedelta(days=i)}
+        if i >= 60:
+            d["late"] = i
+        if i % 3 == 0:
+            d["obj"] = {"a": i}
+        docs.append(d)
+    build_index(docs, tmp_path / "ix", legs=("bm25",), show_progress=False, shard_size=30)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    assert r.reader.metadata_schema["blank"] is None and r.reader.metadata_schema["late"] == "int64"
+    assert r.reader.metadata_schema["tsu"] == "timestamp[UTC]" and r.reader.metadata_schema["day"] == "date"
+    sids = range(len(r.reader.shards))
+    cases = [
+        ({"late": {"$gte": 70}}, lambda i: i >= 70),
+        ({"late": {"$ne": 70}}, lambda i: i >= 60 and i != 70),
+        ({"$not": {"late": {"$lt": 70}}}, lambda i: i >= 70),
+        ({"late": {"$exists": False}}, lambda i: i < 60),
+        ({"blank": 5}, lambda i: False),
+        ({"blank": {"$ne": "x"}}, lambda i: False),
+        ({"blank": {"$exists": False}}, lambda i: True),
+        ({"tsu": {"$lt": "2021-01-01T10:00:00+00:00"}}, lambda i: i < 10),
+        ({"tsu": {"$lt": "2021-01-01T10:00:00"}}, lambda i: i < 10),  # naive: taken as UTC
+        ({"tsu": {"$lt": "2021-01-01T12:00:00+02:00"}}, lambda i: i < 10),
+        ({"day": {"$gte": "2021-03-01"}}, lambda i: dt.date(2021, 1, 1) + dt.timedelta(days=i) >= dt.date(2021, 3, 1)),
+        ({"day": {"$in": ["2021-01-02", dt.date(2021, 1, 5)]}}, lambda i: i in (1, 4)),
+        ({"obj": {"$exists": True}}, lambda i: i % 3 == 0),
+    ]
+    for f, pred in cases:
+        masks = compile_filter(f, r.reader, sids)
+        got = np.concatenate([np.ones(s.rows, np.uint8) if m is None else m
+                              for s, m in zip(r.reader.shards, masks)]).astype(bool)
+        np.testing.assert_array_equal(got, [pred(i) for i in range(90)], err_msg=str(f))
+    with pytest.raises(QueryError, match=r"field 'day' is date, got '2021-13-01': not an ISO date"):
+        r.search("bone", filter={"day": "2021-13-01"})
+    with pytest.raises(QueryError, match=r"field 'obj' is json: it takes \$exists only, got \$eq"):
+        r.search("bone", filter={"obj": 1})
+    with pytest.raises(QueryError, match=r"field 'day' is date, got datetime value"):
+        r.search("bone", filter={"day": dt.datetime(2021, 1, 1)})
+    hits = r.search("bone vitamin", 50, mode="bm25", filter={"late": {"$gte": 70}})
+    assert sorted(int(h.id[1:]) for h in hits) == [i for i in range(70, 90) if i % 2]
