@@ -26,9 +26,6 @@ T0 = dt.datetime(2020, 1, 1)
 CATS = [f"c{i}" for i in range(50)]
 TAGS = ["red", "green", "blue", "black", "white"]
 SELECTIVITIES = (0.001, 0.01, 0.1, 0.5, 1.0)
-#: the dense and sparse legs do not take allow masks until the `filterlegs` branch lands
-LEGS_PENDING = pytest.mark.xfail(strict=True, raises=QueryError,
-                                 reason="needs dense & sparse allow masks (branch filterlegs, issue 22)")
 
 
 def add_fields(docs: list[dict], seed: int, *, missing: bool) -> list[dict]:
@@ -430,16 +427,15 @@ LEG_FILTERS = [({"year": {"$lt": 1}}, lambda d: d.get("year") is not None and d[
                ({}, lambda d: True)]
 
 
-def _leg_oracle(r: Retriever, mode: str, qv, qsv):
-    return r.search_arrays(QUERIES, r.reader.n_docs, mode=mode, query_vectors=qv, sparse_vectors=qsv,
+def _leg_oracle(r: Retriever, mode: str, qs: list[str], qv, qsv):
+    return r.search_arrays(qs, r.reader.n_docs, mode=mode, query_vectors=qv, sparse_vectors=qsv,
                            leg_params={mode: EXACT[mode]})
 
 
-@pytest.mark.parametrize("mode", ["bm25", pytest.param("dense", marks=LEGS_PENDING),
-                                  pytest.param("sparse", marks=LEGS_PENDING)])
+@pytest.mark.parametrize("mode", ["bm25", "dense", "sparse"])
 def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
     r, qv, qsv = three_legs
-    ref = _leg_oracle(r, mode, qv, qsv)
+    ref = _leg_oracle(r, mode, QUERIES, qv, qsv)
     for f, pred in LEG_FILTERS:
         keep = oracle_mask(small_docs, pred)
         for k in (1, 10, 50):
@@ -448,42 +444,43 @@ def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
             assert_matches(got, *restrict(ref, keep, k), keep, k)
 
 
-@pytest.mark.parametrize("fusion", [RRF(), Linear(), Linear(norm="zscore")], ids=["rrf", "minmax", "zscore"])
-@pytest.mark.parametrize("legs", [pytest.param(("bm25", "dense", "sparse"), marks=LEGS_PENDING, id="all"),
-                                  pytest.param(("bm25", "dense"), marks=LEGS_PENDING, id="bm25+dense")])
-def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fusion, legs):
+@pytest.mark.parametrize("fusion", [RRF(), Linear(), Linear(norm="zscore"), Linear(norm="none", weights={"dense": 2.0})],
+                         ids=["rrf", "minmax", "zscore", "none-weighted"])
+def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fusion):
     """Fusion sees only passing documents: the filtered hybrid result (ids, fused scores, per-leg
     scores and ranks) equals fusing each leg's brute-force filtered list."""
     r, qv, qsv = three_legs
-    depth = 30
-    names = list(r.legs)
-    refs = {m: _leg_oracle(r, m, qv, qsv) for m in names}
+    refs = {m: _leg_oracle(r, m, QUERIES, qv, qsv) for m in r.legs}
     for f, pred in LEG_FILTERS:
-        keep = oracle_mask(small_docs, pred)
-        per_leg = {}
-        for m in names:
-            ids, scores = restrict(refs[m], keep, depth)
-            out_ids = np.full((len(QUERIES), depth), -1, np.int64)
-            out_sc = np.full((len(QUERIES), depth), -np.inf, np.float32)
-            n_found = np.zeros(len(QUERIES), np.int32)
-            for q in range(len(QUERIES)):
-                out_ids[q, :len(ids[q])], out_sc[q, :len(ids[q])], n_found[q] = ids[q], scores[q], len(ids[q])
-            per_leg[m] = (out_ids, out_sc, n_found)
-        w_ids, w_scores, w_n, w_legs = fuse(per_leg, 10, fusion)
-        got = r.search_arrays(QUERIES, 10, mode="hybrid", fusion=fusion, depth=depth, filter=f, query_vectors=qv,
-                              sparse_vectors=qsv, leg_params=EXACT)
-        np.testing.assert_array_equal(got.ids, w_ids)
-        np.testing.assert_array_equal(got.scores, w_scores)
-        np.testing.assert_array_equal(got.n_found, w_n)
-        for m in names:
-            np.testing.assert_array_equal(got.legs[m].ranks, w_legs[m].ranks)
-            np.testing.assert_array_equal(got.legs[m].scores, w_legs[m].scores)
-        assert keep[got.ids[got.ids >= 0]].all()
+        assert_hybrid_matches(r, QUERIES, qv, qsv, refs, f, oracle_mask(small_docs, pred), fusion)
 
 
-@pytest.mark.parametrize("mode", ["bm25", pytest.param("dense", marks=LEGS_PENDING),
-                                  pytest.param("sparse", marks=LEGS_PENDING),
-                                  pytest.param("hybrid", marks=LEGS_PENDING)])
+def assert_hybrid_matches(r: Retriever, qs: list[str], qv, qsv, refs, f, keep: np.ndarray, fusion,
+                          depth: int = 30, k: int = 10) -> None:
+    """Filtered hybrid search == fusing each leg's brute-force filtered top-``depth`` (``refs``:
+    per leg the unfiltered full-depth exact result): ids, fused scores, per-leg scores and ranks."""
+    per_leg = {}
+    for m in r.legs:
+        ids, scores = restrict(refs[m], keep, depth)
+        out_ids = np.full((len(qs), depth), -1, np.int64)
+        out_sc = np.full((len(qs), depth), -np.inf, np.float32)
+        n_found = np.zeros(len(qs), np.int32)
+        for q in range(len(qs)):
+            out_ids[q, :len(ids[q])], out_sc[q, :len(ids[q])], n_found[q] = ids[q], scores[q], len(ids[q])
+        per_leg[m] = (out_ids, out_sc, n_found)
+    w_ids, w_scores, w_n, w_legs = fuse(per_leg, k, fusion)
+    got = r.search_arrays(qs, k, mode="hybrid", fusion=fusion, depth=depth, filter=f, query_vectors=qv,
+                          sparse_vectors=qsv, leg_params=EXACT)
+    np.testing.assert_array_equal(got.ids, w_ids)
+    np.testing.assert_array_equal(got.scores, w_scores)
+    np.testing.assert_array_equal(got.n_found, w_n)
+    for m in r.legs:
+        np.testing.assert_array_equal(got.legs[m].ranks, w_legs[m].ranks)
+        np.testing.assert_array_equal(got.legs[m].scores, w_legs[m].scores)
+    assert keep[got.ids[got.ids >= 0]].all()
+
+
+@pytest.mark.parametrize("mode", ["bm25", "dense", "sparse", "hybrid"])
 def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
     r, qv, qsv = three_legs
     fl = [{"year": {"$lt": 300}}, None, {"tags": "red"}, {"year": {"$lt": 300}}, {"flag": True},
@@ -496,6 +493,57 @@ def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
         np.testing.assert_array_equal(batch.scores[i], one.scores[0])
         for m in batch.legs:
             np.testing.assert_array_equal(batch.legs[m].ranks[i], one.legs[m].ranks[0])
+
+
+def _random_vectors(n: int, nq: int, seed: int, dim: int = 16, vocab: int = 300):
+    """Seeded dense document / query vectors and sparse ones (CSR triple for the build, (ids,
+    weights) pairs for the queries): the legs' inputs without running an encoder."""
+    rng = np.random.default_rng(seed)
+    dv = rng.standard_normal((n, dim)).astype(np.float32)
+    terms = [np.unique(rng.integers(0, vocab, rng.integers(1, 30))) for _ in range(n)]
+    ptr = np.zeros(n + 1, np.int64)
+    ptr[1:] = np.cumsum([len(t) for t in terms])
+    sv = (ptr, np.concatenate(terms).astype(np.uint32), (rng.random(int(ptr[-1])) + 0.05).astype(np.float32))
+    qv = rng.standard_normal((nq, dim)).astype(np.float32)
+    qsv = [np.unique(rng.integers(0, vocab, 8)).astype(np.uint32) for _ in range(nq)]
+    return dv, sv, qv, [(t, np.linspace(1.0, 0.2, len(t)).astype(np.float32)) for t in qsv]
+
+
+@pytest.fixture(scope="module")
+def scifact_legs(tmp_path_factory):
+    """SciFact (typed synthetic fields) with all three legs, 3 shards; the dense and sparse
+    vectors are seeded random ones (the filter path does not depend on where they came from)."""
+    path = DATA / "scifact" / "corpus.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"SciFact not found at {path} (set RETRIEVER_DATA)")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        docs = add_fields([json.loads(line) for line in f], seed=11, missing=False)
+    with open(DATA / "scifact" / "queries.jsonl", encoding="utf-8") as f:
+        qs = [json.loads(line)["text"] for line in f][:30]
+    dv, sv, qv, qsv = _random_vectors(len(docs), len(qs), seed=2, dim=32, vocab=2000)
+    out = tmp_path_factory.mktemp("scifact3") / "ix"
+    build_index(docs, out, legs=("bm25", "dense", "sparse"), dense_vectors=dv, sparse_vectors=sv,
+                shard_size=1800, show_progress=False)
+    return Retriever.open(out, n_threads=2), docs, qs, qv, qsv
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse", "hybrid"])
+def test_legs_scifact_selectivities(scifact_legs, mode):
+    """Dense (flat) and learned-sparse (exact) legs and their RRF fusion with BM25 on SciFact with
+    typed fields, selectivities 0.1 % to 100 %: brute force over the filtered set, k met, nothing
+    filtered out."""
+    r, docs, qs, qv, qsv = scifact_legs
+    refs = {m: _leg_oracle(r, m, qs, qv, qsv) for m in (r.legs if mode == "hybrid" else [mode])}
+    for s in SELECTIVITIES:
+        f, pred = _selective(docs, s)
+        keep = oracle_mask(docs, pred)
+        if mode == "hybrid":
+            assert_hybrid_matches(r, qs, qv, qsv, refs, f, keep, RRF())
+            continue
+        for k in (10, 100):
+            got = r.search_arrays(qs, k, mode=mode, filter=f, query_vectors=qv, sparse_vectors=qsv,
+                                  leg_params={mode: EXACT[mode]})
+            assert_matches(got, *restrict(refs[mode], keep, k), keep, k)
 
 
 # ------------------------------------------------------------------------------------------ CLI
