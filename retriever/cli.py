@@ -44,6 +44,17 @@ def _leg_params(s: str) -> dict[str, Any]:
     return v
 
 
+def _filter(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--filter: not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"--filter: expected a JSON object such as '{{\"year\": {{\"$gte\": 2020}}}}', "
+                                         f"got {s!r}")
+    return v
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """``--help`` shows each option's default: "(default: X)" is appended to help text that does
     not state its default already, for options whose default is a value (not None / False / "")."""
@@ -65,6 +76,8 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
     p.add_argument("--leg-params", type=_leg_params, default=None,
                    help='per-leg search options as JSON, e.g. \'{"dense": {"dim": 64, "shortlist": 200}}\'')
+    p.add_argument("--filter", type=_filter, default=None,
+                   help='metadata filter as JSON (docs/FILTERS.md), e.g. \'{"year": {"$gte": 2020}, "lang": "en"}\'')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,7 +227,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     r = Retriever.open(args.dir, n_threads=args.threads)
     hits = r.search(args.query, k=args.k, mode=args.mode, fusion=_fusion(args), depth=args.depth,
-                    leg_params=args.leg_params)
+                    leg_params=args.leg_params, filter=args.filter)
     if args.json:
         print(json.dumps({"query": args.query, "mode": args.mode, "hits": [_hit_dict(h) for h in hits]},
                          ensure_ascii=False))
@@ -253,7 +266,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for mode in modes:
         t0 = time.perf_counter()
         run, res = search_run(r, queries, mode=mode, k=args.k, fusion=fusion, depth=args.depth,
-                              leg_params=args.leg_params)
+                              leg_params=args.leg_params, filter=args.filter)
         secs = time.perf_counter() - t0
         m = evaluate(run, qrels, qids=qids)
         if args.run_out:
@@ -303,7 +316,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     threads = min(args.threads or os.cpu_count() or 1, MAX_THREADS)
     r = Retriever.open(args.dir, n_threads=threads)
     rep = bench_index(r, texts, modes=args.mode, k=args.k, n_threads=threads, batch_size=args.batch_size,
-                      query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall)
+                      query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall,
+                      filter=args.filter)
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 0
 
