@@ -63,6 +63,7 @@ class Model:
     def __init__(self, legs: tuple[str, ...]) -> None:
         self.legs = legs
         self.live: list[tuple[str, int]] = []  # (key, version)
+        self.override: dict[tuple[str, int], dict] = {}  # records that are not make_doc's
 
     def records(self, items: list[tuple[str, int]]) -> dict:
         kw: dict = {}
@@ -74,7 +75,7 @@ class Model:
 
     def fresh(self, path: Path, *, sparse_scale: float | None = None, shard_size: int = 1000) -> Retriever:
         """A fresh one-process build of the live documents, with the same data-derived constants."""
-        docs = [make_doc(k, v) for k, v in self.live]
+        docs = [self.override.get((k, v)) or make_doc(k, v) for k, v in self.live]
         build_index(docs, path, legs=self.legs, shard_size=shard_size, show_progress=False,
                     sparse_scale=sparse_scale, overwrite=True, **self.records(self.live))
         return Retriever.open(path)
@@ -317,3 +318,158 @@ def test_refresh_reuses_the_segments_it_shares(tmp_path):
     # 4 old segments reused per leg, 1 new one built per leg (+ the vocabulary extended)
     assert cache.reused >= 8 and cache.built <= 3
     assert len(r.reader.shards) == 5
+
+
+# ---------------------------------------------------------------------------------- crash safety
+ROOT = Path(__file__).resolve().parents[1]
+ADD_POINTS = ("encode_bm25", "shard_docs", "shard_bm25", "shard_done", "update_segments", "update_deletes",
+              "update_vocab", "generation_manifest", "generation_current", "update_clean")
+COMPACT_POINTS = ("shard_docs", "shard_done", "update_segments", "compact_segment", "generation_manifest",
+                  "generation_current", "update_clean")
+FAST_POINTS = {("add", "update_deletes"), ("add", "generation_manifest"), ("compact", "compact_segment")}
+
+
+def _disk_files(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"LOCK"}
+
+
+def _listed(path: Path) -> set[str]:
+    from retriever.index.format import read_current, read_manifest
+
+    out = {"CURRENT"}
+    cur = read_current(path)
+    for g in (cur, cur - 1):
+        if g >= 1:
+            try:
+                m = read_manifest(path, g)
+            except Exception:  # noqa: BLE001 - an older generation may be gone
+                continue
+            out |= set(m["files"]) | {f"manifests/{g:06d}.json"}
+    return out
+
+
+def _crash_cases():
+    for job in ("add", "compact"):
+        for point in (ADD_POINTS if job == "add" else COMPACT_POINTS):
+            marks = () if (job, point) in FAST_POINTS else (pytest.mark.slow,)
+            yield pytest.param(job, point, marks=marks, id=f"{job}-{point}")
+
+
+@pytest.mark.parametrize("job,point", list(_crash_cases()))
+def test_sigkill_leaves_the_previous_or_the_new_generation(tmp_path, job, point):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from retriever.index.format import read_current
+
+    path, m = start(tmp_path, ("bm25",), n=20, shard_size=8)
+    before = list(m.live)
+    new = [(f"n{i}", 0) for i in range(6)]
+    after = [x for x in before if x[0] not in ("d1", "d9")] + new
+    spec = {"dir": str(path), "add": [make_doc(k, v) for k, v in new], "delete": ["d1", "d9"]}
+    spec["add"][0]["text"] += " neverseenbefore"  # a new term: the commit writes a vocabulary file
+    m.override[new[0]] = spec["add"][0]
+    if job == "compact":  # first commit the change, then crash inside the compaction
+        with IndexUpdater.open(path) as u:
+            u.add(spec["add"])
+            u.delete(spec["delete"])
+            u.commit()
+        spec = {"dir": str(path), "compact": True}
+        before = after
+    gen0 = read_current(path)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "crash_update.py"), point, json.dumps(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # every point is reached
+    gen = read_current(path)
+    assert gen in (gen0, gen0 + 1, gen0 + 2)
+    m.live = before if gen == gen0 else after
+    fresh = m.fresh(tmp_path / "fresh")
+    assert assert_same(Retriever.open(path), fresh, ("bm25",), ks=(5, 50)) > 0
+    with IndexUpdater.open(path) as u:  # the next writer removes what the killed one left
+        pass
+    assert _disk_files(path) <= _listed(path)
+    with IndexUpdater.open(path) as u:  # and can go on
+        more = [("z0", 0)]
+        u.add([make_doc(*more[0])])
+        u.commit()
+    m.live += more
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), ("bm25",), ks=(5,)) > 0
+
+
+# ---------------------------------------------------------------------------------- concurrent readers
+def test_readers_in_threads_keep_their_snapshot_while_a_writer_commits_and_compacts(tmp_path):
+    import threading
+
+    path, m = start(tmp_path, ("bm25",), n=40, shard_size=8)
+    r = Retriever.open(path)
+    expected = {q: [(h.id, h.score) for h in r.search(q, k=10, mode="bm25")] for q in QUERIES}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts = [0, 0]
+
+    def reader(slot: int) -> None:
+        try:
+            while not stop.is_set():
+                for q in QUERIES:
+                    got = [(h.id, h.score) for h in r.search(q, k=10, mode="bm25")]
+                    assert got == expected[q], (q, got, expected[q])
+                    counts[slot] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with IndexUpdater.open(path, keep_generations=1) as u:  # old files removed at once
+            for i in range(4):
+                u.add([make_doc(f"w{i}_{j}") for j in range(5)])
+                u.delete([f"d{i}", f"d{i + 10}"])
+                u.commit()
+            u.compact(full=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert min(counts) > 0
+    assert r.reader.generation == 1 and r.refresh() and r.reader.generation == 6
+
+
+def test_a_reader_in_another_process_keeps_its_snapshot(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+
+    path, _ = start(tmp_path, ("bm25",), n=40, shard_size=8)
+    script = (
+        "import json, sys, time\n"
+        "from retriever import Retriever\n"
+        f"r = Retriever.open({str(path)!r})\n"
+        f"qs = {QUERIES!r}\n"
+        "exp = [[(h.id, h.score) for h in r.search(q, k=10, mode='bm25')] for q in qs]\n"
+        "print('ready', flush=True)\n"
+        "n = 0\n"
+        "t0 = time.time()\n"
+        "while time.time() - t0 < 6:\n"
+        "    for q, e in zip(qs, exp):\n"
+        "        assert [(h.id, h.score) for h in r.search(q, k=10, mode='bm25')] == e\n"
+        "        n += 1\n"
+        "print(json.dumps({'n': n, 'gen': r.reader.generation}))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    with IndexUpdater.open(path, keep_generations=1) as u:
+        for i in range(3):
+            u.add([make_doc(f"p{i}_{j}") for j in range(5)])
+            u.delete([f"d{i}"])
+            u.commit()
+            time.sleep(0.2)
+        u.compact(full=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    rep = json.loads(out.strip().splitlines()[-1])
+    assert rep["gen"] == 1 and rep["n"] > 0
