@@ -473,3 +473,124 @@ def test_a_reader_in_another_process_keeps_its_snapshot(tmp_path):
     assert proc.returncode == 0, err
     rep = json.loads(out.strip().splitlines()[-1])
     assert rep["gen"] == 1 and rep["n"] > 0
+
+
+# ---------------------------------------------------------------------------------- stateful property test
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,  # noqa: E402
+                                 run_state_machine_as_test)
+
+
+class LivingIndexMachine(RuleBasedStateMachine):
+    """Random add / delete / upsert / commit / compact / reopen sequences against the fresh-build
+    model: after every commit (and reopen) every exact-mode search equals a fresh build's."""
+
+    legs = ("bm25", "dense")
+    tmp: Path
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = 0
+        self.versions: dict[str, int] = {}
+
+    @initialize()
+    def build(self) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="living-"))
+        self.path, self.model = start(self.dir, self.legs, n=12, shard_size=5)
+        self.committed = list(self.model.live)
+        self.updater = IndexUpdater.open(self.path)
+        self.reader = Retriever.open(self.path)
+
+    def teardown(self) -> None:
+        import shutil
+
+        if hasattr(self, "updater"):
+            self.updater.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _new_keys(self, n: int) -> list[tuple[str, int]]:
+        out = []
+        for _ in range(n):
+            self.counter += 1
+            out.append((f"h{self.counter}", 0))
+        return out
+
+    @rule(n=st.integers(1, 7))
+    def add(self, n: int) -> None:
+        items = self._new_keys(n)
+        self.updater.add([make_doc(k, v) for k, v in items], **self.model.records(items))
+        self.model.live += items
+
+    @rule(data=st.data(), n=st.integers(1, 4))
+    def delete(self, data, n: int) -> None:
+        if not self.model.live:
+            return
+        keys = data.draw(st.lists(st.sampled_from([k for k, _ in self.model.live]), min_size=1, max_size=n))
+        rep = self.updater.delete(keys + ["never-there"])
+        assert rep.deleted == len(set(keys)) and rep.unknown == ["never-there"]
+        self.model.live = [x for x in self.model.live if x[0] not in set(keys)]
+
+    @rule(data=st.data(), n_new=st.integers(0, 2))
+    def upsert(self, data, n_new: int) -> None:
+        old = data.draw(st.lists(st.sampled_from([k for k, _ in self.model.live]), max_size=2, unique=True)) \
+            if self.model.live else []
+        items = []
+        for k in old:
+            self.versions[k] = self.versions.get(k, 0) + 1
+            items.append((k, self.versions[k]))
+        items += self._new_keys(n_new)
+        if not items:
+            return
+        self.updater.upsert([make_doc(k, v) for k, v in items], **self.model.records(items))
+        self.model.live = [x for x in self.model.live if x[0] not in set(old)] + items
+
+    @rule()
+    def commit(self) -> None:
+        self.updater.commit()
+        self.committed = list(self.model.live)
+
+    @rule(full=st.booleans())
+    def compact(self, full: bool) -> None:
+        self.updater.compact(CompactPolicy(small_rows=6, max_deleted_fraction=0.3), full=full)
+        self.committed = list(self.model.live)
+
+    @rule()
+    def reopen_writer(self) -> None:
+        self.updater.close()  # uncommitted changes are dropped
+        self.model.live = list(self.committed)
+        self.updater = IndexUpdater.open(self.path)
+
+    @precondition(lambda self: hasattr(self, "reader"))
+    @rule(reopen=st.booleans())
+    def check(self, reopen: bool) -> None:
+        if reopen:
+            self.reader = Retriever.open(self.path)
+        else:
+            self.reader.refresh()
+        fresh_model = Model(self.legs)
+        fresh_model.live = list(self.committed)
+        if not fresh_model.live:
+            assert self.reader.search("apple", k=5, mode="bm25") == []
+            return
+        fresh = fresh_model.fresh(self.dir / "fresh")
+        assert assert_same(self.reader, fresh, self.legs, ks=(3, 20)) > 0
+
+    @invariant()
+    def pending_matches_the_model(self) -> None:
+        if hasattr(self, "updater") and self.model.live != self.committed:
+            assert self.updater.pending
+
+
+def test_living_index_state_machine():
+    """A bounded number of random sequences (more in the slow variant)."""
+    run_state_machine_as_test(LivingIndexMachine, settings=settings(
+        max_examples=4, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.slow
+def test_living_index_state_machine_long():
+    run_state_machine_as_test(LivingIndexMachine, settings=settings(
+        max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
