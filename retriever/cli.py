@@ -120,6 +120,26 @@ def build_parser() -> argparse.ArgumentParser:
                        formatter_class=_HelpFormatter)
     u.add_argument("dir", help="index directory")
 
+    for name, what in (("add", "add documents (new ids only) to an index, one commit"),
+                       ("upsert", "add documents, replacing those with the same _id, one commit")):
+        a = idx.add_parser(name, help=what, formatter_class=_HelpFormatter)
+        a.add_argument("dir", help="index directory")
+        a.add_argument("--corpus", required=True, help="BEIR folder, .jsonl[.gz], .parquet, .csv or .tsv")
+        a.add_argument("--dense-vectors", default=None,
+                       help=".npy file of float (n_docs, dim) vectors in corpus order (indexes built with precomputed vectors)")
+        a.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
+    d = idx.add_parser("delete", help="delete documents by id, one commit", formatter_class=_HelpFormatter)
+    d.add_argument("dir", help="index directory")
+    d.add_argument("ids", nargs="*", help="document ids")
+    d.add_argument("--ids", dest="ids_file", default=None, help="file with one document id per line")
+    c = idx.add_parser("compact", help="merge small / delete-heavy segments and drop their tombstones, one commit",
+                       formatter_class=_HelpFormatter)
+    c.add_argument("dir", help="index directory")
+    c.add_argument("--full", action="store_true", help="rewrite every segment")
+    c.add_argument("--small-rows", type=int, default=None, help="segments below this many rows are merged (default 10000)")
+    c.add_argument("--max-deleted-fraction", type=float, default=None,
+                   help="segments with at least this fraction deleted are rewritten (default 0.25)")
+
     s = sub.add_parser("search", help="search an index", formatter_class=_HelpFormatter)
     s.add_argument("dir", help="index directory")
     s.add_argument("query", help="query text")
@@ -213,6 +233,61 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
           f"in {rep['n_shards']} shard(s)")
     if rep["json_fallbacks"]:
         print(f"note: metadata fields {rep['json_fallbacks']} hold values of more than one type; stored as JSON columns")
+    return 0
+
+
+def cmd_add(args: argparse.Namespace) -> int:
+    """``retriever index add`` / ``upsert``: :class:`retriever.index.updates.IndexUpdater` add or
+    upsert of a corpus, then one commit; returns the exit status."""
+    import numpy as np
+
+    from retriever.index.updates import IndexUpdater
+
+    vectors = None if args.dense_vectors is None else np.load(args.dense_vectors, allow_pickle=False)
+    t0 = time.perf_counter()
+    with IndexUpdater.open(args.dir, device=args.device) as u:
+        n = (u.upsert if args.index_command == "upsert" else u.add)(args.corpus, dense_vectors=vectors)
+        gen = u.commit()
+        live = sum(s.rows - s.n_deleted() for s in u.segments)
+    verb = "upserted" if args.index_command == "upsert" else "added"
+    print(f"{verb} {n} documents to {args.dir}: generation {gen}, {live} live documents, "
+          f"{time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """``retriever index delete``: delete ids (arguments and/or ``--ids`` file), one commit; unknown
+    ids are reported (exit status 0 when at least the known ones were deleted)."""
+    from retriever.index.updates import IndexUpdater
+
+    ids = list(args.ids)
+    if args.ids_file:
+        with open(args.ids_file, encoding="utf-8") as f:
+            ids += [line.strip() for line in f if line.strip()]
+    if not ids:
+        raise ConfigError("no ids given: pass ids as arguments or --ids FILE (one id per line)")
+    with IndexUpdater.open(args.dir) as u:
+        rep = u.delete(ids)
+        gen = u.commit()
+    print(f"deleted {rep.deleted} documents from {args.dir}: generation {gen}")
+    if rep.unknown:
+        shown = ", ".join(map(repr, rep.unknown[:10])) + (" ..." if len(rep.unknown) > 10 else "")
+        print(f"note: {len(rep.unknown)} ids name no live document: {shown}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """``retriever index compact``: :meth:`retriever.index.updates.IndexUpdater.compact`, one commit."""
+    from retriever.index.updates import CompactPolicy, IndexUpdater
+
+    defaults = CompactPolicy()
+    policy = CompactPolicy(small_rows=defaults.small_rows if args.small_rows is None else args.small_rows,
+                           max_deleted_fraction=defaults.max_deleted_fraction if args.max_deleted_fraction is None
+                           else args.max_deleted_fraction)
+    with IndexUpdater.open(args.dir) as u:
+        rep = u.compact(policy, full=args.full)
+    print(f"compacted {args.dir}: {len(rep.merged)} segments rewritten into {len(rep.written)}, "
+          f"{rep.dropped_rows} deleted rows dropped, generation {rep.generation}, {rep.seconds:.2f} s")
     return 0
 
 
@@ -323,7 +398,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
-            ("index", "upgrade"): cmd_upgrade,
+            ("index", "upgrade"): cmd_upgrade, ("index", "add"): cmd_add, ("index", "upsert"): cmd_add,
+            ("index", "delete"): cmd_delete, ("index", "compact"): cmd_compact,
             ("search", None): cmd_search, ("eval", None): cmd_eval,
             ("bench", None): cmd_bench}
 
