@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from retriever.index.analyzer import Analyzer
 from retriever.index.errors import IndexFormatError, QueryError
-from retriever.index.format import read_table
 
 from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
@@ -84,7 +84,11 @@ class BM25Leg:
         cfg = reader.config
         self.params = cfg.bm25
         self.analyzer = Analyzer(cfg.analyzer)
-        vocab = read_table(reader.path / "vocab.arrow", full=True).column("term").to_pylist()
+        vt = reader.files.table("vocab.arrow", full=True)
+        if "term" not in vt.column_names or not (pa.types.is_string(vt.schema.field("term").type)
+                                                 or pa.types.is_large_string(vt.schema.field("term").type)):
+            raise _fmt_error(reader.path / "vocab.arrow", f"has columns {vt.schema}, expected a string column 'term'")
+        vocab = vt.column("term").to_pylist()
         self.vocab = {t: i for i, t in enumerate(vocab)}
         n_terms = len(vocab)
         if reader.manifest["stats"].get("n_terms", n_terms) != n_terms:

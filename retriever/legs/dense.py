@@ -39,6 +39,7 @@ import numpy as np
 
 from retriever.index.encoders.dense import DenseEncoder
 from retriever.index.errors import IndexFormatError, QueryError
+from retriever.index.faiss_file import read_faiss_index
 from retriever.index.format import read_table
 from retriever.index.matryoshka import load_rotation, prefix_normalize
 
@@ -62,15 +63,19 @@ CHUNK_BYTES = 256 << 20
 GPU_MAX_K = 2048
 
 
-def load_vectors(path, rows: int, dim: int) -> np.ndarray:
+def load_vectors(path, rows: int, dim: int, table: Any = None) -> np.ndarray:
     """Read a shard's ``dense.arrow`` as a (rows, dim) float16/float32 view (zero-copy).
+
+    Args:
+        table: the file's table when the caller opened it already (through the reader's
+            :class:`~retriever.index.safe_open.IndexFiles`); else ``path`` is read.
 
     Raises:
         IndexFormatError: wrong shape or dtype (names the file).
     """
     import pyarrow as pa
 
-    t = read_table(path)
+    t = read_table(path) if table is None else table
     if t.column_names != ["vector"] or t.num_rows != rows:
         raise IndexFormatError(f"{path}: expected {rows} rows of column 'vector'")
     col = t.column("vector")
@@ -137,20 +142,6 @@ class _PrefixIndex:
         self.int8 = int8
 
 
-def _check_digest(reader: IndexReader, path) -> None:
-    """Compare a file's SHA-256 with the manifest entry.
-
-    Raises:
-        IndexFormatError: unlisted file or digest mismatch (names the file).
-    """
-    from retriever.index.format import sha256_file
-
-    rel = path.relative_to(reader.path).as_posix()
-    info = reader.manifest["files"].get(rel)
-    if info is None or sha256_file(path) != info["sha256"]:
-        raise IndexFormatError(f"{path}: not listed in the manifest or SHA-256 mismatch (corrupted or modified)")
-
-
 class DenseLeg:
     """Dense leg of an opened index.
 
@@ -182,7 +173,7 @@ class DenseLeg:
             use_gpu = faiss.get_num_gpus() > 0
         self.use_gpu = bool(use_gpu) and faiss.get_num_gpus() > 0
         #: float32 (dim, dim) rotation applied to queries (documents were rotated at build), or None.
-        self.rotation = load_rotation(reader.path, reader.manifest, self.dim)
+        self.rotation = load_rotation(reader.path, reader.manifest, self.dim, files=reader.files)
         #: the rotation widened to float64 once (the product in :meth:`rotate`), or None.
         self._rotation64 = None if self.rotation is None else self.rotation.astype(np.float64)
         #: Matryoshka dims recorded at build time (informational; any prefix 1..dim is accepted).
@@ -196,19 +187,14 @@ class DenseLeg:
         self.n_shards = len(self.shard_ids)
         self.shards = [reader.shards[i] for i in self.shard_ids]
         for s in self.shards:
-            vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
+            vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim,
+                               table=reader.files.table(f"{s.entry['dir']}/dense.arrow"))
             self.vectors.append(vec)
-            if (s.dir / "dense.faiss").is_file():
-                # FAISS sizes its allocations from the file's own header, so the file's content is
-                # checked against the manifest's SHA-256 before FAISS parses it.
-                _check_digest(reader, s.dir / "dense.faiss")
-                try:
-                    index = faiss.read_index(str(s.dir / "dense.faiss"))
-                except (RuntimeError, MemoryError) as e:
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: unreadable FAISS index ({e})") from None
-                if index.d != self.dim or index.ntotal != s.rows:
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: d={index.d} ntotal={index.ntotal}, "
-                                           f"expected d={self.dim} ntotal={s.rows}")
+            faiss_rel = f"{s.entry['dir']}/dense.faiss"
+            if faiss_rel in reader.manifest["files"]:
+                # every size in the file is checked against the file's length, its ntotal and d
+                # before FAISS parses it (FAISS allocates what a header claims before reading)
+                index = read_faiss_index(reader.files, faiss_rel, self.dim, s.rows)
             else:
                 index = faiss.IndexFlatIP(self.dim)
                 if s.rows:
