@@ -124,8 +124,13 @@ def parse_json_limited(path: Path | str, raw: bytes, *, max_depth: int = MAX_JSO
     if depth > max_depth:
         raise IndexFormatError(f"{path}: JSON nested more than {max_depth} levels deep")
     try:
-        return json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
-                          object_pairs_hook=_pairs)
+        obj = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                         object_pairs_hook=_pairs)
+        # a "\ud800" escape decodes to a lone surrogate, which no path, digest or message can encode
+        json.dumps(obj, ensure_ascii=False).encode("utf-8")
+        return obj
+    except UnicodeEncodeError as e:
+        raise IndexFormatError(f"{path}: JSON string holds a lone surrogate escape ({e.object[e.start:e.end]!r})") from None
     except _Refused as e:
         raise IndexFormatError(f"{path}: JSON value refused: {e}") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError

@@ -150,6 +150,9 @@ class DenseLeg:
         shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
         use_gpu: move FAISS flat/IVF indexes to GPU (``None`` = when ``faiss.get_num_gpus() > 0``).
         device: torch device for the query encoder.
+        model: the query encoder's model directory (default: the bundled all-MiniLM-L6-v2); the
+            manifest's model record is a fingerprint compared with it on first use (a mismatch is
+            a ModelError naming both), never a path that is opened.
 
     Raises:
         IndexFormatError: malformed vectors, FAISS index or rotation file (names the file).
@@ -159,13 +162,23 @@ class DenseLeg:
     Params = DenseSearchParams
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, use_gpu: bool | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", model: str | None = None) -> None:
         import faiss
+
+        from retriever.index.encoders.checkpoint import query_model
+        from retriever.index.encoders.dense import default_dense_model
 
         self.reader = reader
         self.config = reader.config.dense
         self.dim = int(reader.manifest["stats"].get("dense_dim", 0))
-        self.model_path = reader.manifest.get("models", {}).get("dense", {}).get("path")
+        #: the manifest's record of the model the documents were encoded with (a fingerprint)
+        self.model_info = reader.manifest.get("models", {}).get("dense")
+        #: the query model: the caller's, else the bundled default (never a path the index names);
+        #: None for precomputed vectors without a caller's model
+        self.model_path = None if model is None else str(model)
+        #: the bundled model is used (resolved on first use) when the caller named none and the
+        #: index's documents were encoded by a model (not given as precomputed vectors)
+        self._default_model = (lambda: query_model(None, self.model_info, default_dense_model)) if model is None else None
         self.device = device
         self._encoder: DenseEncoder | None = None
         self._lock = threading.Lock()
@@ -206,17 +219,26 @@ class DenseLeg:
     @property
     def encoder(self) -> DenseEncoder:
         """The query encoder, loaded on first use from the model recorded in the manifest."""
+        from pathlib import Path
+
+        from retriever.index.encoders.checkpoint import check_fingerprint
+
         with self._lock:
             if self._encoder is None:
+                if not self.model_path and self._default_model is not None:
+                    self.model_path = self._default_model()
                 if not self.model_path:
                     raise QueryError("this index has no dense query encoder (its dense vectors were given "
                                      "precomputed at build time): pass query_vectors= (float32 (nq, "
-                                     f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid'")
+                                     f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid', "
+                                     "or open it with dense_model=")
                 cfg = self.config
+                check_fingerprint("dense", Path(self.model_path), self.model_info, str(self.reader.manifest_path))
                 enc = DenseEncoder(self.model_path, max_length=cfg.max_length, batch_size=cfg.batch_size,
                                    device=self.device, normalize=cfg.normalize)
                 if enc.dim != self.dim:  # kept only once it passed: every later search raises this too
-                    raise IndexFormatError(f"dense model {self.model_path} has dim {enc.dim}, index has {self.dim}")
+                    raise IndexFormatError(f"{self.reader.manifest_path}: dense model {self.model_path} has dim "
+                                           f"{enc.dim}, index has {self.dim}")
                 self._encoder = enc
             return self._encoder
 
@@ -349,6 +371,10 @@ class DenseLeg:
         import faiss
 
         inner = faiss.downcast_index(index)
+        refine = None
+        if isinstance(inner, faiss.IndexRefine):  # "...,RFlat": the base index's parameters, wrapped
+            refine = inner
+            inner = faiss.downcast_index(inner.base_index)
         wrap = None
         if isinstance(inner, faiss.IndexPreTransform):
             wrap = inner
@@ -364,6 +390,8 @@ class DenseLeg:
             params = faiss.SearchParametersHNSW(efSearch=int(max(ef, k)))
         if params is not None and wrap is not None:
             params = faiss.SearchParametersPreTransform(index_params=params)
+        if refine is not None:
+            params = faiss.IndexRefineSearchParameters(k_factor=float(refine.k_factor), base_index_params=params)
         return params
 
     def _faiss_search(self, cpu: Any, gpu: Any, q: np.ndarray, k: int, fp: FunnelParams) -> tuple[np.ndarray, np.ndarray]:
