@@ -377,10 +377,20 @@ def test_forged_faiss_vector_size_refused_before_faiss_allocates(base, tmp_path)
     b[off:off + 8] = (3 << 30).to_bytes(8, "little")
     p.write_bytes(bytes(b))
     _rehash(d)
-    t = time.perf_counter()
-    with pytest.raises(IndexFormatError, match=r"dense\.faiss: FAISS index refused.*claims|dense\.faiss.*codes"):
+    with pytest.raises(IndexFormatError, match=r"dense\.faiss: FAISS index refused.*codes of 3221225472"):
         Retriever.open(d)
-    assert time.perf_counter() - t < 5
+    # in a fresh process: the refusal costs neither memory nor time
+    code = ("import sys, time; from retriever import Retriever, IndexFormatError\n"
+            "def hwm():\n    return int([l for l in open('/proc/self/status') if l.startswith('VmHWM')][0].split()[1])\n"
+            "Retriever.open(sys.argv[1])\n"  # warm-up: the legs' imports and compiled kernels load
+            "b = hwm(); t = time.perf_counter()\n"
+            "try:\n    Retriever.open(sys.argv[2])\nexcept IndexFormatError:\n    pass\n"
+            "print(hwm() - b, time.perf_counter() - t)\n")
+    r = subprocess.run([sys.executable, "-c", code, str(base), str(d)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120,
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
+    grown_kib, seconds = r.stdout.split()
+    assert int(grown_kib) < 200 * 1024 and float(seconds) < 10, (grown_kib, seconds, r.stderr[-500:])
 
 
 def test_symlink_to_outside_with_manifest_entry_dropped(base, tmp_path):
@@ -420,6 +430,10 @@ def test_fifo_in_place_of_a_file_does_not_block(base, tmp_path, rel):
     d = _copy(base, tmp_path)
     (d / rel).unlink()
     os.mkfifo(d / rel)
+    m = _manifest(d) if rel != "CURRENT" and not rel.startswith("manifests") else None
+    if m is not None:  # the attacker lists it with the FIFO's size (0) and the empty digest
+        m["files"][rel] = {"bytes": 0, "sha256": sha256_file(Path(os.devnull))}
+        _write_manifest(d, m, rehash=False)
     code = ("import sys; from retriever import Retriever, IndexFormatError\n"
             "try:\n    Retriever.open(sys.argv[1])\nexcept IndexFormatError as e:\n    print('REFUSED', e)\n")
     r = subprocess.run([sys.executable, "-c", code, str(d)], cwd=ROOT, capture_output=True, text=True, timeout=60,
