@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from .config import MAX_K1
 from .errors import IndexFormatError
 from .safe_open import check_rel
 
@@ -31,8 +32,6 @@ MAX_FLOAT_CHARS = 64
 MAX_PREFIX_CHARS = 4096
 #: longest free-form string (names, factory strings, paths recorded for information)
 MAX_STR = 4096
-#: the BM25 k1 range the reader accepts (Lucene's usual values are 0.5 - 2)
-MAX_K1 = 1000.0
 #: widest dense vector
 MAX_DIM = 65536
 #: largest row count of a shard (row ids are u32)
