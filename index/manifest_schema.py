@@ -289,6 +289,15 @@ def validate_manifest(path: Path | str, m: dict[str, Any]) -> None:
     _opt(st, "sparse_scale", lambda v: _num(path, "stats.sparse_scale", v, 0.0, 1e30, lo_open=True))
     _opt(st, "sparse_vocab_size", lambda v: _int(path, "stats.sparse_vocab_size", v, 1, 2**31))
     _opt(st, "sparse_nnz", lambda v: _int(path, "stats.sparse_nnz", v, 0, MAX_COUNT))
+    for key in ("n_live", "n_deleted"):
+        _opt(st, key, lambda v, key=key: _int(path, f"stats.{key}", v, 0, MAX_COUNT))
+    vocab = m.get("vocab")
+    if vocab is not None:
+        if not isinstance(vocab, list) or not 1 <= len(vocab) <= 1_000_000:
+            _fail(path, "vocab", "a list of vocabulary files", vocab)
+        for i, rel in enumerate(vocab):
+            _str(path, f"vocab[{i}]", rel, 1024)
+            check_rel(rel, str(path))
     dim = st.get("dense_dim")
     _build_config(path, m["build_config"], dim)
     # 'build' is information for people (timings, counts): any JSON object of bounded depth
