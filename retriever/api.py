@@ -123,7 +123,8 @@ class Retriever:
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
-             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True) -> "Retriever":
+             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True,
+             dense_model: str | Path | None = None, sparse_model: str | Path | None = None) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
         Args:
@@ -134,6 +135,10 @@ class Retriever:
             n_threads: default threads for compiled kernels, FAISS and BLAS (``None`` = all cores).
             concurrent_legs: run the legs of a hybrid search side by side when a call has 2 or
                 more threads (identical results either way).
+            dense_model, sparse_model: local model directories of the query encoders (default:
+                the bundled models). The index's own record of its models is a fingerprint
+                compared with them (a mismatch is a ModelError naming both), never a path that is
+                opened, so an index from elsewhere cannot choose what is loaded.
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
@@ -149,8 +154,12 @@ class Retriever:
         if not isinstance(concurrent_legs, bool):
             raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
+        for name, m in (("dense_model", dense_model), ("sparse_model", sparse_model)):
+            if m is not None and not isinstance(m, (str, Path)):
+                raise ConfigError(f"{name} must be a model directory (str or Path) or None, got {m!r}")
+        models = {k: v for k, v in (("dense_model", dense_model), ("sparse_model", sparse_model)) if v is not None}
         cache = SegmentCache()
-        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs}
+        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs, **models}
         r = cls(reader, Engine(reader, cache=cache, **options), n_threads)
         r._segments, r._engine_options = cache, options
         return r
