@@ -15,9 +15,12 @@ numpy from these arrays (:class:`FitData`): the same arithmetic as :func:`retrie
 is the figure a search with it gives. Metrics (nDCG@k with linear gain, Recall@k, MRR@k; relevant
 = grade >= 1) follow trec_eval's conventions, over the judged queries of the queries file.
 
-Cross-validation: the judged queries are shuffled once (seed 0) and cut into ``folds`` parts; for
-each part, the setting with the best mean metric on the other parts (ties: the earlier setting of
-the grid, the default first) is scored on it. The CV figure is the mean ± population standard
+Selection (:func:`select`): the best equal-weight setting on the training queries is the
+baseline; another setting replaces it only when the lower confidence bound of its paired gain
+(mean − one standard error of the per-query differences) is positive — the arg-max over thousands
+of settings overfits collections of a few dozen queries. Cross-validation: the judged queries are
+shuffled once (seed 0) and cut into ``folds`` parts; each part is scored by the setting selected
+on the other parts. The CV figure is the mean ± population standard
 deviation of the per-fold scores; the default setting is scored on the same folds. The stored
 setting is the best over all judged queries.
 """
@@ -44,6 +47,8 @@ from .legs.base import SearchContext
 
 #: metric names accepted by :func:`fit_fusion` (``name@cutoff``)
 METRICS = ("ndcg", "recall", "mrr")
+#: the selection's confidence multiplier (:func:`select`): one standard error (the one-SE rule)
+LCB = 1.0
 
 
 @dataclass(frozen=True)
@@ -293,10 +298,10 @@ def _weights_dict(names: Sequence[str], w: tuple[float, ...]) -> dict[str, float
     return {} if all(x == 1.0 for x in w) else {n: float(x) for n, x in zip(names, w)}
 
 
-def evaluate_settings(data: FitData, grid: FitGrid, metric: str, extra: Sequence[Any] = ()
+def evaluate_settings(data: FitData, grid: FitGrid | None, metric: str, extra: Sequence[Any] = ()
                       ) -> tuple[list[Any], np.ndarray]:
     """Every setting of ``grid`` (after the ``extra`` settings, e.g. the default) and its
-    per-query metric.
+    per-query metric (``grid=None``: the ``extra`` settings only).
 
     Returns:
         ``(settings, values float64 (n_settings, nq))``; settings are :class:`RRF` /
@@ -304,6 +309,8 @@ def evaluate_settings(data: FitData, grid: FitGrid, metric: str, extra: Sequence
     """
     measure, cutoff = parse_metric(metric)
     names = data.legs
+    if grid is None:
+        grid = FitGrid(rrf_k=(), norms=(), depths=(data.max_depth,), full_score=())
     weights = simplex_weights(len(names), int(grid.weight_steps))
     settings: list[Any] = []
     rows: list[np.ndarray] = []
@@ -373,16 +380,50 @@ def folds_of(n: int, folds: int, seed: int = 0) -> list[np.ndarray]:
     return [np.sort(p) for p in np.array_split(perm, folds)]
 
 
-def cross_validate(values: np.ndarray, folds: Sequence[np.ndarray], fixed: int | None = None) -> dict[str, Any]:
-    """Per fold: the best setting on the other folds (first on ties), scored on the fold; or, with
-    ``fixed``, that setting on every fold. Returns ``{"mean", "std", "folds": [...], "chosen":
-    [setting index per fold]}``."""
+def select(values: np.ndarray, rows: np.ndarray, baselines: Sequence[int], lcb: float) -> int:
+    """The setting chosen on the queries ``rows``.
+
+    First the best of the ``baselines`` (indices of fixed, equal-weight settings; the first on
+    ties); then the best other setting by the lower confidence bound of its paired gain over that
+    baseline, ``mean(v_s − v_b) − lcb · SE(v_s − v_b)`` (SE the standard error of the per-query
+    differences), which replaces the baseline only when positive. With ``lcb = 0`` and no
+    baselines this is the plain argmax of the mean. The bound keeps a setting that wins on a few
+    queries by chance (the grid holds thousands) from displacing a robust one.
+    """
+    v = values[:, rows]
+    means = v.mean(axis=1)
+    if not len(baselines):
+        return int(np.argmax(means))
+    b = int(baselines[int(np.argmax(means[list(baselines)]))])
+    if lcb <= 0:
+        best = int(np.argmax(means))
+        return best if means[best] > means[b] else b
+    diff = v - v[b]
+    n = v.shape[1]
+    se = diff.std(axis=1, ddof=1) / np.sqrt(n) if n > 1 else np.zeros(len(v))
+    score = diff.mean(axis=1) - lcb * se
+    score[b] = 0.0
+    best = int(np.argmax(score))
+    return best if score[best] > 0 else b
+
+
+def baseline_rows(settings: Sequence[Any]) -> list[int]:
+    """Indices of the equal-weight settings (no per-leg weights) among ``settings``: the
+    baselines of :func:`select`."""
+    return [i for i, s in enumerate(settings) if not s.weights]
+
+
+def cross_validate(values: np.ndarray, folds: Sequence[np.ndarray], fixed: int | None = None,
+                   baselines: Sequence[int] = (), lcb: float = 0.0) -> dict[str, Any]:
+    """Per fold: the setting :func:`select` chooses on the other folds, scored on the fold; or,
+    with ``fixed``, that setting on every fold. Returns ``{"mean", "std", "folds": [...],
+    "chosen": [setting index per fold]}`` (std: population, over the folds)."""
     scores, chosen = [], []
     n = values.shape[1]
     for f in folds:
         train = np.ones(n, dtype=bool)
         train[f] = False
-        best = fixed if fixed is not None else int(np.argmax(values[:, train].mean(axis=1)))
+        best = fixed if fixed is not None else select(values, np.flatnonzero(train), baselines, lcb)
         chosen.append(best)
         scores.append(float(values[best, f].mean()))
     return {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "folds": scores, "chosen": chosen}
@@ -494,9 +535,10 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
     t1 = time.perf_counter()
     settings, values = evaluate_settings(data, grid, metric, extra=[default])
     t2 = time.perf_counter()
-    cv = cross_validate(values, parts)
+    base = baseline_rows(settings)
+    cv = cross_validate(values, parts, baselines=base, lcb=LCB)
     dcv = cross_validate(values, parts, fixed=0)
-    best = int(np.argmax(values.mean(axis=1)))
+    best = select(values, np.arange(values.shape[1]), base, LCB)
     rep = FitReport(settings[best], f"{measure}@{cutoff}", cv, dcv, default.to_dict(), float(values[best].mean()),
                     len(qids), len(settings) - 1, labels_hash(queries, qrels), split,
                     {"collect": t1 - t0, "grid": t2 - t1}, data.full_ms / max(1, len(qids)), folds=int(folds))
