@@ -9,6 +9,7 @@ are encoded once with the same models, as the legs encode queries, and cached.
 
     python -m benchmarks.fusion_fit quality [--only scifact]   # fits, CV, fixed methods -> results/fusion_fit.json
     python -m benchmarks.fusion_fit cost                       # full-score ms/query -> results/fusion_full_score.json
+    python -m benchmarks.fusion_fit defaults                   # the no-label default -> results/fusion_defaults.json
 
 Protocol: SciFact is fitted on train only (5-fold CV on train reported beside) and the chosen
 setting is evaluated once on test with a real search (pytrec_eval). Cranfield, CISI and MED have
@@ -108,7 +109,8 @@ def real_eval(r: Any, queries: dict, qrels: dict, qids: list[str], dense: np.nda
     """A real search of the split with ``fusion`` evaluated by pytrec_eval (nDCG@10, R@100, RR@10)."""
     from retriever.evaluation import evaluate, make_run
 
-    res = r.search_arrays([queries[q] for q in qids], k=k, fusion=fusion, query_vectors=dense, sparse_vectors=sparse)
+    res = r.search_arrays([queries[q] for q in qids], k=k, fusion=fusion, query_vectors=dense,
+                          sparse_vectors=sparse if "sparse" in r.legs else None)
     ids = r.reader.doc_ids()
     run = make_run(qids, [ids[res.ids[i, :res.n_found[i]]].tolist() for i in range(len(qids))],
                    [res.scores[i, :res.n_found[i]].tolist() for i in range(len(qids))])
@@ -210,19 +212,104 @@ def cost(only: list[str], rounds: int = 3, n_queries: int = 60) -> dict[str, Any
     return out
 
 
+def equal_weight_settings(legs: tuple[str, ...]) -> dict[str, Any]:
+    """Every no-label candidate: equal weights, each method of the fitting grid, depth 100 / 200,
+    full-score off / on."""
+    from retriever.fusion import RRF, Linear
+    from retriever.fusion_fit import FitGrid
+
+    g = FitGrid()
+    out: dict[str, Any] = {}
+    for d in g.depths:
+        for full in g.full_score:
+            tag = f"@{d}{'+full' if full else ''}"
+            dd = {n: d for n in legs}
+            for k in g.rrf_k:
+                out[f"rrf{int(k)}{tag}"] = RRF(k=k, depths=dd, full_score=full)
+            for n in g.norms:
+                out[f"{n}{tag}"] = Linear(n, depths=dd, full_score=full)
+    for leg in legs:
+        out[f"only:{leg}"] = RRF(weights={n: float(n == leg) for n in legs}, depths={n: 100 for n in legs})
+    return out
+
+
+def defaults() -> dict[str, Any]:
+    """The no-label default by measurement: every equal-weight candidate on the judged (test)
+    queries of all four collections, two and three legs. Rule: the best mean nDCG@10 over the eight
+    (collection, legs) cases among candidates that reach the best single leg on every case."""
+    from retriever import Retriever
+    from retriever.fusion_fit import collect, evaluate_settings
+
+    table: dict[str, dict[str, float]] = {}
+    for legs in LEG_SETS:
+        cands = equal_weight_settings(LEG_SETS[legs])
+        for c in COLLECTIONS:
+            r = Retriever.open(index_for(c, legs), n_threads=2)
+            queries, qrels, qids, dense, sparse = split_queries(c, "test")
+            data = collect(r, queries, qrels, qids, max_depth=200, k=100, cutoff=10, query_vectors=dense,
+                           sparse_vectors=sparse)
+            _, v = evaluate_settings(data, None, "ndcg@10", extra=list(cands.values()))
+            for name, row in zip(cands, v):
+                table.setdefault(name.replace(":", "-") if name.startswith("only") else name, {})[f"{c}/{legs}"] = \
+                    round(float(row.mean()), 4)
+            print(c, legs, flush=True)
+    cases = sorted({case for row in table.values() for case in row})
+    singles = {case: max(row[case] for n, row in table.items() if n.startswith("only") and case in row)
+               for case in cases}
+    ok = {n: row for n, row in table.items() if not n.startswith("only")
+          and len(row) == len(cases) and all(row[c] >= singles[c] for c in cases)}
+    mean = {n: round(float(np.mean(list(row.values()))), 4) for n, row in table.items() if len(row) == len(cases)}
+    chosen = max(ok, key=lambda n: mean[n]) if ok else None
+    return {"rule": defaults.__doc__.split("Rule: ")[1].strip(), "cases": cases, "best_single_leg": singles,
+            "table": table, "mean": mean, "eligible": sorted(ok), "chosen": chosen,
+            "chosen_setting": equal_weight_settings(LEG_SETS["3leg"])[chosen].to_dict() if chosen else None}
+
+
+def markdown(quality_json: Path, cost_json: Path | None = None) -> str:
+    """The HISTORY.md tables of the results files."""
+    q = json.loads(quality_json.read_text())
+    names = ["rrf60", "minmax", "zscore", "dbsf", "tmm", "theoretical", "rrf60+full", "minmax+full", "dbsf+full",
+             "tmm+full", "theoretical+full"]
+    lines = ["| collection / legs | fit split (queries) | fitted, CV | default, CV | best fixed (CV) | "
+             + " | ".join(names) + " | single legs |", "|---" * (6 + len(names)) + "|"]
+    for key, row in q["collections"].items():
+        fx = row["fixed"]
+        singles = ", ".join(f"{n[5:]} {v['cv']:.4f}" for n, v in fx.items() if n.startswith("only:"))
+        lines.append(f"| {key} | {row['fit_split']} ({row['n_queries']}) | {row['fitted_cv']['mean']:.4f} ± "
+                     f"{row['fitted_cv']['std']:.4f} | {row['default_cv']['mean']:.4f} ± {row['default_cv']['std']:.4f} | "
+                     f"{row['best_fixed']} {fx[row['best_fixed']]['cv']:.4f} | "
+                     + " | ".join(f"{fx[n]['cv']:.4f}" for n in names) + f" | {singles} |")
+    out = "\n".join(lines)
+    if cost_json is not None and cost_json.is_file():
+        c = json.loads(cost_json.read_text())
+        rows = ["| collection / legs | minmax ms/q | minmax+full ms/q | added | rrf60 ms/q | rrf60+full ms/q | added | "
+                "full-score step (median ms) |", "|---" * 8 + "|"]
+        for key, r in c["rows"].items():
+            m = r["ms_per_query"]
+            rows.append(f"| {key} | {m['minmax']:.2f} | {m['minmax+full']:.2f} | {r['added_ms_minmax']:+.2f} | "
+                        f"{m['rrf60']:.2f} | {m['rrf60+full']:.2f} | {r['added_ms_rrf']:+.2f} | "
+                        f"{r['full_score_step_ms_median']:.2f} |")
+        out += "\n\n" + "\n".join(rows)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quality", "cost"))
+    ap.add_argument("what", choices=("quality", "cost", "defaults", "markdown"))
     ap.add_argument("--only", action="append", choices=COLLECTIONS)
     ap.add_argument("--out", default=None, help="results json (default results/fusion_fit.json or fusion_full_score.json)")
     args = ap.parse_args(argv)
     only = args.only or list(COLLECTIONS)
+    if args.what == "markdown":
+        print(markdown(RESULTS / "fusion_fit.json", RESULTS / "fusion_full_score.json"))
+        return 0
     t0 = time.perf_counter()
-    rep = quality(only) if args.what == "quality" else cost(only)
+    rep = quality(only) if args.what == "quality" else cost(only) if args.what == "cost" else defaults()
     rep["command"] = f"python -m benchmarks.fusion_fit {args.what}" + "".join(f" --only {c}" for c in args.only or [])
     rep["seconds"] = round(time.perf_counter() - t0, 1)
-    path = Path(args.out) if args.out else RESULTS / ("fusion_fit.json" if args.what == "quality" else "fusion_full_score.json")
-    if path.is_file() and args.only:
+    path = Path(args.out) if args.out else RESULTS / {"quality": "fusion_fit.json", "cost": "fusion_full_score.json",
+                                                      "defaults": "fusion_defaults.json"}[args.what]
+    if path.is_file() and args.only and args.what != "defaults":
         old = json.loads(path.read_text())
         key = "collections" if args.what == "quality" else "rows"
         rep[key] = {**old.get(key, {}), **rep[key]}

@@ -22,6 +22,7 @@ Ties in the fused score go to the smaller global document ordinal (corpus order)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -191,7 +192,8 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
     """The one fusion parser (library calls and the CLI's ``--fusion`` / ``--weights`` / ``--rrf-k``).
 
     Args:
-        spec: ``None`` (:data:`DEFAULT_FUSION`), ``"rrf"`` (RRF, k = 60), ``"linear"`` (min-max),
+        spec: ``None`` (:data:`DEFAULT_FUSION`; with ``weights`` / ``rrf_k``: the default's
+            method and options with them), ``"rrf"`` (RRF, k = 60, no full scoring), ``"linear"`` (min-max),
             ``"linear:<norm>"`` for any of :data:`NORMALISERS`, ``"dbsf"`` / ``"tmm"`` (short for
             ``linear:dbsf`` / ``linear:tmm``), or an :class:`RRF` / :class:`Linear` object
             (returned as it is).
@@ -214,7 +216,9 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
     if spec is None:
         if weights is None and rrf_k is None:
             return DEFAULT_FUSION
-        spec = DEFAULT_FUSION_NAME
+        # the default's method and options, with these weights / this k
+        named = parse_fusion(DEFAULT_FUSION_NAME, weights=weights, rrf_k=rrf_k)
+        return dataclasses.replace(named, full_score=DEFAULT_FUSION.full_score, depths=dict(DEFAULT_FUSION.depths))
     if not isinstance(spec, str):
         raise QueryError(f"fusion must be a name or an RRF / Linear object, got {type(spec).__name__}")
     w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
@@ -321,8 +325,12 @@ NORMALISERS: dict[str, Callable[..., np.ndarray]] = {
 #: normalisations that need each leg's theoretical range (:mod:`retriever.fusion_bounds`)
 BOUNDED_NORMS = frozenset({"tmm", "theoretical"})
 
-#: the fusion of a search without ``fusion=`` on an index without a stored (fitted) setting
-DEFAULT_FUSION: "RRF | Linear" = RRF()
+#: the fusion of a search without ``fusion=`` on an index without a stored (fitted) setting: RRF
+#: (k = 60) over complete score lists (full-score fusion), chosen by measurement on the four shared
+#: collections with two and three legs (``python -m benchmarks.fusion_fit defaults``: the best mean
+#: nDCG@10 among the equal-weight settings that reach the best single leg everywhere; see
+#: docs/FUSION.md). Until issue 24 the default was ``RRF()`` (no full scoring).
+DEFAULT_FUSION: "RRF | Linear" = RRF(full_score=True)
 #: its name for :func:`parse_fusion` (``fusion=None`` with weights or ``rrf_k``)
 DEFAULT_FUSION_NAME = "rrf"
 
