@@ -217,8 +217,13 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
         if weights is None and rrf_k is None:
             return DEFAULT_FUSION
         # the default's method and options, with these weights / this k
-        named = parse_fusion(DEFAULT_FUSION_NAME, weights=weights, rrf_k=rrf_k)
-        return dataclasses.replace(named, full_score=DEFAULT_FUSION.full_score, depths=dict(DEFAULT_FUSION.depths))
+        w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
+        f = dataclasses.replace(DEFAULT_FUSION, weights=w)
+        if rrf_k is not None:
+            if not isinstance(f, RRF):
+                raise QueryError(f"rrf_k={rrf_k!r} given but the default fusion is {f.to_dict()['method']!r}")
+            f = dataclasses.replace(f, k=rrf_k)
+        return f
     if not isinstance(spec, str):
         raise QueryError(f"fusion must be a name or an RRF / Linear object, got {type(spec).__name__}")
     w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
@@ -326,13 +331,11 @@ NORMALISERS: dict[str, Callable[..., np.ndarray]] = {
 BOUNDED_NORMS = frozenset({"tmm", "theoretical"})
 
 #: the fusion of a search without ``fusion=`` on an index without a stored (fitted) setting: RRF
-#: (k = 60) over complete score lists (full-score fusion), chosen by measurement on the four shared
-#: collections with two and three legs (``python -m benchmarks.fusion_fit defaults``: the best mean
-#: nDCG@10 among the equal-weight settings that reach the best single leg everywhere; see
-#: docs/FUSION.md). Until issue 24 the default was ``RRF()`` (no full scoring).
-DEFAULT_FUSION: "RRF | Linear" = RRF(full_score=True)
-#: its name for :func:`parse_fusion` (``fusion=None`` with weights or ``rrf_k``)
-DEFAULT_FUSION_NAME = "rrf"
+#: with k = 40, chosen by measurement on the four shared collections with two and three legs
+#: (``python -m benchmarks.fusion_fit defaults``: the best mean nDCG@10 among the equal-weight
+#: settings that reach the best single leg everywhere at the old default's cost; see
+#: docs/FUSION.md). Until issue 24 the default was ``RRF()`` (k = 60).
+DEFAULT_FUSION: "RRF | Linear" = RRF(k=40.0)
 
 
 def cut_depths(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
