@@ -213,6 +213,29 @@ class Retriever:
         """Index summary (see :meth:`IndexReader.info`)."""
         return self.reader.info()
 
+    def default_fusion(self) -> "RRF | Linear":
+        """The fusion of a search without ``fusion=``: the setting stored in the index generation
+        this Retriever holds (``reader.fusion``, written by :func:`retriever.fusion_fit.fit_fusion`),
+        else :data:`retriever.fusion.DEFAULT_FUSION`.
+
+        Raises:
+            QueryError: a stored setting that does not parse (names the manifest).
+        """
+        from .fusion import DEFAULT_FUSION, fusion_from_dict
+
+        stored = self.reader.fusion
+        if stored is None:
+            return DEFAULT_FUSION
+        cached = getattr(self, "_stored_fusion", None)
+        if cached is not None and cached[0] is stored:
+            return cached[1]
+        try:
+            fz = fusion_from_dict(stored)
+        except QueryError as e:
+            raise QueryError(f"{self.reader.manifest_path}: stored fusion setting: {e}") from None
+        self._stored_fusion = (stored, fz)
+        return fz
+
     def _check(self, queries: Sequence[str], k: int, depth: int | None, n_threads: int | None
                ) -> tuple[list[str], int, int]:
         if isinstance(queries, str):
@@ -275,8 +298,10 @@ class Retriever:
             queries: nq query strings. A blank query yields no hits.
             k: hits per query (>= 1; more than the corpus size returns every matching document).
             mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
-            fusion: ``"rrf"`` (default, k = 60), ``"linear"``/``"linear:zscore"``/``"linear:none"``,
-                or an :class:`RRF` / :class:`Linear` object with per-leg weights.
+            fusion: ``None`` (the index's stored, fitted setting, else
+                :data:`retriever.fusion.DEFAULT_FUSION`; see :meth:`default_fusion`), ``"rrf"`` (k = 60),
+                ``"linear"``/``"linear:<norm>"``/``"dbsf"``/``"tmm"``, or an :class:`RRF` /
+                :class:`Linear` object (per-leg weights, depths, full-score fusion).
             depth: candidates per leg before fusion (default 100, at least k). Results for
                 every k <= depth are prefixes of one another.
             n_threads: kernel threads for this call (default: the Retriever's).
@@ -307,7 +332,7 @@ class Retriever:
         qs, k, depth = self._check(queries, k, depth, n_threads)
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
             raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
-        fz = parse_fusion(fusion)
+        fz = self.default_fusion() if fusion is None else parse_fusion(fusion)
         params = self._check_options(fz, leg_params)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
         if isinstance(filter, (list, tuple)):
