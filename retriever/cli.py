@@ -1,5 +1,5 @@
 """Command line: ``retriever index build|info|verify|upgrade``, ``retriever search``, ``retriever eval``,
-``retriever bench``.
+``retriever bench``, ``retriever fusion fit|clear``.
 
 A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
 1 bad input or index (one-line error on stderr), 2 usage error (argparse).

@@ -65,7 +65,7 @@ def test_refit_figures_equal_real_searches(syn):
                 assert values[i, j] == pytest.approx(ref, abs=1e-12), (metric, f.to_dict(), q)
 
 
-def test_fit_round_trip_and_default(syn, tmp_path):
+def test_fit_round_trip_and_default(syn, tmp_path, capsys):
     """A fitted setting is stored as a new generation (with the labels' hash and CV figures),
     ``index info`` shows it, searches without fusion= use it, fusion= overrides it."""
     import shutil
@@ -101,7 +101,10 @@ def test_fit_round_trip_and_default(syn, tmp_path):
     e = Retriever.open(src).search_arrays(qs, k=10, query_vectors=qv, sparse_vectors=sv)
     f = Retriever.open(src).search_arrays(qs, k=10, fusion=DEFAULT_FUSION, query_vectors=qv, sparse_vectors=sv)
     assert np.array_equal(e.ids, f.ids)
+    capsys.readouterr()
     assert main(["index", "info", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)["fusion"]
+    assert shown["fitted"]["labels_sha256"] == rep.labels_sha256 and shown["method"] == rep.setting.to_dict()["method"]
     assert main(["fusion", "clear", str(path)]) == 0
     assert Retriever.open(path).default_fusion() == DEFAULT_FUSION
 
