@@ -80,7 +80,8 @@ class Retriever:
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
-             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True) -> "Retriever":
+             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True,
+             executor: Any = None) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
         Args:
@@ -91,6 +92,9 @@ class Retriever:
             n_threads: default threads for compiled kernels, FAISS and BLAS (``None`` = all cores).
             concurrent_legs: run the legs of a hybrid search side by side when a call has 2 or
                 more threads (identical results either way).
+            executor: a :class:`~retriever.index.distributed.RayExecutor` to hold the shards on
+                Ray actors (scatter-gather with corpus-wide statistics, identical results; see
+                docs/DISTRIBUTED.md); ``None``: this process.
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
@@ -106,7 +110,14 @@ class Retriever:
         if not isinstance(concurrent_legs, bool):
             raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
-        return cls(reader, Engine(reader, use_gpu=use_gpu, device=device, concurrent_legs=concurrent_legs), n_threads)
+        if executor is not None:
+            from .distributed.search import DistributedEngine  # the only place Ray is imported from
+
+            engine: Engine = DistributedEngine(reader, executor, use_gpu=use_gpu, device=device,
+                                               concurrent_legs=concurrent_legs)
+        else:
+            engine = Engine(reader, use_gpu=use_gpu, device=device, concurrent_legs=concurrent_legs)
+        return cls(reader, engine, n_threads)
 
     def __enter__(self) -> "Retriever":
         return self
@@ -115,8 +126,11 @@ class Retriever:
         self.close()
 
     def close(self) -> None:
-        """Drop references to the memory-mapped shards."""
+        """Drop references to the memory-mapped shards (and stop a distributed engine's actors)."""
+        stop = getattr(self.engine, "close", None)
         self.engine = None  # type: ignore[assignment]
+        if stop is not None:
+            stop()
 
     @property
     def legs(self) -> tuple[str, ...]:
