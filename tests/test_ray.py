@@ -49,7 +49,7 @@ def ray_cluster():
         ray.shutdown()
 
 
-def corpus_records(n: int = 240) -> list[dict]:
+def corpus_records(n: int = 120) -> list[dict]:
     """The synthetic corpus with a metadata field of each type (``year`` int, ``tag`` string)."""
     docs = random_corpus(n, seed=7)
     for i, d in enumerate(docs):
@@ -72,12 +72,12 @@ def corpus_file(tmp_path_factory) -> Path:
     return folder
 
 
-BUILD = {"legs": ("bm25", "dense", "sparse"), "shard_size": 50, "batch_size": 16}
+BUILD = {"legs": ("bm25", "dense", "sparse"), "shard_size": 25, "batch_size": 8}
 
 
 @pytest.fixture(scope="module")
 def local_index(tmp_path_factory, corpus_file) -> Path:
-    """The one-process build: 240 documents, 5 shards, every leg."""
+    """The one-process build: 120 documents, 5 shards, every leg."""
     out = tmp_path_factory.mktemp("idx") / "local"
     build_index(corpus_file, out, show_progress=False, **BUILD)
     return out
@@ -140,7 +140,7 @@ def test_statistics_are_corpus_wide(ray_cluster, local, local_index):
     """Each actor scores with the whole index's N / df / avgdl, not its own shards'."""
     with Retriever.open(local_index, executor=executor(2)) as remote:
         st = remote.engine.stats
-        assert st.n_docs == local.reader.n_docs == 240
+        assert st.n_docs == local.reader.n_docs == 120
         assert np.array_equal(st.bm25.df, local.engine.stats.bm25.df)
         assert st.bm25.sum_dl == local.engine.stats.bm25.sum_dl
 
@@ -212,3 +212,153 @@ def test_assignment_balances_documents():
     assert RayExecutor(num_workers=4).assign([5, 5]) == [[0], [1]]
     assert RayExecutor(num_workers=2).assign([1000, 1, 1]) == [[0], [1, 2]]
     assert RayExecutor(num_workers=1).assign([3, 3]) == [[0, 1]]
+
+
+# ------------------------------------------------------------------------------------- builds
+
+def same_index(a: Path, b: Path) -> None:
+    """Two index directories hold the same documents, ordinals, vocabulary, statistics and leg files."""
+    ra, rb = Retriever.open(a), Retriever.open(b)
+    ma, mb = ra.reader.manifest, rb.reader.manifest
+    assert ma["stats"] == mb["stats"]
+    assert ma["metadata_schema"] == mb["metadata_schema"]
+    assert ma["build_config"] == mb["build_config"]
+    assert [s["rows"] for s in ma["shards"]] == [s["rows"] for s in mb["shards"]]
+    assert list(ra.reader.doc_ids()) == list(rb.reader.doc_ids())
+    assert (a / "vocab.arrow").read_bytes() == (b / "vocab.arrow").read_bytes()
+    for sa, sb in zip(ra.reader.shards, rb.reader.shards):
+        assert sa.docs.equals(sb.docs), sa.dir
+        assert sa.stats == sb.stats, sa.dir
+        for f in sorted(p.name for p in sa.dir.iterdir()):
+            assert (sa.dir / f).read_bytes() == (sb.dir / f).read_bytes(), (sa.dir.name, f)
+    assert sorted(ma["files"]) == sorted(mb["files"])
+    assert {k: v["sha256"] for k, v in ma["files"].items() if not k.startswith("manifests/")} == \
+        {k: v["sha256"] for k, v in mb["files"].items() if not k.startswith("manifests/")}
+    return ra, rb
+
+
+@pytest.mark.parametrize("n", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)])
+def test_ray_build_equals_one_process(ray_cluster, tmp_path, corpus_file, local_index, local, n):
+    """Same documents, ordinals, shard files (byte for byte) and search results as one process."""
+    out = tmp_path / "ray"
+    m = build_index(corpus_file, out, show_progress=False, executor=executor(n), **BUILD)
+    assert m["build"]["executor"]["workers"] == n
+    _, built = same_index(local_index, out)
+    check_every_mode(local, built, f"built with {n} workers")
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_ray_build_from_records_bm25(ray_cluster, tmp_path, n):
+    """The fast variant for 1 and 3 workers (every leg: the slow tests above): a Python iterable
+    corpus, BM25 only."""
+    recs = corpus_records(90)
+    build_index(recs, tmp_path / "one", legs=("bm25",), shard_size=20, batch_size=7, show_progress=False)
+    build_index(recs, tmp_path / "ray", legs=("bm25",), shard_size=20, batch_size=7, show_progress=False,
+                executor=executor(n))
+    one, built = same_index(tmp_path / "one", tmp_path / "ray")
+    for k, depth in ((10, None), (50, 90)):
+        same_result(one.search_arrays(QUERIES, k, mode="bm25", depth=depth),
+                    built.search_arrays(QUERIES, k, mode="bm25", depth=depth), f"{n} workers")
+
+
+def test_ray_build_many_parts(ray_cluster, tmp_path, corpus_file, monkeypatch):
+    """A JSONL corpus cut into many byte ranges (parts straddle shards); ordinals stay corpus order."""
+    from retriever.index import distributed_build as db
+
+    parts = db.plan_parts(corpus_file, 2, part_bytes=2000)
+    assert len(parts) > 10 and parts[0]["start"] == 0
+    assert all(p["end"] == q["start"] for p, q in zip(parts, parts[1:]))
+    text = (corpus_file / "corpus.jsonl").read_bytes()
+    assert all(text[p["start"] - 1:p["start"]] == b"\n" for p in parts[1:])
+    assert [p["first_line"] for p in parts] == [text[:p["start"]].count(b"\n") + 1 for p in parts]
+    monkeypatch.setattr(db, "PART_BYTES", 2000)
+    build_index(corpus_file, tmp_path / "one", legs=("bm25",), shard_size=33, batch_size=10, show_progress=False)
+    build_index(corpus_file, tmp_path / "ray", legs=("bm25",), shard_size=33, batch_size=10, show_progress=False,
+                executor=executor(3))
+    same_index(tmp_path / "one", tmp_path / "ray")
+
+
+def _build_error(tmp_path, records, **kw) -> str:
+    """The error a one-process and a Ray build of ``records`` raise: the same type and message."""
+    folder = tmp_path / "bad"
+    folder.mkdir(exist_ok=True)
+    with open(folder / "corpus.jsonl", "w") as f:
+        for r in records:
+            f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+    errs = []
+    for name, ex in (("one", None), ("ray", executor(2))):
+        with pytest.raises(Exception) as ei:
+            build_index(folder, tmp_path / name, legs=("bm25",), shard_size=10, show_progress=False, executor=ex, **kw)
+        errs.append(ei.value)
+        assert not (tmp_path / name).exists()
+    assert type(errs[0]) is type(errs[1]) and str(errs[0]) == str(errs[1]), errs
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    return str(errs[1])
+
+
+def test_ray_build_errors_as_one_process(ray_cluster, tmp_path):
+    recs = corpus_records(60)
+    bad = [json.dumps(r) for r in recs]
+    bad[41] = '{"_id": "x", "text": '
+    assert "line 42" in _build_error(tmp_path, bad)
+    dup = [dict(r) for r in recs]
+    dup[37]["_id"] = dup[5]["_id"]
+    assert "duplicate document id" in _build_error(tmp_path, dup)
+    mixed = [dict(r) for r in recs]
+    mixed[23]["year"] = "nineteen"
+    assert "mixed types" in _build_error(tmp_path, mixed)
+    from retriever import BuildConfig, DenseConfig
+
+    with pytest.raises(ConfigError, match="Matryoshka"):
+        build_index(recs, tmp_path / "m", BuildConfig(legs=("dense",), dense=DenseConfig(matryoshka_dims=(64,))),
+                    executor=executor(1))
+    assert not (tmp_path / "m").exists()
+
+
+def _killer(marker: Path, point: str, once: bool):
+    """A fault hook that SIGKILLs the Ray worker running it at ``point`` (the first time only when
+    ``once``: a marker file remembers it across processes)."""
+    def hook(p: str) -> None:
+        import os as _os
+        import signal as _signal
+
+        if p != point:  # shard_bm25 is reached in the Ray workers only (phase 2 of a Ray build)
+            return
+        if once:
+            try:
+                fd = _os.open(marker, _os.O_CREAT | _os.O_EXCL | _os.O_WRONLY)
+            except FileExistsError:
+                return
+            _os.close(fd)
+        _os.kill(_os.getpid(), _signal.SIGKILL)
+    return hook
+
+
+def test_ray_build_worker_killed_is_retried(ray_cluster, tmp_path):
+    recs = corpus_records(60)
+    build_index(recs, tmp_path / "one", legs=("bm25",), shard_size=15, show_progress=False)
+    hook = _killer(tmp_path / "killed", "shard_bm25", once=True)
+    build_index(recs, tmp_path / "ray", legs=("bm25",), shard_size=15, show_progress=False,
+                executor=executor(2, max_restarts=1), faults=hook)
+    assert (tmp_path / "killed").exists()  # a worker did die mid-build
+    same_index(tmp_path / "one", tmp_path / "ray")
+
+
+def test_ray_build_worker_killed_fails_the_build(ray_cluster, tmp_path):
+    recs = corpus_records(60)
+    hook = _killer(tmp_path / "killed", "shard_bm25", once=False)
+    with pytest.raises(DistributedError, match="shard .* failed|nothing was written"):
+        build_index(recs, tmp_path / "ray", legs=("bm25",), shard_size=15, show_progress=False,
+                    executor=executor(2, max_restarts=0), faults=hook)
+    assert not (tmp_path / "ray").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_cli_build_ray(ray_cluster, tmp_path, corpus_file, capsys):
+    from retriever.cli import main
+
+    assert main(["index", "build", "--corpus", str(corpus_file), "--out", str(tmp_path / "cli"), "--legs", "bm25",
+                 "--shard-size", "70", "--no-progress", "--ray", "--ray-workers", "2"]) == 0
+    assert "120 documents in 2 shard(s)" in capsys.readouterr().out
+    build_index(corpus_file, tmp_path / "one", legs=("bm25",), shard_size=70, show_progress=False)
+    same_index(tmp_path / "one", tmp_path / "cli")
