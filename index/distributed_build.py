@@ -530,7 +530,8 @@ def _duplicate(summaries: Sequence[Mapping[str, Any]]) -> CorpusError | None:
 
 
 def build_distributed(corpus: Any, out: Path, config: BuildConfig, executor: RayExecutor, *, overwrite: bool,
-                      faults: FaultHook | None = None, t0: float | None = None) -> dict[str, Any]:
+                      faults: FaultHook | None = None, t0: float | None = None,
+                      sparse_scale: float | None = None) -> dict[str, Any]:
     """The body of ``build_index(..., executor=RayExecutor(...))`` (stages in the module docstring).
 
     Returns:
@@ -566,7 +567,7 @@ def build_distributed(corpus: Any, out: Path, config: BuildConfig, executor: Ray
     pending: list = []
     try:
         with IndexWriter(out, overwrite=overwrite, faults=faults) as writer:
-            return _build(ray, rd, parts, writer, config, executor, faults, pending, t0, corpus)
+            return _build(ray, rd, parts, writer, config, executor, faults, pending, t0, corpus, sparse_scale)
     except BaseException as e:
         for ref in pending:  # nothing may still write into the (removed) temporary directory
             try:
@@ -607,7 +608,7 @@ def _get(ray: Any, refs: list, what: Sequence[str]) -> list:
 
 
 def _build(ray: Any, rd: Any, parts: list, writer: IndexWriter, config: BuildConfig, executor: RayExecutor,
-           faults: FaultHook, pending: list, t0: float, corpus: Any) -> dict[str, Any]:
+           faults: FaultHook, pending: list, t0: float, corpus: Any, sparse_scale: float | None) -> dict[str, Any]:
     from .pipeline import _manifest_parts
 
     retries = executor.max_restarts
@@ -708,7 +709,7 @@ def _build(ray: Any, rd: Any, parts: list, writer: IndexWriter, config: BuildCon
     max_weight = max((s.get("max_weight", 0.0) for s in summaries), default=0.0)
     from .sparse_index import impact_scale
 
-    scale = impact_scale(max_weight)
+    scale = impact_scale(max_weight) if sparse_scale is None else sparse_scale
     sparse_vocab = int(info.get("sparse", {}).get("vocab_size", 0))
     # --- phase 2
     write = ray.remote(write_shard).options(max_retries=retries, num_cpus=executor.num_cpus_per_worker)

@@ -162,6 +162,10 @@ class IndexWriter:
         self._open: dict[str, dict[str, Any]] = {}  # shards begun, not ended: dir -> statistics so far
         self._committed = False
 
+    #: number of the first shard directory this writer makes (a later generation's new segments
+    #: continue after the index's highest one)
+    first_shard = 0
+
     @classmethod
     def for_shards(cls, tmp: str | Path, *, faults: FaultHook = no_faults) -> "IndexWriter":
         """A writer of shards into another writer's temporary directory ``tmp`` (a distributed
@@ -183,7 +187,7 @@ class IndexWriter:
         Raises:
             IndexFormatError: the shard is not the next one (internal error; nothing is committed).
         """
-        want = f"shards/{len(self.shards):05d}"
+        want = f"shards/{self.first_shard + len(self.shards):05d}"
         if entry.get("dir") != want:
             raise IndexFormatError(f"{self.out}: internal error, adopting shard {entry.get('dir')} where {want} "
                                    f"is next; nothing was written")
@@ -249,7 +253,7 @@ class IndexWriter:
             the shard's handle (number, directory relative to the index root, rows).
         """
         if index is None:
-            index = len(self.shards) + len(self._open)
+            index = self.first_shard + len(self.shards) + len(self._open)
         rel_dir = f"shards/{index:05d}"
         sdir = self.tmp / rel_dir
         sdir.mkdir(parents=True)

@@ -4,8 +4,12 @@ budget of FAISS and BLAS, the batch bug with terms of later shards, the precompu
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -294,8 +298,7 @@ def test_dense_exhaustive_is_the_raw_inner_product(tmp_path):
 def test_tombstoned_documents_never_come_back(tmp_path):
     """A generation with tombstones (a deletes file on a shard): the engine passes the shard's
     live-documents mask to every leg as its allow mask; BM25 never returns a deleted document, even
-    one that would rank first, and still returns k live ones; a leg that cannot apply a mask yet
-    refuses with a clear error instead of returning deleted documents."""
+    one that would rank first, and still returns k live ones; nor does the dense leg."""
     from retriever.index.format import read_manifest, write_arrays
     from retriever.index.generations import commit_generation, file_entry
 
@@ -319,5 +322,41 @@ def test_tombstoned_documents_never_come_back(tmp_path):
         assert got.n_found[0] == 5
     hits = r.search("vitamin", k=40, mode="bm25")
     assert {h.id for h in hits} == {f"d{i}" for i in range(40)} - {"d3", "d7"}
-    with pytest.raises(QueryError, match="dense leg does not take an allow mask yet"):
-        r.search("vitamin", mode="dense", query_vectors=dv[:1])
+    # the dense leg applies the mask too: querying with a deleted document's own vector, it is not
+    # returned, and k live documents are (the exact top-k of the live ones)
+    for q in (3, 7):
+        got = r.search_arrays(["x"], k=5, mode="dense", query_vectors=dv[q:q + 1])
+        live = np.setdiff1d(np.arange(40), [3, 7])
+        expect = live[np.argsort(-(dv[live] @ dv[q]), kind="stable")[:5]]
+        assert got.ids[0].tolist() == expect.tolist()
+
+
+def test_blas_loaded_after_the_first_limit_is_limited_too():
+    """A BLAS library loaded after the first thread limit (scipy's, imported later) is held to the
+    call's budget as well, and every library is back to its own setting afterwards (the limiter
+    used to keep the libraries it found at its first use)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("BLAS is only limited below the core count")
+    code = """
+import numpy, sys
+from threadpoolctl import threadpool_info
+from retriever.threads import thread_limits
+assert "scipy.linalg" not in sys.modules
+with thread_limits(1):
+    pass
+before = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+import scipy.linalg
+own = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+assert len(own) > len(before), (before, own)
+with thread_limits(1):
+    held = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+after = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+import json
+print(json.dumps(held), after == own)
+"""
+    pytest.importorskip("scipy.linalg")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    held, restored = r.stdout.rsplit(" ", 1)
+    assert all(n == 1 for n in json.loads(held)), held
+    assert restored.strip() == "True"

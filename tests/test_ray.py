@@ -115,6 +115,13 @@ def check_every_mode(local, remote, where: str) -> None:
     same_result(local.search_arrays(QUERIES, 10, query_vectors=qv), remote.search_arrays(QUERIES, 10, query_vectors=qv),
                 f"{where} query_vectors")
     assert [h.id for h in local.search("vitamin bone", k=5)] == [h.id for h in remote.search("vitamin bone", k=5)]
+    for flt in ({"year": {"$gte": 2005}}, {"tag": "a"}, {"$or": [{"tag": "b"}, {"year": {"$lt": 1995}}]}):
+        for mode in MODES:
+            same_result(local.search_arrays(QUERIES, 10, mode=mode, filter=flt),
+                        remote.search_arrays(QUERIES, 10, mode=mode, filter=flt), f"{where} {mode} filter {flt}")
+    per_query = [{"tag": "c"} if i % 2 else None for i in range(len(QUERIES))]
+    same_result(local.search_arrays(QUERIES, 10, filter=per_query), remote.search_arrays(QUERIES, 10, filter=per_query),
+                f"{where} per-query filters")
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
@@ -362,3 +369,33 @@ def test_cli_build_ray(ray_cluster, tmp_path, corpus_file, capsys):
     assert "120 documents in 2 shard(s)" in capsys.readouterr().out
     build_index(corpus_file, tmp_path / "one", legs=("bm25",), shard_size=70, show_progress=False)
     same_index(tmp_path / "one", tmp_path / "cli")
+
+
+def test_refresh_reassigns_new_segments(ray_cluster, tmp_path, local_index):
+    """After a commit (adds and deletes), refresh() keeps each actor's segments, gives the new
+    segment to the actor holding the fewest documents, and searches equal a one-process reader of
+    the new generation (tombstones and corpus statistics included)."""
+    import shutil
+
+    from retriever import IndexUpdater
+
+    path = tmp_path / "living"
+    shutil.copytree(local_index, path)
+    with Retriever.open(path, executor=executor(2)) as remote:
+        before = [list(h) for h in remote.engine.assignment]
+        assert remote.refresh() is False
+        with IndexUpdater.open(path) as up:
+            up.add([{"_id": f"new{i}", "title": "", "text": f"vitamin bone heart {i}", "year": 2001} for i in range(7)])
+            up.delete(["d3", "d40", "d77"])
+            up.commit()
+        assert remote.refresh() is True
+        after = remote.engine.assignment
+        assert [h[:len(b)] for h, b in zip(after, before)] == before
+        new = [s for h in after for s in h if s >= 5]
+        assert len(new) >= 1 and sorted(s for h in after for s in h) == list(range(len(remote.reader.shards)))
+        with Retriever.open(path) as fresh:
+            assert fresh.reader.generation == remote.reader.generation
+            check_every_mode(fresh, remote, "after refresh")
+            flt = {"year": {"$gte": 2000}}
+            same_result(fresh.search_arrays(QUERIES, 10, filter=flt), remote.search_arrays(QUERIES, 10, filter=flt),
+                        "filter after refresh")

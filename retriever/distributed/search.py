@@ -74,62 +74,84 @@ class TextBatch:
 
 def held_stats(reader: IndexReader, shard_ids: Sequence[int]) -> CorpusStats:
     """The statistics of the shards ``shard_ids`` alone (to be combined over every actor with
-    :meth:`CorpusStats.combine`): N = their rows, BM25 df / sum of lengths from each shard's
-    postings (:meth:`BM25Stats.of_shard`), as the one-process BM25 leg computes them."""
+    :meth:`CorpusStats.combine`): N = their rows, BM25 statistics of their live documents
+    (:func:`retriever.legs.bm25.live_shard_stats`), as the one-process engine computes them."""
     n_docs = int(sum(reader.shards[i].rows for i in shard_ids))
     if "bm25" not in reader.legs:
         return CorpusStats(n_docs)
-    from ..legs.bm25 import load_bm25_arrays
+    from ..legs.bm25 import live_shard_stats, load_bm25_arrays
 
     n_terms = int(reader.manifest["stats"]["n_terms"])
-    parts = []
-    for i in shard_ids:
-        a = load_bm25_arrays(reader, reader.shards[i], n_terms)
-        parts.append(BM25Stats.of_shard(a["offsets"], a["doc_len"], n_terms))
+    parts = [live_shard_stats(reader, reader.shards[i], load_bm25_arrays(reader, reader.shards[i], n_terms), n_terms)
+             for i in shard_ids]
     return CorpusStats(n_docs, BM25Stats.combine(parts, n_terms))
 
 
+#: what one actor is asked to hold: ``(generation, shard positions, [statistics reference])``;
+#: every call carries it, so an actor restarted by Ray (or asked about a newer generation after a
+#: refresh) opens what the call needs
+Spec = tuple
+
+
 class ShardSearcher:
-    """A Ray actor's state: some shards of one index generation, searched with outside statistics.
+    """A Ray actor's state: engines over some shards of an index generation, scored with outside
+    statistics, built on first use per :data:`Spec` (the last :attr:`KEEP` kept) and sharing one
+    :class:`~retriever.segcache.SegmentCache`, so a refresh loads only new segments.
 
     Args:
         path: the index directory (as the driver sees it; shared storage).
-        generation: the driver's generation (the same snapshot on every actor).
-        shard_ids: positions in the manifest's shard list this actor holds.
         leg_options: ``use_gpu`` / ``device`` for the leg loaders.
     """
 
-    def __init__(self, path: str, generation: int, shard_ids: Sequence[int], leg_options: dict[str, Any]) -> None:
-        self.reader = IndexReader(path, generation=generation)
-        self.shard_ids = tuple(int(s) for s in shard_ids)
+    #: engines (generations) an actor keeps: the current one and the one a refresh replaced
+    KEEP = 2
+
+    def __init__(self, path: str, leg_options: dict[str, Any]) -> None:
+        from ..segcache import SegmentCache
+
+        self.path = path
         self.leg_options = dict(leg_options)
-        self.engine: Engine | None = None
+        self.cache = SegmentCache()
+        self.engines: dict[tuple[int, tuple[int, ...]], Engine] = {}
         self._lock = threading.Lock()
 
     def pid(self) -> int:
         """The actor's process id (tests kill it)."""
         return os.getpid()
 
-    def held_stats(self) -> CorpusStats:
-        """Statistics of the held shards (:func:`held_stats`)."""
-        return held_stats(self.reader, self.shard_ids)
+    def held_stats(self, generation: int, shard_ids: Sequence[int]) -> CorpusStats:
+        """Statistics of the given shards of ``generation`` (:func:`held_stats`)."""
+        return held_stats(IndexReader(self.path, generation=generation), shard_ids)
 
-    def _engine(self, stats_box: list) -> Engine:
-        """The engine over the held shards, built on first use with the statistics in
-        ``stats_box[0]`` (an object reference: after a restart the actor fetches them again)."""
+    def _engine(self, spec: Spec) -> Engine:
+        """The engine of ``spec``, built on first use with the statistics ``spec[2][0]`` (an object
+        reference, boxed so Ray passes it unresolved)."""
+        generation, shard_ids, box = spec
+        key = (int(generation), tuple(shard_ids))
         with self._lock:
-            if self.engine is None:
-                stats = ray.get(stats_box[0])
-                self.engine = Engine(self.reader, shards=self.shard_ids, stats=stats, concurrent_legs=False,
-                                     **self.leg_options)
-            return self.engine
+            engine = self.engines.get(key)
+            if engine is None:
+                reader = IndexReader(self.path, generation=generation)
+                self.cache.mark()
+                engine = Engine(reader, shards=key[1], stats=ray.get(box[0]), concurrent_legs=False,
+                                cache=self.cache, **self.leg_options)
+                self.engines[key] = engine
+                while len(self.engines) > self.KEEP:
+                    self.engines.pop(next(iter(self.engines)))
+            return engine
 
-    def load(self, stats_box: list) -> int:
-        """Open the legs now (at ``Retriever.open``, not at the first query); returns the pid."""
-        self._engine(stats_box)
+    def load(self, spec: Spec) -> int:
+        """Open the legs of ``spec`` now (at open / refresh, not at the first query); the pid."""
+        self._engine(spec)
         return os.getpid()
 
-    def search(self, stats_box: list, leg: str, prepared: Any, depth: int, n_threads: int,
+    def forget(self, generation: int) -> None:
+        """Drop the engines of generations before ``generation``."""
+        with self._lock:
+            for key in [k for k in self.engines if k[0] < generation]:
+                del self.engines[key]
+
+    def search(self, spec: Spec, leg: str, prepared: Any, depth: int, n_threads: int,
                allow: Sequence[np.ndarray | None] | None, shards: Sequence[int] | None = None) -> TopK:
         """Top-``depth`` of the held shards (or of the held positions ``shards``) for one leg.
 
@@ -140,7 +162,7 @@ class ShardSearcher:
         Returns:
             ``(ids int64 (nq, depth) global ordinals, scores float32, n_found int32)``.
         """
-        engine = self._engine(stats_box)
+        engine = self._engine(spec)
         obj = engine.legs[leg]
         if isinstance(prepared, TextBatch):
             prepared = obj.prepare(prepared.texts, prepared.params, n_threads)
@@ -151,11 +173,10 @@ class ShardSearcher:
             return search_leg(obj, prepared, ctx)
         return obj.search_shards(prepared, list(shards), ctx)
 
-    def score_docs(self, stats_box: list, leg: str, prepared: Any, shard: int, offsets: np.ndarray,
+    def score_docs(self, spec: Spec, leg: str, prepared: Any, shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
         """``leg.score_docs`` on held position ``shard`` (see the leg protocol)."""
-        engine = self._engine(stats_box)
-        obj = engine.legs[leg]
+        obj = self._engine(spec).legs[leg]
         if isinstance(prepared, TextBatch):
             prepared = obj.prepare(prepared.texts, prepared.params, 1)
         return obj.score_docs(prepared, shard, offsets, ordinals)
@@ -219,37 +240,61 @@ class DistributedEngine(Engine):
     """
 
     def __init__(self, reader: IndexReader, executor: RayExecutor, *, concurrent_legs: bool = True,
-                 **leg_options: Any) -> None:
+                 previous: "DistributedEngine | None" = None, **leg_options: Any) -> None:
         executor.connect()
         self.executor = executor
-        self.assignment = executor.assign([s.rows for s in reader.shards])
+        self.leg_options = dict(leg_options)
+        self.concurrent_legs = bool(concurrent_legs)
+        if previous is None:
+            self.assignment = executor.assign([s.rows for s in reader.shards])
+            opts: dict[str, Any] = {"num_cpus": executor.num_cpus_per_worker,
+                                    "num_gpus": executor.num_gpus_per_worker,
+                                    "max_restarts": executor.max_restarts, "max_task_retries": executor.max_restarts,
+                                    "max_concurrency": ACTOR_CONCURRENCY}
+            cls = ray.remote(ShardSearcher).options(**opts)
+            self.actors = [cls.remote(str(reader.path), self.leg_options) for _ in self.assignment]
+        else:
+            self.assignment = reassign(previous, reader)
+            self.actors = list(previous.actors)
         self._owner = {s: (a, pos) for a, held in enumerate(self.assignment) for pos, s in enumerate(held)}
-        opts: dict[str, Any] = {"num_cpus": executor.num_cpus_per_worker, "num_gpus": executor.num_gpus_per_worker,
-                                "max_restarts": executor.max_restarts, "max_task_retries": executor.max_restarts,
-                                "max_concurrency": ACTOR_CONCURRENCY}
-        cls = ray.remote(ShardSearcher).options(**opts)
-        self.actors = [cls.remote(str(reader.path), reader.generation, held, leg_options) for held in self.assignment]
         try:
-            parts = self._gather([a.held_stats.remote() for a in self.actors])
+            parts = self._gather([a.held_stats.remote(reader.generation, held)
+                                  for a, held in zip(self.actors, self.assignment) if held],
+                                 [i for i, held in enumerate(self.assignment) if held], reader)
             stats = CorpusStats.combine(parts)
-            #: the statistics in the object store, boxed so that calls pass the reference itself
-            self._stats_box = [ray.put(stats)]
-            self.pids = self._gather([a.load.remote(self._stats_box) for a in self.actors])
+            box = [ray.put(stats)]  # the statistics in the object store, boxed: calls pass the reference
+            #: per actor what it holds: (generation, shard positions, [statistics reference])
+            self.specs: list[Spec] = [(reader.generation, tuple(held), box) for held in self.assignment]
+            self.pids = self._gather([a.load.remote(spec) for a, spec in zip(self.actors, self.specs)], None, reader)
             super().__init__(reader, shards=(), stats=stats, concurrent_legs=concurrent_legs, **leg_options)
         except BaseException:
-            self.close()
+            if previous is None:
+                self.close()
             raise
         self.shard_ids = tuple(range(len(reader.shards)))
         self.live = (None,) * len(reader.shards)  # tombstones are applied by the actors holding the shards
         self.legs = {name: RemoteLeg(name, leg, self) for name, leg in self.legs.items()}
 
-    def describe(self, actor: int) -> str:
+    def reopen(self, reader: IndexReader) -> "DistributedEngine":
+        """An engine over ``reader`` (a newer generation of the same index) on the same actors:
+        each keeps the segments it holds, new segments go to the actor holding the fewest
+        documents (largest segment first), statistics are collected again (:func:`reassign`)."""
+        return DistributedEngine(reader, self.executor, concurrent_legs=self.concurrent_legs, previous=self,
+                                 **self.leg_options)
+
+    def forget(self) -> None:
+        """Tell the actors to drop engines of generations older than this engine's successor."""
+        for a in self.actors:
+            a.forget.remote(self.reader.generation + 1)
+
+    def describe(self, actor: int, reader: IndexReader | None = None) -> str:
         """``"actor i (shards [..]: dirs)"`` for messages."""
         held = self.assignment[actor]
-        dirs = ", ".join(self.reader.shards[s].entry.get("dir", str(s)) for s in held)
+        shards = (reader or self.reader).shards
+        dirs = ", ".join(shards[s].entry.get("dir", str(s)) for s in held)
         return f"Ray actor {actor} holding shards {held} ({dirs})"
 
-    def _gather(self, calls: list, actors: Sequence[int] | None = None) -> list:
+    def _gather(self, calls: list, actors: Sequence[int] | None = None, reader: IndexReader | None = None) -> list:
         """``ray.get`` of one call per actor (``actors[j]`` made ``calls[j]``); an actor that died for
         good is a :class:`DistributedError` naming its shards; an error raised by our code on the
         actor is raised again as itself (a :class:`RetrieverError`)."""
@@ -262,10 +307,10 @@ class DistributedEngine(Engine):
                 cause = getattr(e, "cause", None)
                 if isinstance(cause, RetrieverError):
                     raise cause from None
-                raise DistributedError(f"{self.describe(a)} failed: {cause!r}; no partial results") from None
+                raise DistributedError(f"{self.describe(a, reader)} failed: {cause!r}; no partial results") from None
             except (rex.RayActorError, rex.ObjectLostError, rex.WorkerCrashedError, rex.RaySystemError) as e:
                 first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise DistributedError(f"{self.describe(a)} died ({type(e).__name__}: {first}) after "
+                raise DistributedError(f"{self.describe(a, reader)} died ({type(e).__name__}: {first}) after "
                                        f"{self.executor.max_restarts} restart(s); no partial results") from None
         return out
 
@@ -276,12 +321,14 @@ class DistributedEngine(Engine):
         wanted = None if shards is None else set(int(s) for s in shards)
         calls, actors = [], []
         for a, held in enumerate(self.assignment):
+            if not held:
+                continue
             mine = held if wanted is None else [s for s in held if s in wanted]
             if not mine:
                 continue
             local = None if wanted is None or len(mine) == len(held) else [self._owner[s][1] for s in mine]
             allow = None if ctx.allow is None else [ctx.allow[s] for s in held]
-            calls.append(self.actors[a].search.remote(self._stats_box, leg, ref, ctx.depth, ctx.n_threads, allow,
+            calls.append(self.actors[a].search.remote(self.specs[a], leg, ref, ctx.depth, ctx.n_threads, allow,
                                                       local))
             actors.append(a)
         parts = self._gather(calls, actors)
@@ -290,7 +337,7 @@ class DistributedEngine(Engine):
     def score_remote(self, leg: str, prepared: Any, shard: int, offsets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """``score_docs`` of one shard on the actor holding it."""
         a, pos = self._owner[int(shard)]
-        call = self.actors[a].score_docs.remote(self._stats_box, leg, prepared, pos, offsets, ordinals)
+        call = self.actors[a].score_docs.remote(self.specs[a], leg, prepared, pos, offsets, ordinals)
         return self._gather([call], [a])[0]
 
     def close(self) -> None:
@@ -301,3 +348,26 @@ class DistributedEngine(Engine):
             except Exception:  # noqa: BLE001 - already gone
                 pass
         self.actors = []
+
+
+def reassign(previous: DistributedEngine, reader: IndexReader) -> list[list[int]]:
+    """The shards each of ``previous``'s actors holds in ``reader``'s generation: a segment (shard
+    directory) the previous generation listed stays on its actor; new segments go, largest first,
+    to the actor holding the fewest documents (ties: the lower actor). An actor may end up holding
+    nothing (its segments compacted away); it is skipped until a later refresh gives it some."""
+    where = {previous.reader.shards[s].entry["dir"]: a for a, held in enumerate(previous.assignment) for s in held}
+    out: list[list[int]] = [[] for _ in previous.actors]
+    load = [0] * len(out)
+    new = []
+    for i, s in enumerate(reader.shards):
+        a = where.get(s.entry["dir"])
+        if a is None:
+            new.append(i)
+        else:
+            out[a].append(i)
+            load[a] += s.rows
+    for i in sorted(new, key=lambda i: (-reader.shards[i].rows, i)):
+        a = min(range(len(out)), key=lambda j: (load[j], j))
+        out[a].append(i)
+        load[a] += reader.shards[i].rows
+    return [sorted(h) for h in out]
