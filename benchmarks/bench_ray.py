@@ -97,32 +97,46 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--shard-size", type=int, default=300)
     ap.add_argument("--out", default="benchmarks/results/ray.json")
+    ap.add_argument("--reuse", default=None, help="a directory of an earlier run (its corpus, indexes and build.json): "
+                                                  "skip the builds, measure the search")
     args = ap.parse_args(argv)
 
     import ray
 
     from retriever import RayExecutor, Retriever, build_index
 
-    tmp = Path(tempfile.mkdtemp(prefix="bench_ray_"))
-    folder, queries = _corpus(DATA / args.collection, args.docs, tmp / "corpus")
+    tmp = Path(args.reuse) if args.reuse else Path(tempfile.mkdtemp(prefix="bench_ray_"))
+    if args.reuse:
+        from retriever.index.readers import read_queries
+
+        folder, queries = tmp / "corpus", list(read_queries(DATA / args.collection / "queries.jsonl").values())
+    else:
+        folder, queries = _corpus(DATA / args.collection, args.docs, tmp / "corpus")
     queries = queries[:args.queries]
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False, logging_level="ERROR")
     cfg = {"legs": ("bm25", "dense"), "shard_size": args.shard_size, "show_progress": False}
     res: dict[str, Any] = {"machine": machine(), "args": vars(args), "build": {}, "search": {}}
     # --- builds
-    t = time.perf_counter()
-    build_index(folder, tmp / "one", **cfg)
-    res["build"]["one_process"] = {"seconds": time.perf_counter() - t}
-    for w in (1, 2):
+    if args.reuse:
+        res["build"] = json.loads((tmp / "build.json").read_text())
+        res["build_reused_from_earlier_run"] = True
+    else:
+        t = time.perf_counter()
+        build_index(folder, tmp / "one", **cfg)
+        res["build"]["one_process"] = {"seconds": time.perf_counter() - t}
+    for w in (() if args.reuse else (1, 2)):
         t = time.perf_counter()
         build_index(folder, tmp / f"ray{w}", executor=RayExecutor(num_workers=w), **cfg)
         res["build"][f"ray_{w}"] = {"seconds": time.perf_counter() - t}
         a, b = tmp / "one" / "shards", tmp / f"ray{w}" / "shards"
         res["build"][f"ray_{w}"]["identical_shard_files"] = all(
             (a / s.name / f.name).read_bytes() == f.read_bytes() for s in b.iterdir() for f in s.iterdir())
-    for v in res["build"].values():
-        v["docs_per_s"] = args.docs / v["seconds"]
+    if not args.reuse:
+        for v in res["build"].values():
+            v["docs_per_s"] = args.docs / v["seconds"]
+        (tmp / "build.json").write_text(json.dumps(res["build"], indent=1))
     print(json.dumps(res["build"], indent=1), flush=True)
+    Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     # --- search, interleaved rounds
     engines = {"one_process": Retriever.open(tmp / "one", n_threads=2)}
     for w in (1, 2):
