@@ -669,8 +669,13 @@ class IndexUpdater:
         if vocab_files and (vocab_files != ["vocab.arrow"] or "vocab" in self.manifest):
             changes["vocab"] = vocab_files
         m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True)
-        self._drop_builders()
+        ids = self._ids  # still exact: the commit applied every pending change (None after a compaction)
         self._load()
+        # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
+        # stay: the next add does not redo work proportional to the index
+        self._ids = ids
+        if vocab is not None:
+            self._vocab = vocab
         self._clean()
         self._faults("update_clean")
         return m["generation"]

@@ -124,6 +124,7 @@ class Retriever:
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
              device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True,
+             dense_model: str | Path | None = None, sparse_model: str | Path | None = None,
              executor: Any = None) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
@@ -135,6 +136,10 @@ class Retriever:
             n_threads: default threads for compiled kernels, FAISS and BLAS (``None`` = all cores).
             concurrent_legs: run the legs of a hybrid search side by side when a call has 2 or
                 more threads (identical results either way).
+            dense_model, sparse_model: local model directories of the query encoders (default:
+                the bundled models). The index's own record of its models is a fingerprint
+                compared with them (a mismatch is a ModelError naming both), never a path that is
+                opened, so an index from elsewhere cannot choose what is loaded.
             executor: a :class:`~retriever.index.distributed.RayExecutor` to hold the shards on
                 Ray actors (scatter-gather with corpus-wide statistics, identical results; see
                 docs/DISTRIBUTED.md); ``None``: this process.
@@ -153,8 +158,12 @@ class Retriever:
         if not isinstance(concurrent_legs, bool):
             raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
+        for name, m in (("dense_model", dense_model), ("sparse_model", sparse_model)):
+            if m is not None and not isinstance(m, (str, Path)):
+                raise ConfigError(f"{name} must be a model directory (str or Path) or None, got {m!r}")
+        models = {k: v for k, v in (("dense_model", dense_model), ("sparse_model", sparse_model)) if v is not None}
         cache = SegmentCache()
-        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs}
+        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs, **models}
         if executor is not None:
             from .distributed.search import DistributedEngine  # the only place Ray is imported from
 

@@ -119,7 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     i = idx.add_parser("info", help="print an index summary", formatter_class=_HelpFormatter)
     i.add_argument("dir", help="index directory")
-    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest", formatter_class=_HelpFormatter)
+    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest, and that the directory holds no unlisted files, symlinks or special files", formatter_class=_HelpFormatter)
     v.add_argument("dir", help="index directory")
     u = idx.add_parser("upgrade", help="convert an index of an older format version to the current one (atomically)",
                        formatter_class=_HelpFormatter)
@@ -230,8 +230,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """``retriever index verify``: open the index checking every file's checksum; returns the exit status."""
     from .shards import IndexReader
 
+    from retriever.index.audit import audit_directory
+
     r = IndexReader(args.dir, verify=True)
-    print(f"ok: {len(r.manifest['files'])} files verified (SHA-256)")
+    problems = audit_directory(args.dir)
+    if problems:  # files the index does not use, symlinks, special files: each an error line
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(r.manifest['files'])} files verified (SHA-256), no unlisted files or symlinks")
     return 0
 
 

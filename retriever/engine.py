@@ -37,12 +37,13 @@ def _load_bm25(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusS
 def _load_dense(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.dense import DenseLeg
     return DenseLeg(reader, shards=shards, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"),
-                    cache=kw.get("cache"))
+                    cache=kw.get("cache"), model=kw.get("dense_model"))
 
 
 def _load_sparse(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.sparse import SparseLeg
-    return SparseLeg(reader, shards=shards, device=kw.get("device", "cpu"), cache=kw.get("cache"))
+    return SparseLeg(reader, shards=shards, device=kw.get("device", "cpu"), cache=kw.get("cache"),
+                     model=kw.get("sparse_model"))
 
 
 #: leg name → loader(reader, shards, stats, **options); the library, the CLI and the benchmarks read this table.
@@ -119,7 +120,8 @@ class Engine:
         concurrent_legs: run the legs of a multi-leg batch side by side when a call has 2 or more
             threads (results are identical either way; see :meth:`search`).
         leg_options: passed to the leg loaders (``use_gpu``, ``device``, ``cache``: a
-            :class:`retriever.segcache.SegmentCache` of per-segment state to reuse).
+            :class:`retriever.segcache.SegmentCache` of per-segment state to reuse, ``dense_model``,
+            ``sparse_model``).
     """
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None,
