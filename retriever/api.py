@@ -124,7 +124,8 @@ class Retriever:
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
              device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True,
-             dense_model: str | Path | None = None, sparse_model: str | Path | None = None) -> "Retriever":
+             dense_model: str | Path | None = None, sparse_model: str | Path | None = None,
+             executor: Any = None) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
         Args:
@@ -139,6 +140,9 @@ class Retriever:
                 the bundled models). The index's own record of its models is a fingerprint
                 compared with them (a mismatch is a ModelError naming both), never a path that is
                 opened, so an index from elsewhere cannot choose what is loaded.
+            executor: a :class:`~retriever.index.distributed.RayExecutor` to hold the shards on
+                Ray actors (scatter-gather with corpus-wide statistics, identical results; see
+                docs/DISTRIBUTED.md); ``None``: this process.
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
@@ -160,7 +164,13 @@ class Retriever:
         models = {k: v for k, v in (("dense_model", dense_model), ("sparse_model", sparse_model)) if v is not None}
         cache = SegmentCache()
         options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs, **models}
-        r = cls(reader, Engine(reader, cache=cache, **options), n_threads)
+        if executor is not None:
+            from .distributed.search import DistributedEngine  # the only place Ray is imported from
+
+            engine: Engine = DistributedEngine(reader, executor, **options)
+        else:
+            engine = Engine(reader, cache=cache, **options)
+        r = cls(reader, engine, n_threads)
         r._segments, r._engine_options = cache, options
         return r
 
@@ -187,11 +197,18 @@ class Retriever:
             cache = getattr(self, "_segments", None) or SegmentCache()
             options = getattr(self, "_engine_options", None) or {}
             reader = IndexReader(self.reader.path)
-            cache.mark()
-            engine = Engine(reader, cache=cache, **options)
-            cache.retain()
+            old = self.engine
+            reopen = getattr(old, "reopen", None)
+            if reopen is not None:  # a distributed engine: the same actors, new segments assigned
+                engine = reopen(reader)
+            else:
+                cache.mark()
+                engine = Engine(reader, cache=cache, **options)
+                cache.retain()
             self._segments, self._engine_options = cache, options
             self.reader, self.engine = reader, engine
+            if reopen is not None:
+                old.forget()  # the actors drop the older generation once no search is started on it
             return True
 
     def __enter__(self) -> "Retriever":
@@ -201,8 +218,11 @@ class Retriever:
         self.close()
 
     def close(self) -> None:
-        """Drop references to the memory-mapped shards."""
+        """Drop references to the memory-mapped shards (and stop a distributed engine's actors)."""
+        stop = getattr(self.engine, "close", None)
         self.engine = None  # type: ignore[assignment]
+        if stop is not None:
+            stop()
 
     @property
     def legs(self) -> tuple[str, ...]:

@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
     b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out (atomic swap)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="build on a Ray cluster (ADDRESS, e.g. auto or ray://host:10001; none: a local one); "
+                        "see docs/DISTRIBUTED.md")
+    b.add_argument("--ray-workers", type=_positive_int, default=2, help="Ray encoder actors / shard builders (default 2)")
+    b.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per Ray encoder actor (default 0)")
 
     i = idx.add_parser("info", help="print an index summary", formatter_class=_HelpFormatter)
     i.add_argument("dir", help="index directory")
@@ -221,7 +226,13 @@ def cmd_build(args: argparse.Namespace) -> int:
                                         mrl_trained=args.mrl_trained),
                       sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,
                                           n_postings=args.sparse_n_postings, block_size=args.sparse_block_size))
-    m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
+    executor = None
+    if args.ray is not None:
+        from retriever.index.distributed import RayExecutor
+
+        executor = RayExecutor(address=args.ray or None, num_workers=args.ray_workers, num_gpus_per_worker=args.ray_gpus)
+    m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress,
+                    executor=executor)
     st = m["build"]
     print(f"built {args.out}: {m['stats']['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
           f"{st['build_seconds']:.1f} s")
