@@ -79,7 +79,7 @@ topk_result py_rescore_topk(const carray<float>& queries, const py::array& vecto
 
 
 void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<float>& heap_scores,
-                        carray<int64_t>& heap_ids, int n_threads) {
+                        carray<int64_t>& heap_ids, int n_threads, const opt_carray<uint8_t>& allow) {
     if (scores.ndim() != 2) fail("scores must be 2-dimensional (nq, nd), got ndim = " + std::to_string(scores.ndim()));
     if (heap_scores.ndim() != 2 || heap_ids.ndim() != 2) fail("heap_scores and heap_ids must be 2-dimensional (nq, k')");
     const size_t nq = static_cast<size_t>(scores.shape(0));
@@ -96,15 +96,21 @@ void py_heap_push_block(const carray<float>& scores, int64_t first_id, carray<fl
     h.kk = static_cast<size_t>(heap_scores.shape(1));
     const float* sp = scores.data();
     const size_t nd = static_cast<size_t>(scores.shape(1));
+    const uint8_t* al = nullptr;
+    if (allow) {
+        require_eq(len1d(*allow, "allow"), nd, "len(allow)", "scores.shape[1]");
+        al = allow->data();
+    }
     {
         py::gil_scoped_release nogil;
-        heap_push_block(sp, nd, first_id, h, n_threads);
+        heap_push_block(sp, nd, first_id, h, n_threads, al);
     }
 }
 
 std::tuple<carray<int32_t>, carray<int64_t>> py_int8_scan_topk(const carray<int8_t>& queries,
                                                               const carray<uint8_t>& codes, int64_t n,
-                                                              int64_t kk, int n_threads, const std::string& impl) {
+                                                              int64_t kk, int n_threads, const std::string& impl,
+                                                              const opt_carray<uint8_t>& allow) {
     if (queries.ndim() != 2) {
         fail("queries must be 2-dimensional (nq, 4 * d4), got ndim = " + std::to_string(queries.ndim()));
     }
@@ -140,6 +146,16 @@ std::tuple<carray<int32_t>, carray<int64_t>> py_int8_scan_topk(const carray<int8
     m.codes = codes.data();
     m.n = static_cast<size_t>(n);
     m.d4 = d4;
+    std::vector<uint16_t> allow16;
+    if (allow) {
+        require_eq(len1d(*allow, "allow"), static_cast<size_t>(n), "len(allow)", "n (the shard's documents)");
+        const uint8_t* al = allow->data();
+        allow16.assign(n_blocks, 0);
+        for (size_t d = 0; d < static_cast<size_t>(n); ++d) {
+            allow16[d / kI8BlockDocs] |= static_cast<uint16_t>((al[d] != 0 ? 1u : 0u) << (d % kI8BlockDocs));
+        }
+        m.allow16 = allow16.data();
+    }
     i8_topk_out out;
     out.scores = scores.mutable_data();
     out.ids = ids.mutable_data();
@@ -168,13 +184,16 @@ void register_dense(py::module_& m) {
           "True when rescore_topk's AVX-512 path is available on this CPU.");
     m.def("heap_push_block", &py_heap_push_block, py::arg("scores").noconvert(), py::arg("first_id"),
           py::arg("heap_scores").noconvert(), py::arg("heap_ids").noconvert(), py::arg("n_threads") = 0,
+          py::arg("allow").noconvert() = py::none(),
           "Running top-k' of a blocked exact scan (Matryoshka prefix candidate generation): row i\n"
           "of scores (nq, nd) float32 holds query i's scores of ids first_id .. first_id + nd - 1;\n"
           "each enters query i's min-heap (heap_scores f32 / heap_ids i64 (nq, k'), updated in\n"
           "place; initialise to -inf / -1) when it ranks before the root (higher score, or equal\n"
-          "score and smaller id). The heaps are left unsorted.");
+          "score and smaller id); allow: None or uint8 (nd,) aligned with the block's columns, 0 =\n"
+          "never enters. The heaps are left unsorted.");
     m.def("int8_scan_topk", &py_int8_scan_topk, py::arg("queries").noconvert(), py::arg("codes").noconvert(),
           py::arg("n"), py::arg("kk"), py::arg("n_threads") = 0, py::arg("impl") = "auto",
+          py::arg("allow").noconvert() = py::none(),
           "Exact top-k' of int8-quantised prefixes (funnel candidate generation; layout in\n"
           "cpp_ext/int8_scan.hpp): score(i, d) = sum_t codes_d[t] * queries[i, t] in int32 over\n"
           "uint8 document codes packed in 16-document blocks (codes (ceil(n/16), d4, 64)) and int8\n"

@@ -18,6 +18,14 @@ namespace retriever::bind {
 
 namespace {
 
+/// The allow mask of a sparse shard search: None, or uint8 of exactly n_docs entries (the
+/// shard's rows, len(fwd_offsets) - 1); ValueError naming both lengths otherwise.
+const uint8_t* sparse_allow(const opt_carray<uint8_t>& allow, size_t n_docs) {
+    if (!allow) return nullptr;
+    require_eq(len1d(*allow, "allow"), n_docs, "len(allow)", "the shard's documents (len(fwd_offsets) - 1)");
+    return allow->data();
+}
+
 topk_result py_impact_topk(const carray<uint64_t>& offsets, const carray<uint32_t>& doc_ids,
                            const carray<float>& impacts, const carray<uint64_t>& q_offsets,
                            const carray<uint32_t>& q_terms, const carray<float>& q_weights,
@@ -149,17 +157,19 @@ topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<u
                                  const carray<uint16_t>& impacts, const carray<uint64_t>& fwd_offsets,
                                  const carray<uint32_t>& fwd_terms, const carray<uint16_t>& fwd_values,
                                  double scale, const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
-                                 const carray<float>& q_weights, int64_t k, int n_threads, const std::string& impl) {
+                                 const carray<float>& q_weights, int64_t k, int n_threads, const std::string& impl,
+                                 const opt_carray<uint8_t>& allow) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, static_cast<int64_t>(f.n_docs));
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
+    const uint8_t* allow_p = sparse_allow(allow, f.n_docs);
     const forward_score_impl score_impl = parse_forward_score_impl(impl);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, p.csr.n_terms);
-        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, score_impl, res.out);
+        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, score_impl, res.out, allow_p);
     }
     return res.result();
 }
@@ -175,7 +185,7 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
                                    const carray<uint64_t>& q_offsets,
                                    const carray<uint32_t>& q_terms, const carray<float>& q_weights, int64_t k,
                                    int64_t query_cut, double heap_factor, int n_threads,
-                                   const std::string& impl) {
+                                   const std::string& impl, const opt_carray<uint8_t>& allow) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const blocks_view b = make_blocks(term_blocks, block_docs_offsets, block_docs, summary_comp_offsets, summary_dir,
                                       summary_entry_offsets, summary_entries, summary_scale, fwd_packed,
@@ -191,12 +201,13 @@ topk_result py_sparse_seismic_topk(const carray<uint64_t>& fwd_offsets, const ca
         fail("heap_factor must be in (0, 1], got " + std::to_string(heap_factor));
     }
     const forward_score_impl score_impl = parse_forward_score_impl(impl);
+    const uint8_t* allow_p = sparse_allow(allow, f.n_docs);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, b.n_terms);
         sparse_seismic_topk(f, b, queries, static_cast<size_t>(query_cut), static_cast<float>(heap_factor),
-                            n_threads, score_impl, res.out);
+                            n_threads, score_impl, res.out, allow_p);
     }
     return res.result();
 }
@@ -229,14 +240,15 @@ void register_sparse(py::module_& m) {
           py::arg("doc_ids").noconvert(), py::arg("impacts").noconvert(), py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
-          py::arg("k"), py::arg("n_threads") = 0, py::arg("impl") = "auto",
+          py::arg("k"), py::arg("n_threads") = 0, py::arg("impl") = "auto", py::arg("allow").noconvert() = py::none(),
           "Exact learned-sparse top-k over uint16 impacts: score = scale * sum_t q_t * impact(t, d)\n"
           "(float32, summed in the document's stored term order). Postings must be impact-ordered\n"
           "(index.sparse_index.invert); safe early termination, candidates re-scored from the forward\n"
           "index. Only documents with score > 0 are returned. Query weights must be finite and >= 0\n"
           "and terms unique per query (ValueError otherwise). impl: forward-index score 'auto' (AVX2\n"
           "where available, else SSE2), 'scalar', 'sse2' or 'avx2' (bit-identical scores).\n"
-          "Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
+          "allow: None or uint8 (n_docs,), 0 = never returned (applied before top-k: the exact\n"
+          "top-k of the allowed documents). Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
     m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),
@@ -246,12 +258,14 @@ void register_sparse(py::module_& m) {
           py::arg("summary_scale").noconvert(), py::arg("fwd_packed").noconvert(), py::arg("fwd_term_rank").noconvert(), py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
           py::arg("q_weights").noconvert(), py::arg("k"), py::arg("query_cut") = 10,
           py::arg("heap_factor") = 0.9, py::arg("n_threads") = 0, py::arg("impl") = "auto",
+          py::arg("allow").noconvert() = py::none(),
           "Approximate learned-sparse top-k (Seismic, Bruch et al. SIGIR 2024): the query_cut largest\n"
           "query weights' blocks are visited; a block is skipped when the heap is full and its summary\n"
           "score < heap_factor * k-th score; other documents are scored exactly from the forward index\n"
           "(same score formula as sparse_exact_topk), read from fwd_packed / fwd_term_rank when they are\n"
           "non-empty (index.sparse_index.pack_forward; bit-identical scores); impl as sparse_exact_topk. Block summaries are the\n"
-          "per-term inverted arrays of index.sparse_index.invert_summaries. Returns (ids, scores, n_found).");
+          "per-term inverted arrays of index.sparse_index.invert_summaries. allow: None or uint8 (n_docs,),\n"
+          "0 = never scored nor returned. Returns (ids, scores, n_found).");
 }
 
 }  // namespace retriever::bind

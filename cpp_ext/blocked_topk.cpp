@@ -73,6 +73,10 @@ constexpr size_t kDenseMaxDocs = RETRIEVER_DENSE_MAX_DOCS;
 constexpr size_t kColumnInvFraction = RETRIEVER_COLUMN_INV_FRACTION;
 constexpr size_t kColumnMinQueries = 2;
 constexpr size_t kColumnMaxBytes = size_t(64) << 20;
+// Exact kernel with an allow mask: the allowed documents are listed (4 bytes each, once per call)
+// when at most this fraction of the shard passes; a query then scores them all from the forward
+// index instead of walking its postings when their rows hold fewer entries than its lists.
+constexpr double kPassListFraction = 0.25;
 
 // a[d] += w * col[d] for every d (restrict: the loop vectorises with SSE2). Columns hold the
 // impacts as float32 (exact: impacts < 2^24), so the loop is load, mul, add, store per 4 docs with
@@ -721,9 +725,12 @@ struct exact_state {
 /// at most acc + L. theta (the k-th largest partial score) is a
 /// lower bound of the final k-th score; we stop once L < theta.
 /// Returns L (0 when every list is exhausted) and raises theta; the touched documents and
-/// their partial scores stay in s.touched / a.
-float score_at_a_time(exact_state& s, float* a, const uint32_t* ids, const uint16_t* imp, size_t k, float ub_max,
-                      float avg_nnz, float& theta) {
+/// their partial scores stay in s.touched / a. With kAllow, postings of documents whose allow
+/// entry is 0 are skipped: they are never touched, so theta is the k-th largest partial score of
+/// allowed documents and the stopping rule holds for the allowed set.
+template <bool kAllow>
+float score_at_a_time(exact_state& s, float* a, const uint32_t* ids, const uint16_t* imp, const uint8_t* allow,
+                      size_t k, float ub_max, float avg_nnz, float& theta) {
     float lambda = ub_max * 0.5f;
     float L = 0.0f;
     for (;;) {
@@ -734,6 +741,10 @@ float score_at_a_time(exact_state& s, float* a, const uint32_t* ids, const uint1
             const float w = tc.w;
             while (c < e && static_cast<float>(imp[c]) >= cut) {
                 const uint32_t d = ids[c];
+                if (kAllow && allow[d] == 0) {  // a masked document is never touched
+                    ++c;
+                    continue;
+                }
                 const float v = a[d];
                 if (v == 0.0f) s.touched.push_back(d);
                 a[d] = v + w * static_cast<float>(imp[c]);
@@ -881,11 +892,28 @@ forward_score_impl parse_forward_score_impl(const std::string& name) {
 }
 
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
-                       size_t vocab, int n_threads, forward_score_impl score_impl, const topk_out& out) {
+                       size_t vocab, int n_threads, forward_score_impl score_impl, const topk_out& out,
+                       const uint8_t* allow) {
     const forward_score_impl impl =
         score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t n_docs = p.n_docs;
     const float avg_nnz = n_docs ? static_cast<float>(f.nnz) / static_cast<float>(n_docs) + 1.0f : 1.0f;
+    // With an allow mask: the allowed documents, listed when few enough that scoring them all from
+    // the forward index can beat walking the query's postings (decided per query below).
+    std::vector<uint32_t> pass;
+    bool listed = false;
+    if (allow != nullptr) {
+        size_t n_pass = 0;
+        for (size_t d = 0; d < n_docs; ++d) n_pass += allow[d] != 0;
+        if (static_cast<double>(n_pass) <= kPassListFraction * static_cast<double>(n_docs)) {
+            pass.reserve(n_pass);
+            for (size_t d = 0; d < n_docs; ++d) {
+                if (allow[d] != 0) pass.push_back(static_cast<uint32_t>(d));
+            }
+            listed = true;
+        }
+    }
+    const double pass_cost = static_cast<double>(pass.size()) * static_cast<double>(avg_nnz);
     // Dense columns shared by the batch's dense-path queries (read-only once built).
     std::vector<int32_t> col_of;
     std::vector<float> columns;
@@ -917,6 +945,23 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             size_t total = 0;
             for (const term_cursor& tc : s.terms) total += static_cast<size_t>(tc.end - tc.cur);
             float* qd = sc.qd.data();
+            if (listed && pass_cost <= static_cast<double>(total)) {
+                // Filter path: the allowed documents' rows hold fewer entries than the query's
+                // lists; score each allowed document exactly (the same forward score as every
+                // other path, so the same hits).
+                for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
+                const size_t np_ = pass.size();
+                for (size_t i = 0; i < np_; ++i) {
+                    if (i + 4 < np_) prefetch_doc(f, pass[i + 4]);
+                    const uint32_t d = pass[i];
+                    const float score = forward_score(f, qd, d, impl);
+                    if (score > 0.0f) s.heap.push(score, d);
+                }
+                for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = 0.0f;
+                write_row(s.heap, out, q);
+                s.lease.ok = true;
+                return;
+            }
             if (n_docs <= kDenseMaxDocs &&
                 static_cast<double>(total) >= kDenseRatio * static_cast<double>(n_docs)) {
                 // Dense path: the query's lists cover the collection several times over, so plain
@@ -936,6 +981,9 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                     }
                 }
                 if (!s.col_ptr.empty()) add_columns(a, s.col_ptr.data(), s.col_w.data(), s.col_ptr.size(), n_docs);
+                if (allow != nullptr) {  // masked documents can never be selected
+                    for (size_t d = 0; d < n_docs; ++d) a[d] = allow[d] != 0 ? a[d] : 0.0f;
+                }
                 select_dense(a, n_docs, k, kExactEps, s.bmax, s.buf, s.cand);
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
                 std::fill(a, a + n_docs, 0.0f);
@@ -950,7 +998,8 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             }
             // Phase 1: score-at-a-time rounds until no untouched document can enter.
             float theta = 0.0f;
-            const float L = score_at_a_time(s, a, ids, imp, k, ub_max, avg_nnz, theta);
+            const float L = allow != nullptr ? score_at_a_time<true>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta)
+                                             : score_at_a_time<false>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta);
             // Phase 2: exact scores of the candidates from the forward index.
             const float lim = L == 0.0f ? theta * (1.0f - kExactEps) : theta * (1.0f - kExactEps) - L * (1.0f + kExactEps);
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
@@ -975,7 +1024,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
 
 void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const query_batch_view& queries,
                          size_t query_cut, float heap_factor, int n_threads, forward_score_impl score_impl,
-                         const topk_out& out) {
+                         const topk_out& out, const uint8_t* allow) {
     const forward_score_impl impl =
         score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t vocab = bl.n_terms;
@@ -1042,7 +1091,7 @@ void sparse_seismic_topk(const forward_view& f, const blocks_view& bl, const que
                     const uint64_t e = bl.block_docs_offsets[b + 1];
                     for (uint64_t i = bl.block_docs_offsets[b]; i < e; ++i) {
                         const uint32_t d = bl.block_docs[i];
-                        if (stamp[d] == gen) continue;
+                        if (stamp[d] == gen || (allow != nullptr && allow[d] == 0)) continue;
                         stamp[d] = gen;
                         if (s.todo.empty()) {
                             if (packed) prefetch_packed_row(f.offsets, bl.packed, d); else prefetch_row(f, d);

@@ -112,8 +112,14 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 /// several queries of the batch expanded once into float32 columns, added 16
 /// documents at a time), top-k selected from 64-document block maxima, then the
 /// documents within float slack of the k-th accumulated score are re-scored.
+///
+/// allow (nullptr: every document): a uint8 mask of n_docs entries (0 = never returned), applied
+/// before top-k on every path, so the result is the exact top-k of the allowed documents. When
+/// at most a quarter of the shard is allowed, a query whose lists hold more postings than the
+/// allowed documents' forward rows hold entries scores those documents directly instead.
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
-                       size_t vocab, int n_threads, forward_score_impl impl, const topk_out& out);
+                       size_t vocab, int n_threads, forward_score_impl impl, const topk_out& out,
+                       const uint8_t* allow = nullptr);
 
 /// O(nnz) check of impact-ordered postings: offsets valid, doc ids < n_docs,
 /// impacts >= 1 and non-increasing within each term.
@@ -129,8 +135,10 @@ void check_impact_postings(const u16_postings_view& p);
 /// not yet scored (each at most once per query) are scored exactly from the
 /// packed forward copy when b has one (query weights indexed by term rank), else
 /// from f: the same float32 operations in the same order either way.
+/// allow (nullptr: every document): a uint8 mask of n_docs entries; documents with 0 are never
+/// scored or returned (the heap's threshold is that of the allowed documents).
 void sparse_seismic_topk(const forward_view& f, const blocks_view& b, const query_batch_view& queries,
                          size_t query_cut, float heap_factor, int n_threads, forward_score_impl impl,
-                         const topk_out& out);
+                         const topk_out& out, const uint8_t* allow = nullptr);
 
 }  // namespace retriever

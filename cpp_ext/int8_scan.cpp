@@ -73,6 +73,7 @@ struct scan_args {
     int64_t n = 0;
     size_t block_bytes = 0;
     size_t kk = 0;
+    const uint16_t* allow16 = nullptr;  // per block, bit i: document 16b + i allowed (nullptr: all)
 };
 
 /// Portable path: queries [q0, q0 + nr) over blocks [b0, b1).
@@ -95,6 +96,7 @@ void group_portable(const scan_args& a, size_t q0, size_t nr, size_t b0, size_t 
             }
             uint32_t mask = 0;
             for (uint32_t i = 0; i < 16; ++i) mask |= static_cast<uint32_t>(s[i] >= res[r].thr) << i;
+            if (a.allow16 != nullptr) mask &= a.allow16[b];
             if (mask) offer16(s, mask, static_cast<int64_t>(b * kI8BlockDocs), a.n, res[r], a.kk);
         }
     }
@@ -191,7 +193,8 @@ RETRIEVER_VNNI inline void filter_tile(const scan_args& a, size_t nr, size_t nc,
     for (size_t r = 0; r < nr; ++r) {
         const __m512i thr = _mm512_set1_epi32(res[r].thr);
         for (size_t c = 0; c < nc; ++c) {
-            const __mmask16 m = _mm512_cmpge_epi32_mask(_mm512_load_si512(tile[r][c]), thr);
+            __mmask16 m = _mm512_cmpge_epi32_mask(_mm512_load_si512(tile[r][c]), thr);
+            if (a.allow16 != nullptr) m &= a.allow16[first_id / static_cast<int64_t>(kI8BlockDocs) + c];
             if (m) offer16_vnni(tile[r][c], m, first_id + static_cast<int64_t>(c * kI8BlockDocs), a.n, res[r], a.kk);
         }
     }
@@ -272,6 +275,7 @@ void int8_scan_topk(const int8_t* q, size_t nq, const u8_packed_view& m, const i
     a.n = static_cast<int64_t>(m.n);
     a.block_bytes = m.d4 * kGroupBytes;
     a.kk = kk;
+    a.allow16 = m.allow16;
     const size_t n_blocks = (m.n + kI8BlockDocs - 1) / kI8BlockDocs;
     const size_t chunk_blocks = std::max<size_t>(3, kChunkBytes / std::max<size_t>(a.block_bytes, 1) / 3 * 3);
     const size_t cap = 2 * kk + 16;
@@ -314,9 +318,14 @@ void int8_scan_topk(const int8_t* q, size_t nq, const u8_packed_view& m, const i
                     if (r.cnt > kk) compact(r, kk);
                     std::sort(r.keys, r.keys + r.cnt, std::greater<int64_t>());
                 }
-                for (size_t j = 0; j < kk; ++j) {
+                const size_t held = std::min(kk, r.cnt);  // < kk only when documents are masked
+                for (size_t j = 0; j < held; ++j) {
                     out.scores[qi * kk + j] = key_score(r.keys[j]);
                     out.ids[qi * kk + j] = key_id(r.keys[j]);
+                }
+                for (size_t j = held; j < kk; ++j) {
+                    out.scores[qi * kk + j] = INT32_MIN;
+                    out.ids[qi * kk + j] = -1;
                 }
             }
         };

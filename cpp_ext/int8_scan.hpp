@@ -36,6 +36,9 @@ struct u8_packed_view {
     const uint8_t* codes = nullptr;  // n_blocks * d4 * 64 bytes
     size_t n = 0;                    // documents (n_blocks = ceil(n / 16))
     size_t d4 = 0;                   // groups of 4 coordinates
+    // Optional allow mask, one 16-bit word per block (bit i: document 16b + i may be returned);
+    // nullptr: every document. Masked documents never enter a query's top-kk.
+    const uint16_t* allow16 = nullptr;
 };
 
 /// Output: rows sorted by (score desc, id asc); ids are shard-local ordinals.
@@ -52,7 +55,9 @@ bool int8_scan_has_vnni();
 
 /// Exact top-kk of every query (q: int8 (nq, 4 * m.d4)) over the packed codes. `impl`
 /// chooses the code path (automatic: VNNI where available); every path returns identical
-/// results. Throws std::invalid_argument for impl = vnni on a CPU without it.
+/// results. Throws std::invalid_argument for impl = vnni on a CPU without it. With m.allow16,
+/// a row holds the allowed documents only; when fewer than kk are allowed its tail has id -1 and
+/// score INT32_MIN.
 void int8_scan_topk(const int8_t* q, size_t nq, const u8_packed_view& m, const i8_topk_out& out, int n_threads,
                     i8_impl impl);
 

@@ -351,28 +351,31 @@ inline bool any_at_least16(const float* row, float thr) {
 
 /// Heap updates of one query row: groups of 16 scores below the root are rejected by one SIMD
 /// comparison (the common case once the heap holds good candidates).
-static void heap_push_row(const float* row, size_t nd, int64_t first_id, float* hs, int64_t* hi, size_t kk) {
+static void heap_push_row(const float* row, size_t nd, int64_t first_id, float* hs, int64_t* hi, size_t kk,
+                          const uint8_t* allow) {
     constexpr size_t kGroup = 16;
     size_t j = 0;
     for (; j + kGroup <= nd; j += kGroup) {
         if (!any_at_least16(row + j, hs[0])) continue;
         for (size_t t = j; t < j + kGroup; ++t) {
+            if (allow != nullptr && allow[t] == 0) continue;
             const float s = row[t];
             const int64_t id = first_id + static_cast<int64_t>(t);
             if (before(s, id, hs[0], hi[0])) heap_replace_root(hs, hi, kk, s, id);
         }
     }
     for (; j < nd; ++j) {
+        if (allow != nullptr && allow[j] == 0) continue;
         const int64_t id = first_id + static_cast<int64_t>(j);
         if (before(row[j], id, hs[0], hi[0])) heap_replace_root(hs, hi, kk, row[j], id);
     }
 }
 
 void heap_push_block(const float* scores, size_t nd, int64_t first_id, const heap_rows_view& h,
-                     int n_threads) {
+                     int n_threads, const uint8_t* allow) {
     parallel_for_items(h.nq, n_threads, 8, [&]() {
         return [&](size_t qi) {
-            heap_push_row(scores + qi * nd, nd, first_id, h.scores + qi * h.kk, h.ids + qi * h.kk, h.kk);
+            heap_push_row(scores + qi * nd, nd, first_id, h.scores + qi * h.kk, h.ids + qi * h.kk, h.kk, allow);
         };
     });
 }

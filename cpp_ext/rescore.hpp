@@ -68,8 +68,9 @@ struct heap_rows_view {
 
 /// Pushes a block of candidate scores into the heaps: row i of `scores` (nq, nd) holds query i's
 /// scores of documents first_id .. first_id + nd - 1. A candidate enters when it ranks before
-/// the root (higher score, or equal score and smaller id). NaN scores never enter.
+/// the root (higher score, or equal score and smaller id). NaN scores never enter, nor does a
+/// column j with allow[j] == 0 (allow: nd entries aligned with the block, or nullptr).
 void heap_push_block(const float* scores, size_t nd, int64_t first_id, const heap_rows_view& h,
-                     int n_threads);
+                     int n_threads, const uint8_t* allow = nullptr);
 
 }  // namespace retriever

@@ -552,6 +552,7 @@ def heap_push_block(
     heap_scores: _F32,
     heap_ids: _I64,
     n_threads: int = 0,
+    allow: npt.NDArray[np.uint8] | None = None,
 ) -> None:
     """Running top-k' of a blocked exact scan (Matryoshka prefix candidates),
     cpp_ext/rescore.hpp.
@@ -560,7 +561,9 @@ def heap_push_block(
     ``first_id .. first_id + nd - 1``; each enters query ``i``'s binary min-heap
     (``heap_scores`` / ``heap_ids`` ``(nq, k')``, updated in place, initialised
     to ``-inf`` / ``-1``) when it ranks before the root: higher score, or equal
-    score and smaller id. NaN never enters. The heaps are left unsorted.
+    score and smaller id. NaN never enters, nor does column ``j`` with
+    ``allow[j] == 0`` (``allow``: uint8 ``(nd,)`` aligned with the block).
+    The heaps are left unsorted.
 
     Raises:
         ValueError: ``first_id < 0``; mismatched shapes; ``k' < 1``.
@@ -574,6 +577,7 @@ def int8_scan_topk(
     kk: int,
     n_threads: int = 0,
     impl: Literal["auto", "portable", "vnni"] = "auto",
+    allow: npt.NDArray[np.uint8] | None = None,
 ) -> tuple[_I32, _I64]:
     """Exact top-k' of int8-quantised Matryoshka prefixes (funnel candidate
     generation), cpp_ext/int8_scan.hpp; Python wrapper: retriever/int8scan.py.
@@ -585,7 +589,9 @@ def int8_scan_topk(
     document ``d`` for query ``i``: ``sum_t codes_d[t] * queries[i, t]`` in
     int32 (exact). Each row holds the best ``kk`` documents ``< n`` by score
     descending, then smaller id; identical for every ``impl`` ('auto': AVX-512
-    VNNI where available, 'portable', 'vnni') and any ``n_threads``.
+    VNNI where available, 'portable', 'vnni') and any ``n_threads``. With
+    ``allow`` (uint8 ``(n,)``, 0 = never returned) only allowed documents enter;
+    a row with fewer than ``kk`` of them ends in id -1, score INT32_MIN.
 
     Returns:
         ``(scores int32 (nq, kk), ids int64 (nq, kk))``.
@@ -700,6 +706,7 @@ def sparse_exact_topk(
     k: int,
     n_threads: int = 0,
     impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
+    allow: npt.NDArray[np.uint8] | None = None,
 ) -> tuple[_I64, _F32, _I32]:
     """Exact learned-sparse top-k over uint16 impacts (cpp_ext/blocked_topk.hpp).
 
@@ -713,7 +720,10 @@ def sparse_exact_topk(
     within a query. ``impl``: the forward-index score, ``"auto"`` (chosen once per process from
     the CPU: AVX2 8-entry gathers where available, else SSE2) or an explicit ``"scalar"``,
     ``"sse2"`` or ``"avx2"``; all compute the same float32 operations in the same order
-    (bit-identical scores).
+    (bit-identical scores). ``allow``: ``None`` or uint8 ``(n_docs,)`` (0 = never returned),
+    applied before top-k on every path: the exact top-k of the allowed documents (when at most a
+    quarter of the shard is allowed, a query whose lists are longer than the allowed documents'
+    rows scores those documents directly).
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``; see the module
@@ -722,7 +732,7 @@ def sparse_exact_topk(
     Raises:
         ValueError: ``k < 1``; ``scale`` not finite and > 0; mismatched lengths; a query term
             ``>= n_terms``, repeated, or a weight negative or not finite; an unknown ``impl`` or one
-            this CPU lacks.
+            this CPU lacks; ``len(allow)`` != n_docs.
         TypeError: wrong dtype or non-contiguous array.
     """
 
@@ -749,6 +759,7 @@ def sparse_seismic_topk(
     heap_factor: float = 0.9,
     n_threads: int = 0,
     impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
+    allow: npt.NDArray[np.uint8] | None = None,
 ) -> tuple[_I64, _F32, _I32]:
     """Approximate learned-sparse top-k in the manner of Seismic (Bruch, Nardini, Rulli, Venturini,
     SIGIR 2024), cpp_ext/blocked_topk.hpp. Arrays as :func:`check_sparse_index`.
@@ -758,12 +769,14 @@ def sparse_seismic_topk(
     times the k-th score (heap full). Documents of visited blocks are scored exactly (each at most
     once per query) with :func:`sparse_exact_topk`'s formula and order, from the packed copy when
     ``fwd_packed`` is non-empty (bit-identical scores); ``impl`` as :func:`sparse_exact_topk`.
+    ``allow``: ``None`` or uint8 ``(n_docs,)``; documents with 0 are never scored or returned.
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``.
 
     Raises:
         ValueError: ``k < 1``; ``query_cut < 1``; ``heap_factor`` outside ``(0, 1]``; mismatched
-            lengths; the query checks of :func:`sparse_exact_topk`.
+            lengths (``len(allow)`` != n_docs included); the query checks of
+            :func:`sparse_exact_topk`.
         TypeError: wrong dtype or non-contiguous array.
     """

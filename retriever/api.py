@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import gc
 import itertools
-from contextlib import contextmanager
 import os
+import threading
+import time
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -16,9 +19,10 @@ from retriever.index.config import LEGS
 from retriever.index.errors import ConfigError, QueryError
 
 from .engine import Engine
+from .filters import compile_filter, filter_key
 from .fusion import RRF, Linear, parse_fusion
 from .params import LegParams, parse_leg_params
-from .results import BatchResult, Hit, LegHit
+from .results import BatchResult, Hit, LegArrays, LegHit
 from .shards import IndexReader
 
 DEFAULT_DEPTH = 100
@@ -58,6 +62,38 @@ def _encodes(qs: list[str]) -> bool:
     return True
 
 
+def _take_rows(given: Any, idx: np.ndarray) -> Any:
+    """Rows ``idx`` of per-query inputs (a dense ``(nq, dim)`` array, a ``scipy.sparse`` matrix or
+    a sequence of sparse query vectors); ``None`` stays ``None``."""
+    if given is None:
+        return None
+    if isinstance(given, np.ndarray) or hasattr(given, "tocsr"):
+        return given[idx]
+    seq = list(given)
+    return [seq[i] for i in idx.tolist()]
+
+
+def _scatter_results(parts: list[tuple[np.ndarray, BatchResult]], nq: int) -> BatchResult:
+    """One :class:`BatchResult` of ``nq`` queries from the results of groups of them (``(rows,
+    result)`` pairs; every row in exactly one group, every result of the same mode and width);
+    timings are summed."""
+    first = parts[0][1]
+    width = first.ids.shape[1]
+    ids = np.full((nq, width), -1, dtype=first.ids.dtype)
+    scores = np.full((nq, width), -np.inf, dtype=first.scores.dtype)
+    n_found = np.zeros(nq, dtype=first.n_found.dtype)
+    legs = {name: LegArrays(np.full((nq, width), np.nan, dtype=la.scores.dtype),
+                            np.zeros((nq, width), dtype=la.ranks.dtype)) for name, la in first.legs.items()}
+    timings: dict[str, float] = {}
+    for rows, res in parts:
+        ids[rows], scores[rows], n_found[rows] = res.ids, res.scores, res.n_found
+        for name, la in res.legs.items():
+            legs[name].scores[rows], legs[name].ranks[rows] = la.scores, la.ranks
+        for t, v in res.timings_ms.items():
+            timings[t] = timings.get(t, 0.0) + v
+    return BatchResult(ids, scores, n_found, legs, first.mode, first.fusion, timings)
+
+
 class Retriever:
     """A searchable index (thread-safe for concurrent searches: all parameters are per call).
 
@@ -77,6 +113,10 @@ class Retriever:
         self.reader = reader
         self.engine = engine
         self.n_threads = min(int(n_threads or os.cpu_count() or 1), MAX_THREADS)
+        #: compiled filter masks by (canonical filter, generation), least recently used first
+        #: (see :meth:`filter_masks`)
+        self._filter_cache: OrderedDict[tuple[bytes, int], list[np.ndarray | None]] = OrderedDict()
+        self._filter_lock = threading.Lock()
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
@@ -181,7 +221,8 @@ class Retriever:
                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                       n_threads: int | None = None, query_vectors: np.ndarray | None = None,
                       leg_params: Mapping[str, Any] | None = None,
-                      sparse_vectors: Any = None, concurrent_legs: bool | None = None) -> BatchResult:
+                      sparse_vectors: Any = None, concurrent_legs: bool | None = None,
+                      filter: Any = None) -> BatchResult:
         """Search a batch and return arrays (no per-hit Python objects).
 
         Args:
@@ -204,12 +245,18 @@ class Retriever:
                 ``{term_id: weight}`` dicts (validation policy: ``retriever.legs.sparse.csr_batch``).
             concurrent_legs: run the legs side by side for this call (``None``: the Retriever's
                 setting); identical results either way.
+            filter: a metadata filter applied inside every leg before top-k (``docs/FILTERS.md``):
+                ``None``, a ``pyarrow.compute.Expression``, a dict such as ``{"year": {"$gte":
+                2020}}``, or a list with one of those per query (queries with equal filters are
+                searched together; the result equals searching them one at a time). Only
+                documents that pass are returned; k of them whenever k pass and match.
 
         Returns:
             :class:`BatchResult` with ids as global ordinals (see :meth:`doc_ids`).
 
         Raises:
-            QueryError: bad k, depth, mode, fusion, leg_params or query vectors.
+            QueryError: bad k, depth, mode, fusion, leg_params, query vectors or filter (an unknown
+                field, a value of another type than its column, an unknown operator).
         """
         qs, k, depth = self._check(queries, k, depth, n_threads)
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
@@ -217,6 +264,22 @@ class Retriever:
         fz = parse_fusion(fusion)
         params = self._check_options(fz, leg_params)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
+        if isinstance(filter, (list, tuple)):
+            return self._search_per_filter(qs, list(filter), k, mode, fz, depth, threads, params, query_vectors,
+                                           sparse_vectors, concurrent_legs)
+        t0 = time.perf_counter()
+        allow = None if filter is None else self.filter_masks(filter)
+        filter_ms = (time.perf_counter() - t0) * 1e3
+        res = self._search(qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
+                           concurrent_legs, allow)
+        if filter is not None:
+            res.timings_ms["filter"] = filter_ms
+        return res
+
+    def _search(self, qs: list[str], k: int, mode: str, fz: "RRF | Linear", depth: int, threads: int,
+                params: dict[str, LegParams], query_vectors: Any, sparse_vectors: Any,
+                concurrent_legs: bool | None, allow: list[np.ndarray | None] | None) -> BatchResult:
+        """The body of :meth:`search_arrays` for one allow mask list (arguments checked)."""
         prepared: dict[str, Any] = {}
         for leg, given in (("dense", query_vectors), ("sparse", sparse_vectors)):
             if given is None:
@@ -231,7 +294,84 @@ class Retriever:
                                  f"{len(qs)} queries")
             prepared[leg] = prep
         return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth, n_threads=threads,
-                                  prepared=prepared or None, params=params, concurrent_legs=concurrent_legs)
+                                  prepared=prepared or None, params=params, concurrent_legs=concurrent_legs,
+                                  allow=allow)
+
+    def _search_per_filter(self, qs: list[str], filters: list[Any], k: int, mode: str, fz: "RRF | Linear",
+                           depth: int, threads: int, params: dict[str, LegParams], query_vectors: Any,
+                           sparse_vectors: Any, concurrent_legs: bool | None) -> BatchResult:
+        """One filter per query: the queries grouped by equal filters (:func:`filter_key`), each
+        group searched once, the rows scattered back in query order."""
+        if len(filters) != len(qs):
+            raise QueryError(f"filter has {len(filters)} entries for {len(qs)} queries (one per query, "
+                             f"or one filter for the whole batch)")
+        for name, given in (("query_vectors", query_vectors), ("sparse_vectors", sparse_vectors)):
+            rows = None if given is None else (given.shape[0] if hasattr(given, "shape") else len(given))
+            if rows is not None and rows != len(qs):
+                raise QueryError(f"{name} has {rows} rows for {len(qs)} queries")
+        t0 = time.perf_counter()
+        groups: dict[bytes | None, list[int]] = {}
+        for i, f in enumerate(filters):
+            if isinstance(f, (list, tuple)):
+                raise QueryError(f"filter #{i} is a {type(f).__name__}: each query takes one filter")
+            groups.setdefault(filter_key(f), []).append(i)
+        masks = {key: None if key is None else self.filter_masks(filters[rows[0]]) for key, rows in groups.items()}
+        filter_ms = (time.perf_counter() - t0) * 1e3
+        if len(groups) == 1:
+            key = next(iter(groups))
+            res = self._search(qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
+                               concurrent_legs, masks[key])
+            res.timings_ms["filter"] = filter_ms
+            return res
+        parts = []
+        for key, rows in groups.items():
+            idx = np.asarray(rows, dtype=np.int64)
+            parts.append((idx, self._search([qs[i] for i in rows], k, mode, fz, depth, threads, params,
+                                            _take_rows(query_vectors, idx), _take_rows(sparse_vectors, idx),
+                                            concurrent_legs, masks[key])))
+        res = _scatter_results(parts, len(qs))
+        res.timings_ms["filter"] = filter_ms
+        return res
+
+    #: compiled filters kept per Retriever (LRU, see :meth:`filter_masks`): at most this many ...
+    FILTER_CACHE_ENTRIES = 64
+    #: ... and at most this many bytes of masks
+    FILTER_CACHE_BYTES = 256 << 20
+
+    def filter_masks(self, filter: Any) -> list[np.ndarray | None]:
+        """The allow masks of ``filter`` for the engine's shards (:func:`retriever.filters.compile_filter`),
+        cached per (canonical filter, index generation) in a bounded LRU
+        (:attr:`FILTER_CACHE_ENTRIES` filters, :attr:`FILTER_CACHE_BYTES` of masks): compiling
+        costs one Arrow pass over the filtered columns (about 1-20 ms at 1M documents, more than a
+        BM25 query; figures in ``benchmarks/HISTORY.md``), a cache hit one serialisation of the
+        filter. The masks are read-only.
+
+        Raises:
+            QueryError: as :func:`retriever.filters.parse_filter`.
+        """
+        if self.engine is None:
+            raise QueryError("this Retriever is closed")
+        key = (filter_key(filter), self.reader.generation)
+        with self._filter_lock:
+            hit = self._filter_cache.get(key)
+            if hit is not None:
+                self._filter_cache.move_to_end(key)
+                return hit
+        masks = compile_filter(filter, self.reader, self.engine.shard_ids)
+        for m in masks:
+            if m is not None:
+                m.flags.writeable = False
+        size = sum(0 if m is None else m.nbytes for m in masks)
+        if size > self.FILTER_CACHE_BYTES:
+            return masks
+        with self._filter_lock:
+            self._filter_cache[key] = masks
+            self._filter_cache.move_to_end(key)
+            total = sum(sum(0 if m is None else m.nbytes for m in v) for v in self._filter_cache.values())
+            while len(self._filter_cache) > self.FILTER_CACHE_ENTRIES or total > self.FILTER_CACHE_BYTES:
+                _, old = self._filter_cache.popitem(last=False)
+                total -= sum(0 if m is None else m.nbytes for m in old)
+        return masks
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.

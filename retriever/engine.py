@@ -192,13 +192,17 @@ class Engine:
         per_leg: dict[str, TopK] = {}
         params = params or {}
         masks = _and_masks(self.live, allow)
+        # no document passes (a filter that matches nothing): every leg returns no hits, unsearched
+        none_pass = masks is not None and all(m is not None and not m.any() for m in masks)
 
         def run_leg(name: str, threads: int) -> tuple[float, float]:
             leg = self.legs[name]
             p = params.get(name) or defaults_for(name)
             t0 = time.perf_counter()
             given = prepared is not None and name in prepared
-            if given:
+            if none_pass:
+                prep, rows = None, nq if given else len(live)
+            elif given:
                 prep, rows = prepared[name], nq  # covers all nq queries, blank text or not
             elif live:
                 prep, rows = leg.prepare(live, p, threads), len(live)

@@ -121,8 +121,8 @@ def quantize_queries(qp: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.
     return q8, a.astype(np.float64)
 
 
-def int8_scan(pref: Int8Prefix, qp: np.ndarray, kk: int, n_threads: int, impl: str = "auto"
-              ) -> tuple[np.ndarray, np.ndarray]:
+def int8_scan(pref: Int8Prefix, qp: np.ndarray, kk: int, n_threads: int, impl: str = "auto",
+              allow: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Top-``kk`` candidates of each query by quantised prefix inner product.
 
     Args:
@@ -131,6 +131,8 @@ def int8_scan(pref: Int8Prefix, qp: np.ndarray, kk: int, n_threads: int, impl: s
         kk: candidates per query, ``1 <= kk <= pref.n``.
         n_threads: kernel threads (<= 0: all cores).
         impl: kernel code path, ``"auto"``, ``"portable"`` or ``"vnni"`` (identical results).
+        allow: uint8 (n,) mask (0 = never a candidate, applied in the kernel before top-kk), or
+            None; a row with fewer than ``kk`` allowed documents ends in id -1, score -inf.
 
     Returns:
         ``(D float32 (nq, kk) approximate prefix inner products, I int64 (nq, kk) shard-local
@@ -144,7 +146,9 @@ def int8_scan(pref: Int8Prefix, qp: np.ndarray, kk: int, n_threads: int, impl: s
     if qp.ndim != 2 or qp.shape[1] != pref.dim:
         raise QueryError(f"int8 scan: query prefixes must have shape (nq, {pref.dim}), got {qp.shape}")
     q8, a = quantize_queries(qp, pref.scale)
-    S, I = _kernels.int8_scan_topk(q8, pref.codes, pref.n, kk, n_threads, impl)
+    S, I = _kernels.int8_scan_topk(q8, pref.codes, pref.n, kk, n_threads, impl, allow)
     offset = 128 * q8.sum(axis=1, dtype=np.int64)
     D = ((S.astype(np.int64) - offset[:, None]) * a[:, None]).astype(np.float32)
+    if allow is not None:
+        D[I < 0] = -np.inf
     return D, I

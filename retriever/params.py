@@ -32,6 +32,18 @@ DEFAULT_QUERY_CUT = 10
 DEFAULT_HEAP_FACTOR = 0.9
 
 
+#: Filter planner thresholds (passing fraction of a shard below which an approximate mode scans
+#: the passing documents exactly); how they were chosen is in benchmarks/HISTORY.md (filters).
+DEFAULT_SPARSE_FILTER_EXACT_BELOW = 0.05
+DEFAULT_DENSE_FILTER_EXACT_BELOW = 0.05
+
+
+def _check_fraction(leg: str, name: str, v: Any) -> None:
+    if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not 0.0 <= float(v) <= 1.0:
+        raise QueryError(f"{leg} leg_params {name!r} must be a number in [0, 1], got {v!r}")
+
+
 def _is_int(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, np.integer))
 
@@ -91,6 +103,9 @@ class SparseSearchParams:
         query_cut: ``seismic`` only: query terms visited, largest weights first (>= 1).
         heap_factor: ``seismic`` only: a block is skipped when its summary score is below
             ``heap_factor`` times the current k-th score (in (0, 1]; the kernel checks the range).
+        filter_exact_below: ``seismic`` only, the filter planner's threshold: on a shard where
+            the allow mask (filter and deletes) passes a fraction of the rows below it, the exact
+            kernel runs instead of Seismic (in [0, 1]; 0: never). See docs/SEARCH.md.
 
     Raises:
         QueryError: an unknown algorithm or a value of the wrong type.
@@ -100,8 +115,10 @@ class SparseSearchParams:
     algorithm: str = "exact"
     query_cut: int = DEFAULT_QUERY_CUT
     heap_factor: float = DEFAULT_HEAP_FACTOR
+    filter_exact_below: float = DEFAULT_SPARSE_FILTER_EXACT_BELOW
 
     def __post_init__(self) -> None:
+        _check_fraction("sparse", "filter_exact_below", self.filter_exact_below)
         if self.algorithm not in SPARSE_ALGORITHMS:
             raise QueryError(f"sparse algorithm must be 'exact' or 'seismic', got {self.algorithm!r}")
         if not _is_int(self.query_cut):
@@ -137,6 +154,10 @@ class DenseSearchParams:
             BLAS blocks, no re-normalisation, nothing cached), whatever ANN structure the index was
             built with: the exact reference (recall@k is measured against it). Excludes ``dim``,
             ``index``, ``scan_dtype="int8"`` and ``rescore=False``.
+        filter_exact_below: the filter planner's threshold: on a shard where the allow mask
+            (filter and deletes) passes a fraction of the rows below it, the passing documents are
+            scanned exactly whatever the algorithm (in [0, 1]; 0: only IVF's cost rule applies).
+            See docs/SEARCH.md.
 
     Raises:
         QueryError: a value of the wrong type or range (names the option and the value).
@@ -152,8 +173,10 @@ class DenseSearchParams:
     batch_size: int | None = None
     scan_dtype: str = "float32"
     exhaustive: bool = False
+    filter_exact_below: float = DEFAULT_DENSE_FILTER_EXACT_BELOW
 
     def __post_init__(self) -> None:
+        _check_fraction("dense", "filter_exact_below", self.filter_exact_below)
         if not isinstance(self.exhaustive, bool):
             raise QueryError(f"dense leg_params 'exhaustive' must be True or False, got {self.exhaustive!r}")
         if self.exhaustive and (self.dim is not None or self.index is not None or self.scan_dtype != "float32"

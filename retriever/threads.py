@@ -63,30 +63,36 @@ class _BlasLimit:
         self._lock = threading.Lock()
         self._held: list[int] = []
         self._controller: Any = None
-        self._original: Any = None  # the first limiter: restores the libraries' own settings
+        self._n_modules = 0  # len(sys.modules) when the controller was built
+        self._limiters: list[Any] = []  # the limits applied while held, oldest first
 
     def _apply(self, n: int) -> Any:
-        if self._controller is None:
+        # a BLAS library is loaded by an import (numpy, faiss, scipy.linalg, torch, ...): the
+        # controller (~5 ms to build: it walks the loaded shared objects) is rebuilt when modules
+        # were imported since, so a library loaded after the first limit is limited too
+        if self._controller is None or self._n_modules != len(sys.modules):
             from threadpoolctl import ThreadpoolController
             self._controller = ThreadpoolController()
+            self._n_modules = len(sys.modules)
         return self._controller.limit(limits=n, user_api="blas")
 
     def enter(self, n: int) -> None:
         with self._lock:
             self._held.append(n)
-            if self._original is None:
-                self._original = self._apply(n)
-            elif n < min(self._held[:-1]):
-                self._apply(n)
+            if len(self._held) == 1 or n < min(self._held[:-1]):
+                self._limiters.append(self._apply(n))
 
     def exit(self, n: int) -> None:
         with self._lock:
             self._held.remove(n)
             if not self._held:
-                self._original.restore_original_limits()
-                self._original = None
+                # newest first: each limiter restores what it found, so the libraries end with
+                # their own settings (a library loaded while limits were held included)
+                for lim in reversed(self._limiters):
+                    lim.restore_original_limits()
+                self._limiters.clear()
             elif n < min(self._held):
-                self._apply(min(self._held))
+                self._limiters.append(self._apply(min(self._held)))
 
 
 _BLAS = _BlasLimit()

@@ -4,8 +4,12 @@ budget of FAISS and BLAS, the batch bug with terms of later shards, the precompu
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -321,3 +325,34 @@ def test_tombstoned_documents_never_come_back(tmp_path):
     assert {h.id for h in hits} == {f"d{i}" for i in range(40)} - {"d3", "d7"}
     with pytest.raises(QueryError, match="dense leg does not take an allow mask yet"):
         r.search("vitamin", mode="dense", query_vectors=dv[:1])
+
+
+def test_blas_loaded_after_the_first_limit_is_limited_too():
+    """A BLAS library loaded after the first thread limit (scipy's, imported later) is held to the
+    call's budget as well, and every library is back to its own setting afterwards (the limiter
+    used to keep the libraries it found at its first use)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("BLAS is only limited below the core count")
+    code = """
+import numpy, sys
+from threadpoolctl import threadpool_info
+from retriever.threads import thread_limits
+assert "scipy.linalg" not in sys.modules
+with thread_limits(1):
+    pass
+before = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+import scipy.linalg
+own = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+assert len(own) > len(before), (before, own)
+with thread_limits(1):
+    held = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+after = sorted((i["filepath"], i["num_threads"]) for i in threadpool_info() if i["user_api"] == "blas")
+import json
+print(json.dumps(held), after == own)
+"""
+    pytest.importorskip("scipy.linalg")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    held, restored = r.stdout.rsplit(" ", 1)
+    assert all(n == 1 for n in json.loads(held)), held
+    assert restored.strip() == "True"

@@ -53,6 +53,59 @@ class SearchContext:
         return None if self.allow is None else self.allow[shard]
 
 
+@dataclass(frozen=True)
+class ShardMask:
+    """One shard's allow mask as a leg uses it (:func:`shard_mask`).
+
+    Attributes:
+        allow: uint8 C-contiguous (rows,) mask (1 = may be returned), or ``None`` when every row
+            passes (the leg then runs its unfiltered path: same results, no per-row test).
+        n_pass: rows that pass (``rows`` when ``allow`` is None).
+        rows: the shard's rows.
+    """
+
+    allow: np.ndarray | None
+    n_pass: int
+    rows: int
+
+    @property
+    def fraction(self) -> float:
+        """Passing fraction of the shard's rows (1.0 for an empty shard)."""
+        return self.n_pass / self.rows if self.rows else 1.0
+
+    def passing(self) -> np.ndarray:
+        """int64 shard-local rows that pass, ascending."""
+        return np.arange(self.rows, dtype=np.int64) if self.allow is None else np.flatnonzero(self.allow)
+
+
+def shard_mask(ctx: "SearchContext", shard: int, rows: int, label: str) -> ShardMask:
+    """``ctx``'s allow mask of shard position ``shard``, checked at the leg boundary.
+
+    Args:
+        ctx: the call's context.
+        shard: the shard's position in the leg.
+        rows: the shard's rows (the mask's required length).
+        label: how errors name the shard (e.g. its directory name).
+
+    Returns:
+        a :class:`ShardMask`; a mask in which every row passes is returned as ``allow=None``.
+
+    Raises:
+        QueryError: a mask that is not a 1-D uint8 array of exactly ``rows`` entries (names the
+            shard, the expected and the given length and dtype).
+    """
+    m = ctx.allow_for(shard)
+    if m is None:
+        return ShardMask(None, rows, rows)
+    if not isinstance(m, np.ndarray) or m.dtype != np.uint8 or m.ndim != 1 or len(m) != rows:
+        got = (f"dtype {m.dtype}, shape {m.shape}" if isinstance(m, np.ndarray) else type(m).__name__)
+        raise QueryError(f"allow mask of shard {label}: expected a uint8 array of the shard's {rows} rows, "
+                         f"got {got}")
+    m = np.ascontiguousarray(m)
+    n_pass = int(np.count_nonzero(m))
+    return ShardMask(None if n_pass == rows else m, n_pass, rows)
+
+
 def check_candidates(offsets: np.ndarray, ordinals: np.ndarray, nq: int, n_docs: int
                      ) -> tuple[np.ndarray, np.ndarray]:
     """``score_docs``' candidate lists, checked: int64 ``offsets`` (nq + 1 non-decreasing values

@@ -31,6 +31,7 @@ so a query's scores do not depend on the batch it was sent in.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -47,7 +48,7 @@ from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
 from ..params import DenseSearchParams
 from ..shards import IndexReader
 from ..threads import thread_limits
-from .base import SearchContext, TopK, check_candidates, empty_topk, search_each_shard
+from .base import SearchContext, ShardMask, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
 
 log = logging.getLogger(__name__)
 
@@ -358,8 +359,9 @@ class DenseLeg:
             return self._prefix[key]
 
     @staticmethod
-    def _search_params(index: Any, nprobe: int | None, ef_search: int | None, k: int) -> Any:
-        """FAISS per-call ``SearchParameters`` for IVF / HNSW (possibly under a pre-transform)."""
+    def _search_params(index: Any, nprobe: int | None, ef_search: int | None, k: int, sel: Any = None) -> Any:
+        """FAISS per-call ``SearchParameters`` for IVF / HNSW (possibly under a pre-transform),
+        with the ``IDSelector`` ``sel`` when given (plain ``SearchParameters`` for other types)."""
         import faiss
 
         inner = faiss.downcast_index(index)
@@ -376,6 +378,10 @@ class DenseLeg:
         elif isinstance(inner, faiss.IndexHNSW):
             ef = int(inner.hnsw.efSearch) if ef_search is None else ef_search
             params = faiss.SearchParametersHNSW(efSearch=int(max(ef, k)))
+        if sel is not None:
+            if params is None:
+                params = faiss.SearchParameters()
+            params.sel = sel
         if params is not None and wrap is not None:
             params = faiss.SearchParametersPreTransform(index_params=params)
         return params
@@ -433,20 +439,24 @@ class DenseLeg:
             ``(ids int64 (nq, depth) global ordinals, scores float32 (nq, depth), n_found int32
             (nq,))``, rows sorted by score descending then ordinal, padded with -1 / -inf.
 
+        With an allow mask (``ctx.allow``: filters and deletes) only passing documents are
+        returned, see :meth:`_search_filtered`.
+
         Raises:
-            QueryError: an allow mask (the dense leg has no filter support yet); ConfigError: an
+            QueryError: a malformed allow mask (names the shard and the sizes); ConfigError: an
                 invalid FAISS factory string.
         """
-        if ctx.allow_for(shard) is not None:
-            raise QueryError("the dense leg does not take an allow mask yet")
         depth, threads = ctx.depth, max(1, ctx.n_threads)
         fp = self.funnel_params(prepared.params, depth)
         q, qp = prepared.q, prepared.qp
         nq = q.shape[0]
         s = self.shards[shard]
-        kk = min(fp.shortlist, s.rows)
+        mask = shard_mask(ctx, shard, s.rows, f"{self.shard_ids[shard]} ({s.dir.name})")
+        kk = min(fp.shortlist, mask.n_pass)
         if kk == 0 or nq == 0:
             return empty_topk(nq, depth)
+        if mask.allow is not None:
+            return self._search_filtered(prepared, shard, depth, threads, fp, mask)
         vec = self.vectors[shard]
         pi = None
         if prepared.params.exhaustive:  # the exact reference: raw inner products, nothing kept
@@ -478,6 +488,146 @@ class DenseLeg:
         valid = I >= 0
         scores = np.where(valid, D, -np.inf).astype(np.float32)
         return _top(np.where(valid, I + s.base, -1), scores, depth)
+
+    def _search_filtered(self, prepared: "DensePrepared", shard: int, depth: int, threads: int, fp: FunnelParams,
+                         mask: ShardMask) -> TopK:
+        """:meth:`search_shard` with an allow mask that some but not all rows pass.
+
+        The planner: when the passing fraction is below ``params.filter_exact_below``, or for an
+        IVF generator whose ``nprobe`` (raised to ``nprobe / fraction``, so that as many passing
+        vectors are visited as without a filter) would visit more vectors than pass, the passing
+        documents are scanned exactly (:meth:`_scan_passing`): the exact filtered top-k, whatever
+        the algorithm. Otherwise every generator takes the mask before its top-k': the exact
+        scans (float32 blocks, int8) through their kernels' ``allow``; FAISS through an
+        ``IDSelectorBitmap`` in the search parameters (IVF ``nprobe`` and HNSW ``efSearch``
+        divided by the fraction, capped), or, for index types without selector support (flat
+        ``IndexPQ``), by searching ``2 · k' / fraction`` candidates and filtering them. Every id
+        FAISS returns is checked against the shard's rows and the mask; a query left with fewer
+        than ``min(depth, passing)`` candidates is completed by an exact scan of the passing
+        documents, so exactly that many hits come back. Then re-scoring as without a mask.
+        """
+        p = prepared.params
+        s = self.shards[shard]
+        q, qp = prepared.q, prepared.qp
+        vec = self.vectors[shard]
+        allow = mask.allow
+        kk = min(fp.shortlist, mask.n_pass)
+        need = min(depth, mask.n_pass)
+        pi = None
+        if not p.exhaustive and not prepared.use_own:
+            pi = self._prefix_index(shard, fp.dim, "int8" if fp.scan_dtype == "int8" else fp.index or "Flat")
+        cpu = self.cpu_indexes[shard] if prepared.use_own else (pi.cpu if pi is not None else None)
+        if mask.fraction < p.filter_exact_below or (cpu is not None and self._ivf_scans_more(cpu, fp, mask)):
+            return self._scan_passing(prepared, shard, depth, threads, fp, mask)
+        with thread_limits(threads):
+            if p.exhaustive:
+                D, I = _prefix_scan(np.ascontiguousarray(vec, dtype=np.float32), q, need, threads, fp.batch_size,
+                                    allow=allow)
+                return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base),
+                                             threads)
+            exact = vec if prepared.use_own else pi.prefix
+            if pi is not None and pi.int8 is not None:
+                D, I = int8_scan(pi.int8, qp, kk, threads, allow=allow)
+            elif cpu is None:
+                D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size, allow=allow)
+            else:
+                D, I = self._faiss_search_filtered(cpu, qp, kk, fp, mask)
+                if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
+                    bad = int(I.min()) if I.min() < -1 else int(I.max())
+                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                           f"{s.rows} rows (corrupted index file)")
+                ok = (I >= 0) & (allow[np.maximum(I, 0)] != 0)  # never a masked id, whatever FAISS did
+                I = np.where(ok, I, -1)
+                D = np.where(ok, D, -np.inf).astype(np.float32)
+                D, I = self._complete(D, I, qp, exact, need, mask)
+        if fp.rescore:
+            return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
+        valid = I >= 0
+        scores = np.where(valid, D, -np.inf).astype(np.float32)
+        return _top(np.where(valid, I + s.base, -1), scores, depth)
+
+    def _scan_passing(self, prepared: "DensePrepared", shard: int, depth: int, threads: int, fp: FunnelParams,
+                      mask: ShardMask) -> TopK:
+        """Exact top-``depth`` of the passing documents of shard ``shard``: their stored vectors
+        gathered (one copy per call, ``passing × d`` floats), scanned in BLAS blocks, the best
+        re-scored at full dimension (``rescore_topk``: the scores an unfiltered exact search
+        reports). With ``rescore=False``: exact inner products of the re-normalised
+        ``dim``-prefixes (raw vectors at full dimension with the index's own structure)."""
+        s = self.shards[shard]
+        rows = mask.passing()
+        vec = self.vectors[shard]
+        sub = np.ascontiguousarray(vec[rows], dtype=np.float32)
+        need = min(depth, len(rows))
+        with thread_limits(threads):
+            if fp.rescore or prepared.params.exhaustive:
+                _, I = _prefix_scan(sub, prepared.q, need, threads, fp.batch_size)
+                cand = np.where(I >= 0, rows[np.maximum(I, 0)], -1)
+                return _kernels.rescore_topk(prepared.q, vec, np.ascontiguousarray(cand, dtype=np.int64), depth,
+                                             int(s.base), threads)
+            subp = sub if prepared.use_own else np.ascontiguousarray(prefix_normalize(sub, fp.dim), dtype=np.float32)
+            D, I = _prefix_scan(subp, prepared.qp, need, threads, fp.batch_size)
+        ids = np.where(I >= 0, rows[np.maximum(I, 0)] + s.base, -1)
+        return _top(ids, np.where(I >= 0, D, -np.inf).astype(np.float32), depth)
+
+    @staticmethod
+    def _ivf_scans_more(cpu: Any, fp: FunnelParams, mask: ShardMask) -> bool:
+        """True when ``cpu`` is an IVF index whose filtered search (``nprobe / fraction`` lists,
+        capped at nlist) would visit more vectors than pass the mask (the exact scan of the
+        passing documents is then both cheaper and exact)."""
+        import faiss
+
+        inner = faiss.downcast_index(cpu)
+        if isinstance(inner, faiss.IndexPreTransform):
+            inner = faiss.downcast_index(inner.index)
+        ivf = faiss.try_extract_index_ivf(inner) if hasattr(faiss, "try_extract_index_ivf") else None
+        if ivf is None:
+            return False
+        nlist = int(ivf.nlist)
+        nprobe = min(nlist, math.ceil((DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe) / mask.fraction))
+        return nprobe / nlist * mask.rows >= mask.n_pass
+
+    def _faiss_search_filtered(self, cpu: Any, q: np.ndarray, k: int, fp: FunnelParams, mask: ShardMask
+                               ) -> tuple[np.ndarray, np.ndarray]:
+        """FAISS search of the CPU index ``cpu`` restricted to the mask's rows (see
+        :meth:`_search_filtered`); ``(D float32, I int64)`` (nq, k), -1 where nothing was found."""
+        import faiss
+
+        bits = np.packbits(mask.allow, bitorder="little")  # FAISS's bitmap: bit i of byte i // 8
+        sel = faiss.IDSelectorBitmap(mask.rows, faiss.swig_ptr(bits))
+        frac = mask.fraction
+        nprobe = math.ceil((DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe) / frac)
+        inner = faiss.downcast_index(cpu)
+        if isinstance(inner, faiss.IndexPreTransform):
+            inner = faiss.downcast_index(inner.index)
+        ef = int(inner.hnsw.efSearch) if fp.ef_search is None and isinstance(inner, faiss.IndexHNSW) else fp.ef_search
+        ef = None if ef is None else min(max(mask.n_pass, k), math.ceil(max(ef, k) / frac))
+        params = self._search_params(cpu, nprobe, ef, k, sel=sel)
+        nq = q.shape[0]
+        step = fp.batch_size or max(1, min(nq, CHUNK_BYTES // max(1, k * 12 + q.shape[1] * 4)))
+        D = np.empty((nq, k), np.float32)
+        I = np.empty((nq, k), np.int64)
+        try:
+            for a in range(0, nq, step):
+                b = min(nq, a + step)
+                D[a:b], I[a:b] = cpu.search(q[a:b], k, params=params)
+            return D, I
+        except RuntimeError:  # an index type without selector support (IndexPQ): post-filter
+            pass
+        k2 = int(min(mask.rows, math.ceil(2 * k / frac)))
+        plain = self._search_params(cpu, nprobe, ef, k2)
+        for a in range(0, nq, step):
+            b = min(nq, a + step)
+            D2, I2 = cpu.search(q[a:b], k2, params=plain) if plain is not None else cpu.search(q[a:b], k2)
+            ok = (I2 >= 0) & (I2 < mask.rows)
+            ok &= mask.allow[np.where(ok, I2, 0)] != 0
+            # FAISS rows are best first: keep the first k passing candidates of each row
+            rank = np.cumsum(ok, axis=1) - 1
+            take = ok & (rank < k)
+            D[a:b], I[a:b] = -np.inf, -1
+            r, c = np.nonzero(take)
+            D[a + r, rank[r, c]] = D2[r, c]
+            I[a + r, rank[r, c]] = I2[r, c]
+        return D, I
 
     def score_docs(self, prepared: "DensePrepared", shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
@@ -513,19 +663,22 @@ class DenseLeg:
         return out
 
     @staticmethod
-    def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int
-                  ) -> tuple[np.ndarray, np.ndarray]:
-        """Replace rows with fewer than ``need`` valid candidates by an exact scan of ``exact``."""
+    def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int,
+                  mask: ShardMask | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Replace rows with fewer than ``need`` valid candidates by an exact scan of ``exact``
+        (of its rows that pass ``mask`` when one is given)."""
         short = np.flatnonzero((I >= 0).sum(axis=1) < need)
         if len(short) == 0 or exact is None:
             return D, I
         kk = I.shape[1]
+        rows = None if mask is None or mask.allow is None else mask.passing()
+        src = np.asarray(exact if rows is None else exact[rows], dtype=np.float32)
         for r in short.tolist():
-            s = np.asarray(exact, dtype=np.float32) @ qp[r]
+            s = src @ qp[r]
             top = np.argpartition(-s, kk - 1)[:kk] if kk < len(s) else np.arange(len(s))
             I[r, :] = -1
             D[r, :] = -np.inf
-            I[r, :len(top)] = top
+            I[r, :len(top)] = top if rows is None else rows[top]
             D[r, :len(top)] = s[top]
         return D, I
 
@@ -535,8 +688,8 @@ SCAN_QUERY_BLOCK = 256
 SCAN_DOC_BLOCK = 2048
 
 
-def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, batch_size: int | None = None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, batch_size: int | None = None,
+                 allow: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-``kk`` inner products of prefix queries against a shard's prefix matrix.
 
     Blocks of queries x documents are scored by one BLAS matrix product each (numpy ``matmul``,
@@ -551,6 +704,8 @@ def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, ba
         kk: candidates per query, ``1 <= kk <= n``.
         n_threads: threads of the heap kernel.
         batch_size: queries per block (default :data:`SCAN_QUERY_BLOCK`).
+        allow: uint8 (n,) mask (0 = never a candidate; the kernel skips those columns), or None;
+            with a mask, ``kk`` should not exceed the passing rows (else rows end in -1 / -inf).
 
     Returns:
         ``(D float32 (nq, kk), I int64 (nq, kk))`` shard-local ordinals, unsorted.
@@ -568,7 +723,7 @@ def _prefix_scan(prefix: np.ndarray, qp: np.ndarray, kk: int, n_threads: int, ba
             z = min(n, a + SCAN_DOC_BLOCK)
             out = block[: e - b] if z - a == SCAN_DOC_BLOCK else np.empty((e - b, z - a), np.float32)
             np.matmul(qp[b:e], prefix[a:z].T, out=out)
-            _kernels.heap_push_block(out, a, hs, hi, n_threads)
+            _kernels.heap_push_block(out, a, hs, hi, n_threads, None if allow is None else allow[a:z])
         D[b:e] = hs
         I[b:e] = hi
     return D, I

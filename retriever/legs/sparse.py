@@ -37,7 +37,7 @@ from retriever.index.sparse_build import SPARSE_FWD
 from .. import _kernels
 from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
 from ..shards import IndexReader
-from .base import SearchContext, TopK, check_candidates, search_each_shard
+from .base import SearchContext, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
 
 SPARSE_INDEX_ARRAYS = {
     "fwd_offsets": np.uint64, "fwd_terms": np.uint32, "fwd_values": np.uint16,
@@ -337,28 +337,49 @@ class SparseLeg:
         """Top-``ctx.depth`` of shard position ``shard`` (global ordinals): exact
         (``_kernels.sparse_exact_topk``) or Seismic-style approximate (``_kernels.sparse_seismic_topk``).
 
+        With an allow mask (``ctx.allow``) both kernels take it and apply it before top-k, so no
+        masked document is returned. Exact: the exact top-k of the passing documents. Seismic,
+        planned per shard: when the passing fraction is below ``params.filter_exact_below`` the
+        exact kernel runs instead (a selective filter leaves too few passing documents in the
+        visited blocks); otherwise Seismic runs with the mask, and every query for which it found
+        fewer than ``depth`` documents is run again exactly, so ``depth`` hits come back whenever
+        ``depth`` passing documents match the query.
+
         Raises:
-            QueryError: an out-of-range knob (from the kernel, naming it) or an allow mask (the
-                sparse leg has no filter support yet).
+            QueryError: an out-of-range knob (from the kernel, naming it) or a malformed allow
+                mask (names the shard and the sizes).
         """
-        if ctx.allow_for(shard) is not None:
-            raise QueryError("the sparse leg does not take an allow mask yet")
-        q_offsets, q_terms, q_weights = prepared.batch
-        p = prepared.params
         s, a = self.shards[shard]
+        mask = shard_mask(ctx, shard, s.rows, f"{self.shard_ids[shard]} ({s.dir.name})")
+        if mask.n_pass == 0:
+            return empty_topk(prepared.n_queries, ctx.depth)
+        p = prepared.params
+        exact = p.algorithm == "exact" or (mask.allow is not None and mask.fraction < p.filter_exact_below)
         try:
-            if p.algorithm == "exact":
-                ids, scores, n_found = _kernels.sparse_exact_topk(
-                    a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
-                    a["fwd_values"], self.scale, q_offsets, q_terms, q_weights, ctx.depth, n_threads=ctx.n_threads)
+            if exact:
+                ids, scores, n_found = self._exact(a, prepared.batch, ctx.depth, ctx.n_threads, mask.allow)
             else:
                 ids, scores, n_found = _kernels.sparse_seismic_topk(
                     a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
-                    *[a[n] for n in _BLOCK_ARGS], q_offsets, q_terms, q_weights, ctx.depth,
-                    query_cut=int(p.query_cut), heap_factor=float(p.heap_factor), n_threads=ctx.n_threads)
+                    *[a[n] for n in _BLOCK_ARGS], *prepared.batch, ctx.depth,
+                    query_cut=int(p.query_cut), heap_factor=float(p.heap_factor), n_threads=ctx.n_threads,
+                    allow=mask.allow)
+                if mask.allow is not None:
+                    short = np.flatnonzero(n_found < min(ctx.depth, mask.n_pass))
+                    if len(short):  # guaranteed k: these queries again, exactly
+                        sub = _sub_batch(prepared.batch, short)
+                        ids[short], scores[short], n_found[short] = self._exact(a, sub, ctx.depth, ctx.n_threads,
+                                                                                mask.allow)
         except ValueError as e:
             raise QueryError(f"sparse search: {e}") from None
         return np.where(ids >= 0, ids + s.base, -1), scores, n_found
+
+    def _exact(self, a: dict[str, np.ndarray], batch: QueryBatch, depth: int, n_threads: int,
+               allow: np.ndarray | None) -> TopK:
+        """``_kernels.sparse_exact_topk`` of one shard's arrays (shard-local ids)."""
+        return _kernels.sparse_exact_topk(a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"],
+                                          a["fwd_terms"], a["fwd_values"], self.scale, *batch, depth,
+                                          n_threads=n_threads, allow=allow)
 
     def score_docs(self, prepared: "SparsePrepared", shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
@@ -372,6 +393,17 @@ class SparseLeg:
         s, a = self.shards[shard]
         return forward_scores(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale, self.vocab_size,
                               *prepared.batch, offsets, ordinals, s.rows)
+
+
+def _sub_batch(batch: QueryBatch, rows: np.ndarray) -> QueryBatch:
+    """The queries ``rows`` (ascending positions) of a ragged batch, as a batch of their own."""
+    q_offsets, q_terms, q_weights = batch
+    lo, hi = q_offsets[rows].astype(np.int64), q_offsets[rows + 1].astype(np.int64)
+    offs = np.zeros(len(rows) + 1, dtype=np.uint64)
+    np.cumsum(hi - lo, out=offs[1:])
+    pos = np.concatenate([np.arange(b, e) for b, e in zip(lo.tolist(), hi.tolist())]) if len(rows) else \
+        np.zeros(0, np.int64)
+    return offs, np.ascontiguousarray(q_terms[pos]), np.ascontiguousarray(q_weights[pos])
 
 
 @dataclass(frozen=True)
