@@ -60,13 +60,9 @@ class SearchOptions:
         return replace(self, **given) if given else self
 
     def search(self, retriever: "Retriever", query: str) -> "list[Hit]":
-        """Run :meth:`retriever.Retriever.search` with these options (``filter`` passed only when
-        set)."""
-        kwargs: dict[str, Any] = {"mode": self.mode, "fusion": self.fusion, "depth": self.depth,
-                                  "leg_params": self.leg_params}
-        if self.filter is not None:
-            kwargs["filter"] = self.filter
-        return retriever.search(query, self.k, **kwargs)
+        """Run :meth:`retriever.Retriever.search` with these options."""
+        return retriever.search(query, self.k, mode=self.mode, fusion=self.fusion, depth=self.depth,
+                                leg_params=self.leg_params, filter=self.filter)
 
 
 def check_retriever(obj: Any) -> "Retriever":

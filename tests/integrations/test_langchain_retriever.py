@@ -139,3 +139,47 @@ def test_metadata_key_collision_names_the_document(rag_retriever):
 def test_from_path(rag_index):
     lc = LangChainRetriever.from_path(rag_index, k=2, mode="bm25")
     assert [d.id for d in lc.invoke(QUERIES[2])] == [h.id for h in lc.retriever.search(QUERIES[2], 2, mode="bm25")]
+
+
+FILTERS = [{"lang": "en"}, {"year": {"$gte": 2015}, "lang": {"$in": ["de", "fr"]}},
+           {"$or": [{"source": "s1"}, {"year": {"$lt": 2003}}]}, {"source": {"$exists": False}}]
+
+
+@pytest.mark.parametrize("flt", FILTERS)
+@pytest.mark.parametrize("mode", ["hybrid", "bm25", "dense", "sparse"])
+def test_filter_equals_the_engine(rag_retriever, flt, mode):
+    lc = LangChainRetriever(retriever=rag_retriever, k=8, mode=mode, filter=flt)
+    for q in QUERIES[:2]:
+        hits = rag_retriever.search(q, 8, mode=mode, filter=flt)
+        assert len(hits) == 8
+        docs = lc.invoke(q)
+        _check_equal(docs, hits, mode)
+        # the filter really applied: every document passes it
+        assert all(_passes(d.metadata, flt) for d in docs)
+        _check_equal(LangChainRetriever(retriever=rag_retriever, k=8, mode=mode).invoke(q, filter=flt), hits, mode)
+
+
+def _passes(meta, flt):
+    """A tiny oracle for the FILTERS above."""
+    for key, cond in flt.items():
+        if key == "$or":
+            if not any(_passes(meta, c) for c in cond):
+                return False
+        elif not isinstance(cond, dict):
+            if meta.get(key) != cond:
+                return False
+        else:
+            for op, val in cond.items():
+                v = meta.get(key)
+                ok = {"$gte": lambda: v is not None and v >= val, "$lt": lambda: v is not None and v < val,
+                      "$in": lambda: v in val, "$exists": lambda: (key in meta) == val}[op]()
+                if not ok:
+                    return False
+    return True
+
+
+def test_filter_that_matches_nothing_and_bad_filter(rag_retriever):
+    lc = LangChainRetriever(retriever=rag_retriever, k=5)
+    assert lc.invoke(QUERIES[0], filter={"lang": "xx"}) == []
+    with pytest.raises(QueryError, match="nosuchfield"):
+        lc.invoke(QUERIES[0], filter={"nosuchfield": 1})

@@ -73,3 +73,15 @@ def test_bad_arguments(rag_retriever, rag_index):
     li = LlamaIndexRetriever.from_path(rag_index, similarity_top_k=3, mode="sparse")
     assert [n.node.node_id for n in li.retrieve(QUERIES[2])] == [
         h.id for h in rag_retriever.search(QUERIES[2], 3, mode="sparse")]
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "bm25", "dense", "sparse"])
+def test_filter_equals_the_engine(rag_retriever, mode):
+    flt = {"year": {"$gte": 2010}, "lang": {"$in": ["en", "fr"]}}
+    li = LlamaIndexRetriever(rag_retriever, similarity_top_k=6, mode=mode, filter=flt)
+    for q in QUERIES[:2]:
+        hits = rag_retriever.search(q, 6, mode=mode, filter=flt)
+        assert len(hits) == 6
+        nodes = li.retrieve(q)
+        _check_equal(nodes, hits, mode)
+        assert all(n.node.metadata["year"] >= 2010 and n.node.metadata["lang"] != "de" for n in nodes)
