@@ -41,19 +41,27 @@ class PostingsBuilder:
     Args:
         analyzer: the index's analyzer.
         background: analyse on a worker thread.
+        vocab: terms that already have ids (an existing index's vocabulary, term id i =
+            ``vocab[i]``): new terms get ids from ``len(vocab)`` on, so a segment added to a
+            living index uses the index's global term ids.
     """
 
-    def __init__(self, analyzer: Analyzer, *, background: bool = True) -> None:
+    def __init__(self, analyzer: Analyzer, *, background: bool = True, vocab: Sequence[str] = ()) -> None:
         self.analyzer = analyzer
         self._tokens = TokenTable()  # token -> entry; value: term id (-1: not indexed)
         self._terms = TokenTable()  # term -> term id (entry number)
+        if len(vocab):
+            data, offsets = utf8_arrays(list(vocab))
+            scan_tokens(data, offsets, self._terms, lowercase=False, ideo_class=_IDEO, verbatim=True)
+            if self._terms.n != len(vocab):
+                raise ValueError(f"vocabulary has {len(vocab)} terms but {self._terms.n} distinct ones")
         stop = sorted(analyzer.stop_words)
         if stop:
             data, offsets = utf8_arrays(stop)
             scan_tokens(data, offsets, self._tokens, lowercase=False, ideo_class=_IDEO, verbatim=True)
             self._tokens.set_values(0, np.full(self._tokens.n, -1, dtype=np.int64))
         self._n_resolved = self._tokens.n  # entries 0.._n_resolved-1 have their term ids
-        self._terms_cache: list[str] = []
+        self._terms_cache: list[str] = list(vocab)
         self._shard = _Shard()
         self._n = 0  # documents of the current shard handed to add()
         self._sum_dl = 0
@@ -302,12 +310,15 @@ class BM25Builder:
         analyzer: the index's analyzer.
         faults: fault-injection hook (``encode_bm25``, ``shard_bm25``, ``vocab``).
         background: analyse on worker threads (see :class:`PostingsBuilder`).
+        vocab: an existing index's vocabulary (see :class:`PostingsBuilder`).
     """
 
     name = "bm25"
 
-    def __init__(self, analyzer: Analyzer, faults: Callable[[str], None], *, background: bool = True) -> None:
-        self.postings = PostingsBuilder(analyzer, background=background)
+    def __init__(self, analyzer: Analyzer, faults: Callable[[str], None], *, background: bool = True,
+                 vocab: Sequence[str] = ()) -> None:
+        self.postings = PostingsBuilder(analyzer, background=background, vocab=vocab)
+        self._trim = len(vocab) > 0  # a segment of a living index: no empty lists past its last term
         self._faults = faults
         self._pending: Future | None = None
 
@@ -329,6 +340,9 @@ class BM25Builder:
         arrays = fut.result()
         if len(arrays["doc_len"]) != shard.rows:
             raise RuntimeError(f"internal error: {len(arrays['doc_len'])} document lengths for {shard.rows} rows")
+        if self._trim:  # the shard's lists end at its last term (later terms have df 0 there)
+            nonempty = np.flatnonzero(np.diff(arrays["offsets"]))
+            arrays = {**arrays, "offsets": arrays["offsets"][:int(nonempty[-1]) + 2 if len(nonempty) else 1]}
         rel = writer.write_arrays(f"{shard.dir}/bm25.arrow", arrays)
         self._faults("shard_bm25")
         n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))

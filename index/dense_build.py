@@ -132,6 +132,9 @@ class DenseBuilder:
             self._model_info = {**model_fingerprint(self.encoder.path), "dim": self.encoder.dim}
             self.model_load_seconds = time.perf_counter() - t0
         self.mat: MatryoshkaBuilder | None = None
+        #: serialised FAISS index whose trained state (coarse quantiser, PQ codebooks) new
+        #: segments reuse: emptied, then filled with the segment's vectors (None: train per shard)
+        self.faiss_template: bytes | None = None
         self._parts: list[np.ndarray] = []
         if self.encoder is not None:
             self._storage()  # Matryoshka dims wider than the model fail now, before any encoding
@@ -178,9 +181,12 @@ class DenseBuilder:
         files = []
         index_bytes = None
         if self.config.faiss_factory != "Flat":
-            from .faiss_build import build_faiss_index
+            from .faiss_build import build_faiss_index, fill_faiss_template
 
-            index_bytes = build_faiss_index(stored.astype(np.float32), self.config.faiss_factory)
+            if self.faiss_template is not None:  # a living index's add: the trained quantiser, emptied
+                index_bytes = fill_faiss_template(self.faiss_template, stored.astype(np.float32))
+            else:
+                index_bytes = build_faiss_index(stored.astype(np.float32), self.config.faiss_factory)
             self._faults("faiss")
         flat = pa.array(np.ascontiguousarray(stored).reshape(-1))
         files.append(writer.write_table(f"{shard.dir}/dense.arrow",

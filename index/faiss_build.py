@@ -64,3 +64,25 @@ def make_faiss_index(vectors: np.ndarray, factory: str):
     if n:
         index.add(np.ascontiguousarray(vectors, dtype=np.float32))
     return index
+
+
+def fill_faiss_template(template: bytes, vectors: np.ndarray) -> bytes:
+    """A segment's FAISS index from an existing segment's: the same trained state (IVF coarse
+    quantiser, PQ codebooks, HNSW parameters), emptied with ``reset()``, then ``vectors`` added.
+    New segments of a living index index their vectors with the quantiser the index was trained
+    with (compaction trains anew).
+
+    Args:
+        template: serialised FAISS index (``dense.faiss`` of an existing segment).
+        vectors: float32 (n, d) vectors of the new segment.
+
+    Returns:
+        the serialised new index (``ntotal == n``).
+    """
+    import faiss
+
+    index = faiss.deserialize_index(np.frombuffer(template, dtype=np.uint8))
+    index.reset()
+    if len(vectors):
+        index.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    return faiss.serialize_index(index).tobytes()

@@ -33,3 +33,19 @@ CRASH_POINTS = (
 
 def no_faults(point: str) -> None:
     """The default hook: does nothing."""
+
+#: The points of a living index's writer (:class:`retriever.index.updates.IndexUpdater`), besides
+#: the build points its leg builders and segment writer reach (``encode_*``, ``shard_*``,
+#: ``faiss``) and :func:`retriever.index.generations.commit_generation`'s two.
+UPDATE_CRASH_POINTS = (
+    "shard_docs",           # a new segment's docs.arrow written
+    "shard_bm25",           # its bm25.arrow written
+    "shard_done",           # a new segment complete
+    "update_segments",      # every segment of an add (or of a compaction run) complete
+    "compact_segment",      # a compaction run rewritten
+    "update_deletes",       # the tombstone files of a commit written
+    "update_vocab",         # the commit's vocabulary file written
+    "generation_manifest",  # the new manifest durable, CURRENT not switched yet
+    "generation_current",   # CURRENT switched
+    "update_clean",         # old generations' files removed
+)

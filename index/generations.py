@@ -27,7 +27,7 @@ from .format import CURRENT, manifest_digest, manifest_name, read_current, read_
 
 LOCK = "LOCK"
 #: manifest fields a new generation may change (the rest is the parent's)
-MUTABLE_FIELDS = ("shards", "files", "stats", "fusion", "metadata_schema", "build")
+MUTABLE_FIELDS = ("shards", "files", "stats", "fusion", "metadata_schema", "build", "vocab")
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
@@ -78,7 +78,7 @@ def file_entry(root: Path, rel: str) -> dict[str, Any]:
 
 
 def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, Any],
-                      fault: Callable[[str], None] | None = None) -> dict[str, Any]:
+                      fault: Callable[[str], None] | None = None, lock_held: bool = False) -> dict[str, Any]:
     """Commit generation ``parent + 1``: the parent's manifest with ``changes`` applied.
 
     Args:
@@ -90,6 +90,8 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
             lists, already written, fsynced and never to be modified —, ``fusion``, ...).
         fault: called with ``"generation_manifest"`` after the new manifest is durable and with
             ``"generation_current"`` after ``CURRENT`` is switched (fault injection in tests).
+        lock_held: the caller already holds :func:`writer_lock` for ``root`` (an
+            :class:`retriever.index.updates.IndexUpdater` holds it for its whole life).
 
     Returns:
         the new manifest.
@@ -103,7 +105,7 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
     bad = sorted(set(changes) - set(MUTABLE_FIELDS))
     if bad:
         raise IndexFormatError(f"{root}: a generation cannot change {bad}; it may change {list(MUTABLE_FIELDS)}")
-    with writer_lock(root):
+    with (contextlib.nullcontext() if lock_held else writer_lock(root)):
         current = read_current(root)
         if current != parent:
             raise IndexFormatError(f"{root}: generation {current} was committed after {parent}; "

@@ -65,7 +65,8 @@ def _resolve_config(config: BuildConfig | None, overrides: Mapping[str, Any]) ->
 
 
 def make_builders(config: BuildConfig, *, faults: FaultHook = no_faults, dense_vectors: Any = None,
-                  sparse_vectors: Any = None, dense_model_info: dict[str, Any] | None = None) -> list[LegBuilder]:
+                  sparse_vectors: Any = None, dense_model_info: dict[str, Any] | None = None,
+                  sparse_scale: float | None = None) -> list[LegBuilder]:
     """The leg builders of ``config.legs`` (models are loaded here), in leg order.
 
     Raises:
@@ -92,7 +93,7 @@ def make_builders(config: BuildConfig, *, faults: FaultHook = no_faults, dense_v
             elif leg == "sparse":
                 from .sparse_build import SparseBuilder
 
-                builders.append(SparseBuilder(config, device=config.device, vectors=sparse_vectors))
+                builders.append(SparseBuilder(config, device=config.device, vectors=sparse_vectors, scale=sparse_scale))
     except BaseException:
         for b in builders:
             b.close(raise_errors=False)
@@ -208,7 +209,8 @@ def _run_build(documents: Iterator[Document], out: Path, config: BuildConfig, bu
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
                 config: BuildConfig | None = None, *, overwrite: bool = False,
                 show_progress: bool = True, dense_vectors: Any = None, sparse_vectors: Any = None,
-                faults: FaultHook | None = None, **overrides: Any) -> dict[str, Any]:
+                faults: FaultHook | None = None, sparse_scale: float | None = None,
+                **overrides: Any) -> dict[str, Any]:
     """Build an index directory from a corpus.
 
     Args:
@@ -232,6 +234,9 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             encoded with it); the manifest's ``stats.sparse_precomputed`` says they were supplied.
             Needs ``"sparse"`` in ``legs``.
 
+        sparse_scale: a fixed impact scale for the sparse leg (weight per uint16 unit; larger
+            weights are clipped) instead of the corpus maximum / 65535: a living index keeps the
+            scale it was created with, and a fresh build given the same scale scores the same.
         faults: fault-injection hook called at each point of
             :data:`retriever.index.faults.CRASH_POINTS` (tests; default: none).
 
@@ -251,7 +256,8 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
     t0 = time.perf_counter()
     documents = read_corpus(corpus)  # a missing or unknown corpus fails here, before models load
     faults = faults or no_faults
-    builders = make_builders(config, faults=faults, dense_vectors=dense_vectors, sparse_vectors=sparse_vectors)
+    builders = make_builders(config, faults=faults, dense_vectors=dense_vectors, sparse_vectors=sparse_vectors,
+                             sparse_scale=sparse_scale)
     return _run_build(documents, out, config, builders, overwrite=overwrite, faults=faults,
                       show_progress=show_progress, t0=t0,
                       corpus_path=corpus if isinstance(corpus, (str, Path)) else None)

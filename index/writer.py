@@ -162,6 +162,10 @@ class IndexWriter:
         self._open: dict[str, dict[str, Any]] = {}  # shards begun, not ended: dir -> statistics so far
         self._committed = False
 
+    #: number of the first shard directory this writer makes (a later generation's new segments
+    #: continue after the index's highest one)
+    first_shard = 0
+
     def __enter__(self) -> "IndexWriter":
         return self
 
@@ -216,7 +220,7 @@ class IndexWriter:
         Returns:
             the shard's handle (number, directory relative to the index root, rows).
         """
-        index = len(self.shards) + len(self._open)
+        index = self.first_shard + len(self.shards) + len(self._open)
         rel_dir = f"shards/{index:05d}"
         sdir = self.tmp / rel_dir
         sdir.mkdir(parents=True)

@@ -34,6 +34,7 @@ from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, Dens
 from retriever.index.errors import (ConfigError, CorpusError, IndexExistsError, IndexFormatError, ModelError,
                           QueryError, RetrieverError)
 from retriever.index.pipeline import build_index
+from retriever.index.updates import CompactPolicy, IndexUpdater
 
 from .api import Retriever
 from .fusion import RRF, Linear
@@ -43,7 +44,7 @@ from .results import BatchResult, Hit, LegArrays, LegHit
 __version__ = "0.1.0"
 
 __all__ = [
-    "Retriever", "build_index", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear",
+    "Retriever", "build_index", "IndexUpdater", "CompactPolicy", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear",
     "BuildConfig", "BM25Params", "AnalyzerConfig", "DenseConfig",
     "BM25SearchParams", "DenseSearchParams", "SparseSearchParams",
     "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",

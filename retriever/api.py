@@ -17,12 +17,14 @@ import numpy as np
 
 from retriever.index.config import LEGS
 from retriever.index.errors import ConfigError, QueryError
+from retriever.index.format import read_current
 
 from .engine import Engine
 from .filters import compile_filter, filter_key
 from .fusion import RRF, Linear, parse_fusion
 from .params import LegParams, parse_leg_params
 from .results import BatchResult, Hit, LegArrays, LegHit
+from .segcache import SegmentCache
 from .shards import IndexReader
 
 DEFAULT_DEPTH = 100
@@ -115,6 +117,7 @@ class Retriever:
         self._live_map: tuple[IndexReader, dict[str, int]] | None = None
         self.engine = engine
         self.n_threads = min(int(n_threads or os.cpu_count() or 1), MAX_THREADS)
+        self._refresh_lock = threading.Lock()
         #: compiled filter masks by (canonical filter, generation), least recently used first
         #: (see :meth:`filter_masks`)
         self._filter_cache: OrderedDict[tuple[bytes, int], list[np.ndarray | None]] = OrderedDict()
@@ -148,7 +151,41 @@ class Retriever:
         if not isinstance(concurrent_legs, bool):
             raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
-        return cls(reader, Engine(reader, use_gpu=use_gpu, device=device, concurrent_legs=concurrent_legs), n_threads)
+        cache = SegmentCache()
+        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs}
+        r = cls(reader, Engine(reader, cache=cache, **options), n_threads)
+        r._segments, r._engine_options = cache, options
+        return r
+
+    def refresh(self) -> bool:
+        """Move to the generation that is current now (after an :class:`retriever.IndexUpdater`
+        commit), if it is newer than the one this Retriever holds.
+
+        Per-segment state (checked postings and bitmaps, FAISS indexes, sparse arrays, the
+        vocabulary) of segments the two generations share is reused; only new segments are
+        loaded, and what depends on corpus-wide statistics (BM25 impacts and bounds) is
+        recomputed. A search that started before the switch finishes on the old snapshot; start
+        hits from :meth:`search_arrays` results with the same snapshot (:meth:`search` and
+        :meth:`search_batch` do).
+
+        Returns:
+            True when a newer generation was opened.
+
+        Raises:
+            IndexFormatError: the current generation cannot be opened (this one stays).
+        """
+        with self._refresh_lock:
+            if read_current(self.reader.path) == self.reader.generation:
+                return False
+            cache = getattr(self, "_segments", None) or SegmentCache()
+            options = getattr(self, "_engine_options", None) or {}
+            reader = IndexReader(self.reader.path)
+            cache.mark()
+            engine = Engine(reader, cache=cache, **options)
+            cache.retain()
+            self._segments, self._engine_options = cache, options
+            self.reader, self.engine = reader, engine
+            return True
 
     def __enter__(self) -> "Retriever":
         return self

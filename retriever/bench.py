@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import gc
 import time
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -75,9 +75,14 @@ def _median_of_passes(per_pass: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _rows(filter: Any, s: int, e: int) -> Any:
+    """The filter of queries ``s:e``: one filter for all, or the slice of a per-query list."""
+    return filter[s:e] if isinstance(filter, (list, tuple)) else filter
+
+
 def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, fusion: Any = None,
                  depth: int | None = None, n_threads: int = 1, query_vectors: np.ndarray | None = None,
-                 sparse_vectors: Any = None) -> dict[str, np.ndarray | None]:
+                 sparse_vectors: Any = None, filter: Any = None) -> dict[str, np.ndarray | None]:
     """Exact top-k ids per leg of ``mode`` and, for several legs, the fused list of the exact legs,
     all searched by the engine (:meth:`Retriever.search_arrays` with :data:`EXACT_LEG_PARAMS`).
 
@@ -86,7 +91,8 @@ def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, f
         queries: nq query strings.
         k: hits per query.
         mode: a leg name or ``"hybrid"``.
-        fusion, depth, n_threads, query_vectors, sparse_vectors: as in ``search_arrays``.
+        fusion, depth, n_threads, query_vectors, sparse_vectors, filter: as in ``search_arrays``
+            (with a filter: the exact top-k of the passing documents).
 
     Returns:
         ``{leg: ids int64 (nq, k) | None, ..., "fused": ids int64 (nq, k)}`` (``None`` where the
@@ -104,7 +110,7 @@ def exact_search(retriever: Any, queries: Sequence[str], *, k: int, mode: str, f
             qs, k, mode=m, fusion=fusion, depth=depth, n_threads=n_threads,
             leg_params={n: dict(EXACT_LEG_PARAMS[n]) for n in legs},
             query_vectors=query_vectors if "dense" in legs else None,
-            sparse_vectors=sparse_vectors if "sparse" in legs else None)
+            sparse_vectors=sparse_vectors if "sparse" in legs else None, filter=filter)
         ids = np.full((len(qs), k), -1, np.int64)
         ids[:, :res.ids.shape[1]] = res.ids
         return ids
@@ -120,7 +126,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                 fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
                 leg_params: dict[str, dict[str, Any]] | None = None, warmup_batches: int = 5,
                 recall: bool = True, exact_cache: dict[str, Any] | None = None,
-                sparse_vectors: Any = None, passes: int = 1, gc_pause: bool = True) -> dict[str, Any]:
+                sparse_vectors: Any = None, passes: int = 1, gc_pause: bool = True,
+                filter: Any = None) -> dict[str, Any]:
     """Benchmark ``modes`` of an opened :class:`~retriever.Retriever` over ``queries``.
 
     Args:
@@ -130,7 +137,8 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
         n_threads: kernel threads (also FAISS's OpenMP threads for the run).
         batch_size: queries per ``search_arrays`` call; one latency sample per batch.
         query_vectors: (nq, dim) dense query vectors aligned with ``queries`` (encoding excluded).
-        fusion, depth, leg_params: as in :meth:`Retriever.search_arrays`.
+        fusion, depth, leg_params, filter: as in :meth:`Retriever.search_arrays` (one filter for
+            every query, or one per query; recall is then against the exact filtered search).
         warmup_batches: untimed batches run first.
         recall: compute recall@k against exact search (costs one exact pass).
         exact_cache: a dict kept across calls with the same queries, k, fusion and depth, so
@@ -168,6 +176,10 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
     qs = [queries[i] for i in keep]
     if not qs:
         raise QueryError("no non-blank queries to benchmark")
+    if isinstance(filter, (list, tuple)):
+        if len(filter) != len(queries):
+            raise QueryError(f"filter has {len(filter)} entries for {len(queries)} queries")
+        filter = [filter[i] for i in keep]
     qv = None
     if query_vectors is not None:
         qv = np.asarray(query_vectors, dtype=np.float32)
@@ -196,6 +208,10 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                   "n_shards": info.get("n_shards")},
         "modes": {},
     }
+    if filter is not None:  # JSON-ready: the dict form as is, an expression as its text
+        report["settings"]["filter"] = (filter if isinstance(filter, Mapping) else
+                                        [f if f is None or isinstance(f, Mapping) else str(f) for f in filter]
+                                        if isinstance(filter, list) else str(filter))
     batches = [(s, min(s + batch_size, len(qs))) for s in range(0, len(qs), batch_size)]
     for mode in modes:
         uses_dense = "dense" in retriever.engine.legs_for(mode)
@@ -203,7 +219,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
 
         def call(s: int, e: int):
             return retriever.search_arrays(qs[s:e], k, mode=mode, fusion=fusion, depth=depth,
-                                           n_threads=n_threads, leg_params=leg_params,
+                                           n_threads=n_threads, leg_params=leg_params, filter=_rows(filter, s, e),
                                            query_vectors=qv[s:e] if (qv is not None and uses_dense) else None,
                                            sparse_vectors=sv[s:e] if (sv is not None and uses_sparse) else None)
 
@@ -239,7 +255,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
             if ex is None:
                 ex = exact_search(retriever, qs, k=k, mode=mode, fusion=fusion, depth=depth,
                                   n_threads=n_threads, query_vectors=qv if uses_dense else None,
-                                  sparse_vectors=sv if uses_sparse else None)
+                                  sparse_vectors=sv if uses_sparse else None, filter=filter)
                 if exact_cache is not None:
                     exact_cache[mode] = ex
             rec: dict[str, float | None] = {}
@@ -261,6 +277,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
                     for s, e in batches:
                         r1 = retriever.search_arrays(
                             qs[s:e], k, mode=name, n_threads=n_threads, leg_params=leg_params,
+                            filter=_rows(filter, s, e),
                             query_vectors=qv[s:e] if (qv is not None and name == "dense") else None,
                             sparse_vectors=sv[s:e] if (sv is not None and name == "sparse") else None)
                         got[s:e, :r1.ids.shape[1]] = r1.ids

@@ -44,6 +44,17 @@ def _leg_params(s: str) -> dict[str, Any]:
     return v
 
 
+def _filter(s: str) -> dict[str, Any]:
+    try:
+        v = json.loads(s)
+    except json.JSONDecodeError as e:
+        raise argparse.ArgumentTypeError(f"--filter: not valid JSON ({e})") from None
+    if not isinstance(v, dict):
+        raise argparse.ArgumentTypeError(f"--filter: expected a JSON object such as '{{\"year\": {{\"$gte\": 2020}}}}', "
+                                         f"got {s!r}")
+    return v
+
+
 class _HelpFormatter(argparse.HelpFormatter):
     """``--help`` shows each option's default: "(default: X)" is appended to help text that does
     not state its default already, for options whose default is a value (not None / False / "")."""
@@ -65,6 +76,8 @@ def _search_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
     p.add_argument("--leg-params", type=_leg_params, default=None,
                    help='per-leg search options as JSON, e.g. \'{"dense": {"dim": 64, "shortlist": 200}}\'')
+    p.add_argument("--filter", type=_filter, default=None,
+                   help='metadata filter as JSON (docs/FILTERS.md), e.g. \'{"year": {"$gte": 2020}, "lang": "en"}\'')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +119,26 @@ def build_parser() -> argparse.ArgumentParser:
     u = idx.add_parser("upgrade", help="convert an index of an older format version to the current one (atomically)",
                        formatter_class=_HelpFormatter)
     u.add_argument("dir", help="index directory")
+
+    for name, what in (("add", "add documents (new ids only) to an index, one commit"),
+                       ("upsert", "add documents, replacing those with the same _id, one commit")):
+        a = idx.add_parser(name, help=what, formatter_class=_HelpFormatter)
+        a.add_argument("dir", help="index directory")
+        a.add_argument("--corpus", required=True, help="BEIR folder, .jsonl[.gz], .parquet, .csv or .tsv")
+        a.add_argument("--dense-vectors", default=None,
+                       help=".npy file of float (n_docs, dim) vectors in corpus order (indexes built with precomputed vectors)")
+        a.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
+    d = idx.add_parser("delete", help="delete documents by id, one commit", formatter_class=_HelpFormatter)
+    d.add_argument("dir", help="index directory")
+    d.add_argument("ids", nargs="*", help="document ids")
+    d.add_argument("--ids", dest="ids_file", default=None, help="file with one document id per line")
+    c = idx.add_parser("compact", help="merge small / delete-heavy segments and drop their tombstones, one commit",
+                       formatter_class=_HelpFormatter)
+    c.add_argument("dir", help="index directory")
+    c.add_argument("--full", action="store_true", help="rewrite every segment")
+    c.add_argument("--small-rows", type=int, default=None, help="segments below this many rows are merged (default 10000)")
+    c.add_argument("--max-deleted-fraction", type=float, default=None,
+                   help="segments with at least this fraction deleted are rewritten (default 0.25)")
 
     s = sub.add_parser("search", help="search an index", formatter_class=_HelpFormatter)
     s.add_argument("dir", help="index directory")
@@ -203,6 +236,61 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_add(args: argparse.Namespace) -> int:
+    """``retriever index add`` / ``upsert``: :class:`retriever.index.updates.IndexUpdater` add or
+    upsert of a corpus, then one commit; returns the exit status."""
+    import numpy as np
+
+    from retriever.index.updates import IndexUpdater
+
+    vectors = None if args.dense_vectors is None else np.load(args.dense_vectors, allow_pickle=False)
+    t0 = time.perf_counter()
+    with IndexUpdater.open(args.dir, device=args.device) as u:
+        n = (u.upsert if args.index_command == "upsert" else u.add)(args.corpus, dense_vectors=vectors)
+        gen = u.commit()
+        live = sum(s.rows - s.n_deleted() for s in u.segments)
+    verb = "upserted" if args.index_command == "upsert" else "added"
+    print(f"{verb} {n} documents to {args.dir}: generation {gen}, {live} live documents, "
+          f"{time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+def cmd_delete(args: argparse.Namespace) -> int:
+    """``retriever index delete``: delete ids (arguments and/or ``--ids`` file), one commit; unknown
+    ids are reported (exit status 0 when at least the known ones were deleted)."""
+    from retriever.index.updates import IndexUpdater
+
+    ids = list(args.ids)
+    if args.ids_file:
+        with open(args.ids_file, encoding="utf-8") as f:
+            ids += [line.strip() for line in f if line.strip()]
+    if not ids:
+        raise ConfigError("no ids given: pass ids as arguments or --ids FILE (one id per line)")
+    with IndexUpdater.open(args.dir) as u:
+        rep = u.delete(ids)
+        gen = u.commit()
+    print(f"deleted {rep.deleted} documents from {args.dir}: generation {gen}")
+    if rep.unknown:
+        shown = ", ".join(map(repr, rep.unknown[:10])) + (" ..." if len(rep.unknown) > 10 else "")
+        print(f"note: {len(rep.unknown)} ids name no live document: {shown}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    """``retriever index compact``: :meth:`retriever.index.updates.IndexUpdater.compact`, one commit."""
+    from retriever.index.updates import CompactPolicy, IndexUpdater
+
+    defaults = CompactPolicy()
+    policy = CompactPolicy(small_rows=defaults.small_rows if args.small_rows is None else args.small_rows,
+                           max_deleted_fraction=defaults.max_deleted_fraction if args.max_deleted_fraction is None
+                           else args.max_deleted_fraction)
+    with IndexUpdater.open(args.dir) as u:
+        rep = u.compact(policy, full=args.full)
+    print(f"compacted {args.dir}: {len(rep.merged)} segments rewritten into {len(rep.written)}, "
+          f"{rep.dropped_rows} deleted rows dropped, generation {rep.generation}, {rep.seconds:.2f} s")
+    return 0
+
+
 def _hit_dict(h) -> dict[str, Any]:
     return {"id": h.id, "rank": h.rank, "score": h.score, "title": h.title,
             "legs": {k: {"score": v.score, "rank": v.rank} for k, v in h.legs.items()}}
@@ -214,7 +302,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
     r = Retriever.open(args.dir, n_threads=args.threads)
     hits = r.search(args.query, k=args.k, mode=args.mode, fusion=_fusion(args), depth=args.depth,
-                    leg_params=args.leg_params)
+                    leg_params=args.leg_params, filter=args.filter)
     if args.json:
         print(json.dumps({"query": args.query, "mode": args.mode, "hits": [_hit_dict(h) for h in hits]},
                          ensure_ascii=False))
@@ -253,7 +341,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for mode in modes:
         t0 = time.perf_counter()
         run, res = search_run(r, queries, mode=mode, k=args.k, fusion=fusion, depth=args.depth,
-                              leg_params=args.leg_params)
+                              leg_params=args.leg_params, filter=args.filter)
         secs = time.perf_counter() - t0
         m = evaluate(run, qrels, qids=qids)
         if args.run_out:
@@ -303,13 +391,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     threads = min(args.threads or os.cpu_count() or 1, MAX_THREADS)
     r = Retriever.open(args.dir, n_threads=threads)
     rep = bench_index(r, texts, modes=args.mode, k=args.k, n_threads=threads, batch_size=args.batch_size,
-                      query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall)
+                      query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall,
+                      filter=args.filter)
     print(json.dumps(rep, indent=1) if args.json else format_report(rep))
     return 0
 
 
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
-            ("index", "upgrade"): cmd_upgrade,
+            ("index", "upgrade"): cmd_upgrade, ("index", "add"): cmd_add, ("index", "upsert"): cmd_add,
+            ("index", "delete"): cmd_delete, ("index", "compact"): cmd_compact,
             ("search", None): cmd_search, ("eval", None): cmd_eval,
             ("bench", None): cmd_bench}
 

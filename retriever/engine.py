@@ -31,17 +31,18 @@ MODES = ("hybrid", "bm25", "dense", "sparse")
 
 def _load_bm25(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.bm25 import BM25Leg
-    return BM25Leg(reader, shards=shards, stats=None if stats is None else stats.bm25)
+    return BM25Leg(reader, shards=shards, stats=None if stats is None else stats.bm25, cache=kw.get("cache"))
 
 
 def _load_dense(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.dense import DenseLeg
-    return DenseLeg(reader, shards=shards, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"))
+    return DenseLeg(reader, shards=shards, use_gpu=kw.get("use_gpu"), device=kw.get("device", "cpu"),
+                    cache=kw.get("cache"))
 
 
 def _load_sparse(reader: IndexReader, shards: Sequence[int] | None, stats: CorpusStats | None, **kw: Any) -> Leg:
     from .legs.sparse import SparseLeg
-    return SparseLeg(reader, shards=shards, device=kw.get("device", "cpu"))
+    return SparseLeg(reader, shards=shards, device=kw.get("device", "cpu"), cache=kw.get("cache"))
 
 
 #: leg name → loader(reader, shards, stats, **options); the library, the CLI and the benchmarks read this table.
@@ -117,7 +118,8 @@ class Engine:
         stats: corpus-wide statistics to score with (default: combined from ``shards``).
         concurrent_legs: run the legs of a multi-leg batch side by side when a call has 2 or more
             threads (results are identical either way; see :meth:`search`).
-        leg_options: passed to the leg loaders (``use_gpu``, ``device``).
+        leg_options: passed to the leg loaders (``use_gpu``, ``device``, ``cache``: a
+            :class:`retriever.segcache.SegmentCache` of per-segment state to reuse).
     """
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None,

@@ -98,13 +98,13 @@ def evaluate(run: Mapping[str, Mapping[str, float]], qrels: Mapping[str, Mapping
 
 def search_run(retriever: Any, queries: Mapping[str, str], *, mode: str, k: int = 100, fusion: Any = None,
                depth: int | None = None, leg_params: Mapping[str, Mapping[str, Any]] | None = None,
-               n_threads: int | None = None) -> tuple[dict[str, dict[str, float]], Any]:
+               n_threads: int | None = None, filter: Any = None) -> tuple[dict[str, dict[str, float]], Any]:
     """Search every query with :meth:`retriever.Retriever.search_arrays`: the run and the result.
 
     Args:
         retriever: an open :class:`~retriever.Retriever`.
         queries: ``{qid: text}`` (file order is kept).
-        mode, k, fusion, depth, leg_params, n_threads: as in ``search_arrays``.
+        mode, k, fusion, depth, leg_params, n_threads, filter: as in ``search_arrays``.
 
     Returns:
         ``(run, result)``: the run ``{qid: {doc_id: score}}`` with strictly decreasing scores
@@ -117,7 +117,7 @@ def search_run(retriever: Any, queries: Mapping[str, str], *, mode: str, k: int 
     qids = list(queries)
     res = retriever.search_arrays([queries[q] for q in qids], k=k, mode=mode, fusion=fusion, depth=depth,
                                   leg_params=None if leg_params is None else {n: dict(p) for n, p in leg_params.items()},
-                                  n_threads=n_threads)
+                                  n_threads=n_threads, filter=filter)
     ids = retriever.reader.doc_ids()
     docs = [ids[res.ids[i, :res.n_found[i]]].tolist() for i in range(len(qids))]
     scores = [res.scores[i, :res.n_found[i]].tolist() for i in range(len(qids))]

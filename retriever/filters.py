@@ -30,7 +30,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
-import pickle
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -395,7 +394,9 @@ def filter_key(obj: Filter) -> bytes | None:
     if obj is None:
         return None
     if isinstance(obj, pc.Expression):
-        return b"e" + pickle.dumps(obj)
+        # Arrow's own serialisation of the expression (the buffer its pickle support carries; no
+        # pickle is involved)
+        return b"e" + bytes(obj.__reduce__()[1][0])
     if not isinstance(obj, Mapping):
         raise QueryError(f"filter must be a dict or a pyarrow.compute.Expression, got {type(obj).__name__} {obj!r}")
     try:

@@ -293,6 +293,8 @@ class IndexReader:
         return {"path": str(self.path), "format_version": m["format_version"], "generation": self.generation,
                 "created": m.get("created"), "legs": list(self.legs), "n_docs": self.n_docs,
                 "n_shards": len(self.shards),
+                "n_deleted": int(sum(0 if s.deleted is None else len(s.deleted) for s in self.shards)),
+                "n_live": self.n_docs - int(sum(0 if s.deleted is None else len(s.deleted) for s in self.shards)),
                 "shards": [{"dir": s.entry["dir"], "rows": s.rows,
                             "deleted": 0 if s.deleted is None else int(len(s.deleted))} for s in self.shards],
                 "bytes_on_disk": int(sum(f["bytes"] for f in m["files"].values())),

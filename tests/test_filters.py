@@ -427,15 +427,15 @@ LEG_FILTERS = [({"year": {"$lt": 1}}, lambda d: d.get("year") is not None and d[
                ({}, lambda d: True)]
 
 
-def _leg_oracle(r: Retriever, mode: str, qv, qsv):
-    return r.search_arrays(QUERIES, r.reader.n_docs, mode=mode, query_vectors=qv, sparse_vectors=qsv,
+def _leg_oracle(r: Retriever, mode: str, qs: list[str], qv, qsv):
+    return r.search_arrays(qs, r.reader.n_docs, mode=mode, query_vectors=qv, sparse_vectors=qsv,
                            leg_params={mode: EXACT[mode]})
 
 
 @pytest.mark.parametrize("mode", ["bm25", "dense", "sparse"])
 def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
     r, qv, qsv = three_legs
-    ref = _leg_oracle(r, mode, qv, qsv)
+    ref = _leg_oracle(r, mode, QUERIES, qv, qsv)
     for f, pred in LEG_FILTERS:
         keep = oracle_mask(small_docs, pred)
         for k in (1, 10, 50):
@@ -444,42 +444,43 @@ def test_each_leg_filtered_equals_brute_force(three_legs, small_docs, mode):
             assert_matches(got, *restrict(ref, keep, k), keep, k)
 
 
-@pytest.mark.parametrize("fusion", [RRF(), Linear(), Linear(norm="zscore")], ids=["rrf", "minmax", "zscore"])
-@pytest.mark.parametrize("legs", [pytest.param(("bm25", "dense", "sparse"), id="all"),
-                                  pytest.param(("bm25", "dense"), id="bm25+dense")])
-def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fusion, legs):
+@pytest.mark.parametrize("fusion", [RRF(), Linear(), Linear(norm="zscore"), Linear(norm="none", weights={"dense": 2.0})],
+                         ids=["rrf", "minmax", "zscore", "none-weighted"])
+def test_hybrid_filtered_equals_fusing_filtered_legs(three_legs, small_docs, fusion):
     """Fusion sees only passing documents: the filtered hybrid result (ids, fused scores, per-leg
     scores and ranks) equals fusing each leg's brute-force filtered list."""
     r, qv, qsv = three_legs
-    depth = 30
-    names = list(r.legs)
-    refs = {m: _leg_oracle(r, m, qv, qsv) for m in names}
+    refs = {m: _leg_oracle(r, m, QUERIES, qv, qsv) for m in r.legs}
     for f, pred in LEG_FILTERS:
-        keep = oracle_mask(small_docs, pred)
-        per_leg = {}
-        for m in names:
-            ids, scores = restrict(refs[m], keep, depth)
-            out_ids = np.full((len(QUERIES), depth), -1, np.int64)
-            out_sc = np.full((len(QUERIES), depth), -np.inf, np.float32)
-            n_found = np.zeros(len(QUERIES), np.int32)
-            for q in range(len(QUERIES)):
-                out_ids[q, :len(ids[q])], out_sc[q, :len(ids[q])], n_found[q] = ids[q], scores[q], len(ids[q])
-            per_leg[m] = (out_ids, out_sc, n_found)
-        w_ids, w_scores, w_n, w_legs = fuse(per_leg, 10, fusion)
-        got = r.search_arrays(QUERIES, 10, mode="hybrid", fusion=fusion, depth=depth, filter=f, query_vectors=qv,
-                              sparse_vectors=qsv, leg_params=EXACT)
-        np.testing.assert_array_equal(got.ids, w_ids)
-        np.testing.assert_array_equal(got.scores, w_scores)
-        np.testing.assert_array_equal(got.n_found, w_n)
-        for m in names:
-            np.testing.assert_array_equal(got.legs[m].ranks, w_legs[m].ranks)
-            np.testing.assert_array_equal(got.legs[m].scores, w_legs[m].scores)
-        assert keep[got.ids[got.ids >= 0]].all()
+        assert_hybrid_matches(r, QUERIES, qv, qsv, refs, f, oracle_mask(small_docs, pred), fusion)
 
 
-@pytest.mark.parametrize("mode", ["bm25", "dense",
-                                  "sparse",
-                                  "hybrid"])
+def assert_hybrid_matches(r: Retriever, qs: list[str], qv, qsv, refs, f, keep: np.ndarray, fusion,
+                          depth: int = 30, k: int = 10) -> None:
+    """Filtered hybrid search == fusing each leg's brute-force filtered top-``depth`` (``refs``:
+    per leg the unfiltered full-depth exact result): ids, fused scores, per-leg scores and ranks."""
+    per_leg = {}
+    for m in r.legs:
+        ids, scores = restrict(refs[m], keep, depth)
+        out_ids = np.full((len(qs), depth), -1, np.int64)
+        out_sc = np.full((len(qs), depth), -np.inf, np.float32)
+        n_found = np.zeros(len(qs), np.int32)
+        for q in range(len(qs)):
+            out_ids[q, :len(ids[q])], out_sc[q, :len(ids[q])], n_found[q] = ids[q], scores[q], len(ids[q])
+        per_leg[m] = (out_ids, out_sc, n_found)
+    w_ids, w_scores, w_n, w_legs = fuse(per_leg, k, fusion)
+    got = r.search_arrays(qs, k, mode="hybrid", fusion=fusion, depth=depth, filter=f, query_vectors=qv,
+                          sparse_vectors=qsv, leg_params=EXACT)
+    np.testing.assert_array_equal(got.ids, w_ids)
+    np.testing.assert_array_equal(got.scores, w_scores)
+    np.testing.assert_array_equal(got.n_found, w_n)
+    for m in r.legs:
+        np.testing.assert_array_equal(got.legs[m].ranks, w_legs[m].ranks)
+        np.testing.assert_array_equal(got.legs[m].scores, w_legs[m].scores)
+    assert keep[got.ids[got.ids >= 0]].all()
+
+
+@pytest.mark.parametrize("mode", ["bm25", "dense", "sparse", "hybrid"])
 def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
     r, qv, qsv = three_legs
     fl = [{"year": {"$lt": 300}}, None, {"tags": "red"}, {"year": {"$lt": 300}}, {"flag": True},
@@ -492,3 +493,148 @@ def test_each_mode_per_query_filters_equal_one_at_a_time(three_legs, mode):
         np.testing.assert_array_equal(batch.scores[i], one.scores[0])
         for m in batch.legs:
             np.testing.assert_array_equal(batch.legs[m].ranks[i], one.legs[m].ranks[0])
+
+
+def _random_vectors(n: int, nq: int, seed: int, dim: int = 16, vocab: int = 300):
+    """Seeded dense document / query vectors and sparse ones (CSR triple for the build, (ids,
+    weights) pairs for the queries): the legs' inputs without running an encoder."""
+    rng = np.random.default_rng(seed)
+    dv = rng.standard_normal((n, dim)).astype(np.float32)
+    terms = [np.unique(rng.integers(0, vocab, rng.integers(1, 30))) for _ in range(n)]
+    ptr = np.zeros(n + 1, np.int64)
+    ptr[1:] = np.cumsum([len(t) for t in terms])
+    sv = (ptr, np.concatenate(terms).astype(np.uint32), (rng.random(int(ptr[-1])) + 0.05).astype(np.float32))
+    qv = rng.standard_normal((nq, dim)).astype(np.float32)
+    qsv = [np.unique(rng.integers(0, vocab, 8)).astype(np.uint32) for _ in range(nq)]
+    return dv, sv, qv, [(t, np.linspace(1.0, 0.2, len(t)).astype(np.float32)) for t in qsv]
+
+
+@pytest.fixture(scope="module")
+def scifact_legs(tmp_path_factory):
+    """SciFact (typed synthetic fields) with all three legs, 3 shards; the dense and sparse
+    vectors are seeded random ones (the filter path does not depend on where they came from)."""
+    path = DATA / "scifact" / "corpus.jsonl.gz"
+    if not path.is_file():
+        pytest.skip(f"SciFact not found at {path} (set RETRIEVER_DATA)")
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        docs = add_fields([json.loads(line) for line in f], seed=11, missing=False)
+    with open(DATA / "scifact" / "queries.jsonl", encoding="utf-8") as f:
+        qs = [json.loads(line)["text"] for line in f][:30]
+    dv, sv, qv, qsv = _random_vectors(len(docs), len(qs), seed=2, dim=32, vocab=2000)
+    out = tmp_path_factory.mktemp("scifact3") / "ix"
+    build_index(docs, out, legs=("bm25", "dense", "sparse"), dense_vectors=dv, sparse_vectors=sv,
+                shard_size=1800, show_progress=False)
+    return Retriever.open(out, n_threads=2), docs, qs, qv, qsv
+
+
+@pytest.mark.parametrize("mode", ["dense", "sparse", "hybrid"])
+def test_legs_scifact_selectivities(scifact_legs, mode):
+    """Dense (flat) and learned-sparse (exact) legs and their RRF fusion with BM25 on SciFact with
+    typed fields, selectivities 0.1 % to 100 %: brute force over the filtered set, k met, nothing
+    filtered out."""
+    r, docs, qs, qv, qsv = scifact_legs
+    refs = {m: _leg_oracle(r, m, qs, qv, qsv) for m in (r.legs if mode == "hybrid" else [mode])}
+    for s in SELECTIVITIES:
+        f, pred = _selective(docs, s)
+        keep = oracle_mask(docs, pred)
+        if mode == "hybrid":
+            assert_hybrid_matches(r, qs, qv, qsv, refs, f, keep, RRF())
+            continue
+        for k in (10, 100):
+            got = r.search_arrays(qs, k, mode=mode, filter=f, query_vectors=qv, sparse_vectors=qsv,
+                                  leg_params={mode: EXACT[mode]})
+            assert_matches(got, *restrict(refs[mode], keep, k), keep, k)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def test_cli_filter_on_search_eval_and_bench(tmp_path, small_docs, capsys):
+    """``--filter JSON`` on ``search``, ``eval`` and ``bench``: the same hits as the library, only
+    passing documents in the run file; bad JSON and an unknown field are one-line errors."""
+    from conftest import cli_error
+    from retriever.cli import main
+
+    build_index(small_docs, tmp_path / "ix", legs=("bm25",), show_progress=False)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    f = {"year": {"$lt": 300}, "tags": {"$in": ["red", "blue"]}}
+    passing = {d["_id"] for d in small_docs if d.get("year") is not None and d["year"] < 300
+               and {"red", "blue"} & set(d["tags"])}
+    assert main(["search", str(tmp_path / "ix"), "vitamin bone", "-k", "8", "--mode", "bm25", "--json",
+                 "--filter", json.dumps(f)]) == 0
+    got = [h["id"] for h in json.loads(capsys.readouterr().out)["hits"]]
+    assert got == [h.id for h in r.search("vitamin bone", 8, mode="bm25", filter=f)] and len(got) == 8
+    assert set(got) <= passing
+
+    qfile, qrels = tmp_path / "queries.jsonl", tmp_path / "qrels.tsv"
+    qfile.write_text("".join(json.dumps({"_id": f"q{i}", "text": q}) + "\n" for i, q in enumerate(QUERIES)))
+    qrels.write_text("query-id\tcorpus-id\tscore\n" + "".join(f"q{i}\td{i}\t1\n" for i in range(len(QUERIES))))
+    run = tmp_path / "run.txt"
+    assert main(["eval", str(tmp_path / "ix"), "--queries", str(qfile), "--qrels", str(qrels), "--mode", "bm25",
+                 "--json", "--run-out", str(run), "--filter", json.dumps(f)]) == 0
+    capsys.readouterr()
+    docs_in_run = {line.split()[2] for line in run.read_text().splitlines()}
+    assert docs_in_run and docs_in_run <= passing
+
+    assert main(["bench", str(tmp_path / "ix"), "--queries", str(qfile), "--mode", "bm25", "--json",
+                 "--filter", json.dumps(f)]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["settings"]["filter"] == f
+    assert rep["modes"]["bm25"]["recall@10"]["bm25"] == 1.0  # exact algorithms against the exact filtered search
+
+    err = cli_error(capsys, ["search", str(tmp_path / "ix"), "bone", "--filter", '{"yaer": 1}'])
+    assert "unknown field 'yaer'; fields: " in err and "year (int64)" in err
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path / "ix"), "bone", "--filter", "{year: 1"])
+    assert "--filter: not valid JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["search", str(tmp_path / "ix"), "bone", "--filter", "[1]"])
+    assert "--filter: expected a JSON object" in capsys.readouterr().err
+
+
+def test_fields_missing_in_shards_null_only_fields_aware_timestamps_and_dates(tmp_path):
+    """A field only later shards hold (earlier ones lack it or have a null-typed child), a field
+    that is null everywhere (schema type null), a UTC timestamp column, a date column and a JSON
+    column ($exists only)."""
+    utc = dt.timezone.utc
+    docs = []
+    for i in range(90):
+        d = {"_id": f"d{i}", "text": "bone vitamin" if i % 2 else "gene", "blank": None,
+             "tsu": dt.datetime(2021, 1, 1, tzinfo=utc) + dt.timedelta(hours=i),
+             "day": dt.date(2021, 1, 1) + dt.timedelta(days=i)}
+        if i >= 60:
+            d["late"] = i
+        if i % 3 == 0:
+            d["obj"] = {"a": i}
+        docs.append(d)
+    build_index(docs, tmp_path / "ix", legs=("bm25",), show_progress=False, shard_size=30)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    assert r.reader.metadata_schema["blank"] is None and r.reader.metadata_schema["late"] == "int64"
+    assert r.reader.metadata_schema["tsu"] == "timestamp[UTC]" and r.reader.metadata_schema["day"] == "date"
+    sids = range(len(r.reader.shards))
+    cases = [
+        ({"late": {"$gte": 70}}, lambda i: i >= 70),
+        ({"late": {"$ne": 70}}, lambda i: i >= 60 and i != 70),
+        ({"$not": {"late": {"$lt": 70}}}, lambda i: i >= 70),
+        ({"late": {"$exists": False}}, lambda i: i < 60),
+        ({"blank": 5}, lambda i: False),
+        ({"blank": {"$ne": "x"}}, lambda i: False),
+        ({"blank": {"$exists": False}}, lambda i: True),
+        ({"tsu": {"$lt": "2021-01-01T10:00:00+00:00"}}, lambda i: i < 10),
+        ({"tsu": {"$lt": "2021-01-01T10:00:00"}}, lambda i: i < 10),  # naive: taken as UTC
+        ({"tsu": {"$lt": "2021-01-01T12:00:00+02:00"}}, lambda i: i < 10),
+        ({"day": {"$gte": "2021-03-01"}}, lambda i: dt.date(2021, 1, 1) + dt.timedelta(days=i) >= dt.date(2021, 3, 1)),
+        ({"day": {"$in": ["2021-01-02", dt.date(2021, 1, 5)]}}, lambda i: i in (1, 4)),
+        ({"obj": {"$exists": True}}, lambda i: i % 3 == 0),
+    ]
+    for f, pred in cases:
+        masks = compile_filter(f, r.reader, sids)
+        got = np.concatenate([np.ones(s.rows, np.uint8) if m is None else m
+                              for s, m in zip(r.reader.shards, masks)]).astype(bool)
+        np.testing.assert_array_equal(got, [pred(i) for i in range(90)], err_msg=str(f))
+    with pytest.raises(QueryError, match=r"field 'day' is date, got '2021-13-01': not an ISO date"):
+        r.search("bone", filter={"day": "2021-13-01"})
+    with pytest.raises(QueryError, match=r"field 'obj' is json: it takes \$exists only, got \$eq"):
+        r.search("bone", filter={"obj": 1})
+    with pytest.raises(QueryError, match=r"field 'day' is date, got datetime value"):
+        r.search("bone", filter={"day": dt.datetime(2021, 1, 1)})
+    hits = r.search("bone vitamin", 50, mode="bm25", filter={"late": {"$gte": 70}})
+    assert sorted(int(h.id[1:]) for h in hits) == [i for i in range(70, 90) if i % 2]

@@ -298,8 +298,7 @@ def test_dense_exhaustive_is_the_raw_inner_product(tmp_path):
 def test_tombstoned_documents_never_come_back(tmp_path):
     """A generation with tombstones (a deletes file on a shard): the engine passes the shard's
     live-documents mask to every leg as its allow mask; BM25 never returns a deleted document, even
-    one that would rank first, and still returns k live ones; a leg that cannot apply a mask yet
-    refuses with a clear error instead of returning deleted documents."""
+    one that would rank first, and still returns k live ones; nor does the dense leg."""
     from retriever.index.format import read_manifest, write_arrays
     from retriever.index.generations import commit_generation, file_entry
 
@@ -323,8 +322,13 @@ def test_tombstoned_documents_never_come_back(tmp_path):
         assert got.n_found[0] == 5
     hits = r.search("vitamin", k=40, mode="bm25")
     assert {h.id for h in hits} == {f"d{i}" for i in range(40)} - {"d3", "d7"}
-    with pytest.raises(QueryError, match="dense leg does not take an allow mask yet"):
-        r.search("vitamin", mode="dense", query_vectors=dv[:1])
+    # the dense leg applies the mask too: querying with a deleted document's own vector, it is not
+    # returned, and k live documents are (the exact top-k of the live ones)
+    for q in (3, 7):
+        got = r.search_arrays(["x"], k=5, mode="dense", query_vectors=dv[q:q + 1])
+        live = np.setdiff1d(np.arange(40), [3, 7])
+        expect = live[np.argsort(-(dv[live] @ dv[q]), kind="stable")[:5]]
+        assert got.ids[0].tolist() == expect.tolist()
 
 
 def test_blas_loaded_after_the_first_limit_is_limited_too():

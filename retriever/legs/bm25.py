@@ -25,6 +25,7 @@ from retriever.index.format import read_table
 
 from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
+from ..segcache import SegmentCache, segment_key
 from ..shards import IndexReader, Shard
 from ..stats import BM25Stats
 from .base import SearchContext, TopK, check_candidates, empty_topk
@@ -80,13 +81,13 @@ class BM25Leg:
     Params = BM25SearchParams
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None,
-                 stats: BM25Stats | None = None) -> None:
+                 stats: BM25Stats | None = None, cache: SegmentCache | None = None) -> None:
         cfg = reader.config
         self.params = cfg.bm25
         self.analyzer = Analyzer(cfg.analyzer)
-        vocab = read_table(reader.path / "vocab.arrow", full=True).column("term").to_pylist()
-        self.vocab = {t: i for i, t in enumerate(vocab)}
-        n_terms = len(vocab)
+        cache = cache if cache is not None else SegmentCache()
+        self.vocab = read_vocab(reader, cache)
+        n_terms = len(self.vocab)
         if reader.manifest["stats"].get("n_terms", n_terms) != n_terms:
             raise _fmt_error(reader.path / "vocab.arrow", f"has {n_terms} terms, manifest says "
                              f"{reader.manifest['stats'].get('n_terms')}")
@@ -94,11 +95,15 @@ class BM25Leg:
         self.n_shards = len(self.shard_ids)
         self.shards = []
         parts = []
+        self._dense = []
         for sid in self.shard_ids:
             s = reader.shards[sid]
-            a = load_bm25_arrays(reader, s, n_terms)
-            parts.append(BM25Stats.of_shard(a["offsets"], a["doc_len"], n_terms))
+            # per segment, reused across refreshes: the checked arrays and the membership bitmaps
+            a, bitmaps = cache.get(("bm25", segment_key(reader, s, "bm25.arrow")),
+                                   lambda s=s: self._load_segment(reader, s, n_terms))
+            parts.append(live_shard_stats(reader, s, a, n_terms))
             self.shards.append((s, a))
+            self._dense.append(bitmaps)
         if stats is None:
             stats = BM25Stats.combine(parts, n_terms)
         elif len(stats.df) != n_terms:
@@ -121,10 +126,14 @@ class BM25Leg:
         for (s, a) in self.shards:
             dl = a["doc_len"].astype(np.int64)
             self._dl.append(lucene_norm_length(dl) if self.params.lucene_norms else dl)
-        # membership bitmaps of each shard's long lists (independent of k1 / b)
-        self._dense = [self._dense_bitmaps(s.rows, a) for (s, a) in self.shards]
         self._scoring_cache: OrderedDict[tuple[float, float], list[dict]] = OrderedDict()
         self.kernel_shards = self._scoring(self.params.k1, self.params.b)
+
+    def _load_segment(self, reader: IndexReader, s: Shard, n_terms: int) -> tuple[dict, dict]:
+        """One segment's checked ``bm25.arrow`` arrays and membership bitmaps of its long lists
+        (independent of k1 / b and of the corpus statistics, so a refresh reuses them)."""
+        a = load_bm25_arrays(reader, s, n_terms)
+        return a, self._dense_bitmaps(s.rows, a)
 
     #: lists holding at least 1/DENSE_BITMAP_RATIO of a shard's documents get a membership bitmap
     #: (see :meth:`_dense_bitmaps`).
@@ -725,6 +734,78 @@ def load_bm25_arrays(reader: IndexReader, s: Shard, n_terms: int) -> dict[str, n
     if len(a["tfs"]) != len(a["doc_ids"]):
         raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
     return a
+
+
+def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
+    """term -> term id of the generation's BM25 vocabulary: the files of the manifest's ``vocab``
+    list (default ``["vocab.arrow"]``) concatenated; a living index appends a file per generation
+    that added terms. The dict of a prefix of the list is reused from ``cache`` (a refresh reads
+    only the new files; the cached dict itself is never modified).
+
+    Raises:
+        IndexFormatError: a missing vocabulary file or a term listed twice (names the file).
+    """
+    files = tuple(reader.manifest.get("vocab") or ("vocab.arrow",))
+    for cut in range(len(files), 0, -1):
+        hit = cache.peek(("vocab", str(reader.path), files[:cut]))
+        if hit is not None:
+            break
+    else:
+        cut, hit = 0, {}
+
+    def make() -> dict[str, int]:
+        vocab = dict(hit) if cut < len(files) else hit
+        for rel in files[cut:]:
+            path = reader.path / rel
+            if rel not in reader.manifest["files"] and rel != "vocab.arrow":
+                raise _fmt_error(path, "vocabulary file is not listed in the manifest's files")
+            terms = read_table(path, full=True).column("term").to_pylist()
+            before = len(vocab)
+            vocab.update(zip(terms, range(before, before + len(terms))))
+            if len(vocab) != before + len(terms):
+                raise _fmt_error(path, "a term is listed twice in the vocabulary")
+        return vocab
+
+    return cache.get(("vocab", str(reader.path), files), make)
+
+
+def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_terms: int) -> BM25Stats:
+    """BM25 statistics of a shard's live documents: N, the sum of lengths and df of its rows
+    less its tombstones (``s.deleted``). The deleted documents' df is read from the tombstone
+    file (arrays ``bm25_terms`` / ``bm25_df``, written by :class:`retriever.index.updates.IndexUpdater`),
+    or counted from the postings where the file lacks them (O(the shard's postings)).
+
+    Raises:
+        IndexFormatError: deleted df that exceeds the shard's df (names the file).
+    """
+    st = BM25Stats.of_shard(a["offsets"], a["doc_len"], n_terms)
+    if s.deleted is None or not len(s.deleted):
+        return st
+    rows = np.asarray(s.deleted, dtype=np.int64)
+    dpath = reader.path / s.entry["deletes"] if s.entry.get("deletes") else None
+    df_del = np.zeros(n_terms, dtype=np.int64)
+    got = None
+    if dpath is not None:
+        names = read_table(dpath).column_names
+        if "bm25_terms" in names and "bm25_df" in names:
+            got = reader.shard_arrays(s, dpath.name, {"bm25_terms": np.uint32, "bm25_df": np.uint32})
+    if got is not None:
+        terms = got["bm25_terms"].astype(np.int64)
+        if len(terms) and terms.max() >= n_terms:
+            raise _fmt_error(dpath, f"deleted df names term {int(terms.max())} of {n_terms}")
+        df_del[terms] = got["bm25_df"]
+    else:
+        t_s = len(a["offsets"]) - 1
+        mask = np.zeros(s.rows, dtype=bool)
+        mask[rows] = True
+        hit = np.flatnonzero(mask[a["doc_ids"]])
+        term_of = np.searchsorted(a["offsets"].astype(np.int64), hit, side="right") - 1
+        df_del[:t_s] = np.bincount(term_of, minlength=t_s)[:t_s]
+    df = st.df - df_del
+    if (df < 0).any():
+        raise _fmt_error(dpath, "deleted df exceeds the shard's df")
+    dl_del = int(a["doc_len"][rows].sum(dtype=np.int64))
+    return BM25Stats(st.n_docs - len(rows), st.sum_dl - dl_del, df)
 
 
 def drop_terms(q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,

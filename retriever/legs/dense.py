@@ -46,6 +46,7 @@ from retriever.index.matryoshka import load_rotation, prefix_normalize
 from .. import _kernels
 from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
 from ..params import DenseSearchParams
+from ..segcache import SegmentCache, segment_key
 from ..shards import IndexReader
 from ..threads import thread_limits
 from .base import SearchContext, ShardMask, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
@@ -169,7 +170,7 @@ class DenseLeg:
     Params = DenseSearchParams
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, use_gpu: bool | None = None,
-                 device: str = "cpu") -> None:
+                 device: str = "cpu", cache: SegmentCache | None = None) -> None:
         import faiss
 
         self.reader = reader
@@ -196,26 +197,36 @@ class DenseLeg:
         self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
         self.n_shards = len(self.shard_ids)
         self.shards = [reader.shards[i] for i in self.shard_ids]
+        cache = cache if cache is not None else SegmentCache()
         for s in self.shards:
-            vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
+            key = ("dense", segment_key(reader, s, "dense.arrow"), segment_key(reader, s, "dense.faiss"), self.dim)
+            vec, index = cache.get(key, lambda s=s: self._load_segment(reader, s))
             self.vectors.append(vec)
-            if (s.dir / "dense.faiss").is_file():
-                # FAISS sizes its allocations from the file's own header, so the file's content is
-                # checked against the manifest's SHA-256 before FAISS parses it.
-                _check_digest(reader, s.dir / "dense.faiss")
-                try:
-                    index = faiss.read_index(str(s.dir / "dense.faiss"))
-                except (RuntimeError, MemoryError) as e:
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: unreadable FAISS index ({e})") from None
-                if index.d != self.dim or index.ntotal != s.rows:
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: d={index.d} ntotal={index.ntotal}, "
-                                           f"expected d={self.dim} ntotal={s.rows}")
-            else:
-                index = faiss.IndexFlatIP(self.dim)
-                if s.rows:
-                    index.add(np.ascontiguousarray(vec, dtype=np.float32))
             self.cpu_indexes.append(index)
             self.indexes.append(self._to_gpu(index))
+
+    def _load_segment(self, reader: IndexReader, s: Any) -> tuple[np.ndarray, Any]:
+        """One segment's stored vectors and CPU FAISS index (read from ``dense.faiss``, or a flat
+        index of the vectors), checked; reused across refreshes (:mod:`retriever.segcache`)."""
+        import faiss
+
+        vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
+        if (s.dir / "dense.faiss").is_file():
+            # FAISS sizes its allocations from the file's own header, so the file's content is
+            # checked against the manifest's SHA-256 before FAISS parses it.
+            _check_digest(reader, s.dir / "dense.faiss")
+            try:
+                index = faiss.read_index(str(s.dir / "dense.faiss"))
+            except (RuntimeError, MemoryError) as e:
+                raise IndexFormatError(f"{s.dir / 'dense.faiss'}: unreadable FAISS index ({e})") from None
+            if index.d != self.dim or index.ntotal != s.rows:
+                raise IndexFormatError(f"{s.dir / 'dense.faiss'}: d={index.d} ntotal={index.ntotal}, "
+                                       f"expected d={self.dim} ntotal={s.rows}")
+        else:
+            index = faiss.IndexFlatIP(self.dim)
+            if s.rows:
+                index.add(np.ascontiguousarray(vec, dtype=np.float32))
+        return vec, index
 
     # ------------------------------------------------------------------ encoding
     @property

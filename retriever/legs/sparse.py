@@ -36,6 +36,7 @@ from retriever.index.sparse_build import SPARSE_FWD
 
 from .. import _kernels
 from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
+from ..segcache import SegmentCache, segment_key
 from ..shards import IndexReader
 from .base import SearchContext, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
 
@@ -223,7 +224,8 @@ class SparseLeg:
     name = "sparse"
     Params = SparseSearchParams
 
-    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, device: str = "cpu") -> None:
+    def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, device: str = "cpu",
+                 cache: SegmentCache | None = None) -> None:
         st = reader.manifest["stats"]
         try:
             self.scale = float(st["sparse_scale"])
@@ -237,25 +239,32 @@ class SparseLeg:
         self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
         self.n_shards = len(self.shard_ids)
         self.shards = []
+        cache = cache if cache is not None else SegmentCache()
         for s in (reader.shards[i] for i in self.shard_ids):
-            path = s.dir / "sparse_index.arrow"
-            try:
-                a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
-            except IndexFormatError as e:
-                if "missing array 'summary_" in str(e):
-                    raise IndexFormatError(f"{e} (an older layout with per-block summary rows? block summaries "
-                                           f"are now stored inverted per term: rebuild the index)") from None
-                raise
-            try:
-                if len(a["fwd_offsets"]) != s.rows + 1 or len(a["offsets"]) != self.vocab_size + 1:
-                    raise ValueError(f"has {len(a['fwd_offsets']) - 1} documents / {len(a['offsets']) - 1} "
-                                     f"terms, expected {s.rows} / {self.vocab_size}")
-                _kernels.check_impact_postings(a["offsets"], a["doc_ids"], a["impacts"], s.rows)
-                _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
-                                            self.vocab_size, *[a[n] for n in _BLOCK_ARGS])
-            except ValueError as e:
-                raise IndexFormatError(f"{path}: {e}") from None
-            self.shards.append((s, a))
+            key = ("sparse", segment_key(reader, s, "sparse_index.arrow"), self.scale, self.vocab_size)
+            self.shards.append((s, cache.get(key, lambda s=s: self._load_segment(reader, s))))
+
+    def _load_segment(self, reader: IndexReader, s: Any) -> dict[str, np.ndarray]:
+        """One segment's checked ``sparse_index.arrow`` arrays (reused across refreshes,
+        :mod:`retriever.segcache`)."""
+        path = s.dir / "sparse_index.arrow"
+        try:
+            a = reader.shard_arrays(s, "sparse_index.arrow", SPARSE_INDEX_ARRAYS)
+        except IndexFormatError as e:
+            if "missing array 'summary_" in str(e):
+                raise IndexFormatError(f"{e} (an older layout with per-block summary rows? block summaries "
+                                       f"are now stored inverted per term: rebuild the index)") from None
+            raise
+        try:
+            if len(a["fwd_offsets"]) != s.rows + 1 or len(a["offsets"]) != self.vocab_size + 1:
+                raise ValueError(f"has {len(a['fwd_offsets']) - 1} documents / {len(a['offsets']) - 1} "
+                                 f"terms, expected {s.rows} / {self.vocab_size}")
+            _kernels.check_impact_postings(a["offsets"], a["doc_ids"], a["impacts"], s.rows)
+            _kernels.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], self.scale,
+                                        self.vocab_size, *[a[n] for n in _BLOCK_ARGS])
+        except ValueError as e:
+            raise IndexFormatError(f"{path}: {e}") from None
+        return a
 
     @property
     def encoder(self):

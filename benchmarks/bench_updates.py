@@ -1,0 +1,275 @@
+"""A living index against a rebuild, LanceDB and bm25s (issue: a living index).
+
+On the synthetic corpus of :func:`benchmarks.datasets.synthetic_bm25` (``--docs`` documents,
+Zipf terms, mean length 60) with precomputed 64-d unit dense vectors (so no encoder runs: these
+are the non-model rates), legs BM25 + dense flat:
+
+- fresh build rate (docs/s) and the add rate: half the corpus built, the other half added with
+  :class:`retriever.IndexUpdater` in batches of ``--batch`` documents, a commit after each;
+- commit latency of 1,000 added documents (the add itself and the commit, medians of rounds);
+- delete throughput (ids/s of ``delete``) and the commit of 1,000 deletes;
+- ``Retriever.refresh`` after a 1,000-document commit, against a full ``Retriever.open``;
+- full compaction time; bytes on disk after the churn and after compaction;
+- BM25 query latency (one query at a time, k = 10) p50 / p99 on a static index and while a
+  writer process adds and deletes ``--churn-rate`` documents/s (commit every second);
+- LanceDB (embedded): add and delete 1,000 rows, full-text (its FTS index) and vector search QPS
+  before and after ``optimize``; bm25s: the rebuild that is its only way to change an index.
+
+Run:  flock <lock> python -m benchmarks.bench_updates [--docs 200000] [--out benchmarks/results/updates.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.datasets import synthetic_bm25
+from benchmarks.timing import machine
+
+DIM = 64
+
+
+def _vectors(n: int, seed: int) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal((n, DIM)).astype(np.float32)
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _spread(xs: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "n": len(xs)}
+
+
+def _du(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def _latencies(r: Any, queries: list[str], seconds: float) -> list[float]:
+    out = []
+    t_end = time.perf_counter() + seconds
+    i = 0
+    while time.perf_counter() < t_end:
+        q = queries[i % len(queries)]
+        t0 = time.perf_counter()
+        r.search_arrays([q], k=10, mode="bm25")
+        out.append(time.perf_counter() - t0)
+        i += 1
+    return out
+
+
+def _churn(path: str, rate: int, seconds: float, start_id: int, texts: list[str], ready: Any) -> None:
+    """Writer process: every second add ``rate // 2`` documents and delete ``rate // 2``, one commit."""
+    from retriever import IndexUpdater
+
+    per = max(1, rate // 2)
+    with IndexUpdater.open(path) as u:
+        ready.set()
+        nxt, victim = start_id, 0
+        t_end = time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            t0 = time.perf_counter()
+            recs = [{"_id": f"c{nxt + j}", "text": texts[(nxt + j) % len(texts)]} for j in range(per)]
+            u.add(recs, dense_vectors=_vectors(per, nxt))
+            u.delete([str(victim + j) for j in range(per)])
+            u.commit()
+            nxt += per
+            victim += per
+            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+
+def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path) -> dict[str, Any]:
+    from retriever import IndexUpdater, Retriever, build_index
+
+    col = synthetic_bm25(n_docs, n_queries=500)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    out: dict[str, Any] = {}
+    # fresh build of everything (the non-model rate)
+    t0 = time.perf_counter()
+    build_index(docs, tmp / "fresh", legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
+    fresh_s = time.perf_counter() - t0
+    out["fresh_build"] = {"docs": n_docs, "seconds": fresh_s, "docs_per_s": n_docs / fresh_s}
+    shutil.rmtree(tmp / "fresh")
+    # half built, half added
+    half = n_docs // 2
+    path = tmp / "live"
+    build_index(docs[:half], path, legs=("bm25", "dense"), dense_vectors=vecs[:half], show_progress=False)
+    add_s = commit_s = 0.0
+    with IndexUpdater.open(path) as u:
+        for lo in range(half, n_docs, batch):
+            hi = min(n_docs, lo + batch)
+            t0 = time.perf_counter()
+            u.add(docs[lo:hi], dense_vectors=vecs[lo:hi])
+            t1 = time.perf_counter()
+            u.commit()
+            add_s += t1 - t0
+            commit_s += time.perf_counter() - t1
+    n_add = n_docs - half
+    out["add"] = {"docs": n_add, "batch": batch, "add_seconds": add_s, "commit_seconds": commit_s,
+                  "docs_per_s": n_add / (add_s + commit_s),
+                  "ratio_to_fresh_build": (n_add / (add_s + commit_s)) / (n_docs / fresh_s)}
+    # commit latency of 1,000 added docs, delete throughput, refresh
+    r = Retriever.open(path)
+    adds, commits, dels, del_commits, refresh_s, open_s = [], [], [], [], [], []
+    rng = np.random.default_rng(7)
+    victims = [str(i) for i in rng.permutation(half)[: rounds * 1000]]
+    with IndexUpdater.open(path) as u:
+        for k in range(rounds):
+            recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
+            v = _vectors(1000, 1000 + k)
+            t0 = time.perf_counter()
+            u.add(recs, dense_vectors=v)
+            t1 = time.perf_counter()
+            u.commit()
+            t2 = time.perf_counter()
+            adds.append(t1 - t0)
+            commits.append(t2 - t1)
+            t3 = time.perf_counter()
+            assert r.refresh()
+            refresh_s.append(time.perf_counter() - t3)
+            t4 = time.perf_counter()
+            Retriever.open(path)
+            open_s.append(time.perf_counter() - t4)
+            ids = victims[k * 1000:(k + 1) * 1000]
+            t5 = time.perf_counter()
+            rep = u.delete(ids)
+            t6 = time.perf_counter()
+            u.commit()
+            dels.append(t6 - t5)
+            del_commits.append(time.perf_counter() - t6)
+            assert rep.deleted == 1000
+    out["add_1000"] = {"add_s": _spread(adds), "commit_s": _spread(commits),
+                       "add_plus_commit_ms_median": 1e3 * statistics.median([a + c for a, c in zip(adds, commits)])}
+    out["delete_1000"] = {"delete_s": _spread(dels), "ids_per_s_median": 1000 / statistics.median(dels),
+                          "commit_s": _spread(del_commits)}
+    out["refresh_after_1000_s"] = _spread(refresh_s)
+    out["full_open_s"] = _spread(open_s)
+    out["disk_after_churn_bytes"] = _du(path)
+    # queries: static, then while a writer adds and deletes
+    r = Retriever.open(path, n_threads=1)
+    qs = col.queries
+    _latencies(r, qs, 1.0)
+    static = _latencies(r, qs, churn_seconds)
+    ready = mp.get_context("spawn").Event()
+    proc = mp.get_context("spawn").Process(target=_churn, args=(str(path), churn_rate, churn_seconds + 3, 10 ** 7,
+                                                                [d["text"] for d in docs[:5000]], ready))
+    proc.start()
+    ready.wait(120)
+    time.sleep(1.0)
+    busy = []
+    t_end = time.perf_counter() + churn_seconds
+    while time.perf_counter() < t_end:
+        r.refresh()
+        busy += _latencies(r, qs, 1.0)
+    proc.join()
+    q = lambda xs, p: 1e3 * float(np.percentile(xs, p))  # noqa: E731
+    out["query_ms"] = {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
+                       "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
+                                         "docs_per_s": churn_rate, "refresh_every_s": 1.0},
+                       "p99_ratio": q(busy, 99) / q(static, 99)}
+    t0 = time.perf_counter()
+    with IndexUpdater.open(path) as u:
+        rep = u.compact(full=True)
+    out["compact_full"] = {"seconds": time.perf_counter() - t0, "segments_in": len(rep.merged),
+                           "segments_out": len(rep.written), "dropped_rows": rep.dropped_rows}
+    with IndexUpdater.open(path, keep_generations=1):
+        pass  # the generations before the compaction removed
+    out["disk_after_compact_bytes"] = _du(path)
+    return out
+
+
+def lancedb_peer(n_docs: int, tmp: Path, seconds: float) -> dict[str, Any]:
+    import lancedb
+    import pyarrow as pa
+
+    col = synthetic_bm25(n_docs, n_queries=500)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    db = lancedb.connect(str(tmp / "lance"))
+
+    def table_of(rows: list[dict], v: np.ndarray) -> pa.Table:
+        return pa.table({"id": [d["_id"] for d in rows], "text": [d["text"] for d in rows],
+                         "vector": pa.FixedSizeListArray.from_arrays(pa.array(v.reshape(-1)), DIM)})
+
+    t0 = time.perf_counter()
+    tbl = db.create_table("docs", table_of(docs, vecs))
+    tbl.create_fts_index("text")
+    build_s = time.perf_counter() - t0
+
+    def qps(kind: str) -> float:
+        n, t_end = 0, time.perf_counter() + seconds
+        while time.perf_counter() < t_end:
+            if kind == "fts":
+                tbl.search(col.queries[n % len(col.queries)], query_type="fts").limit(10).to_arrow()
+            else:
+                tbl.search(vecs[n % 100]).limit(10).to_arrow()
+            n += 1
+        return n / seconds
+
+    before = {"fts_qps": qps("fts"), "vector_qps": qps("vector")}
+    extra = [{"_id": f"x{j}", "text": docs[j]["text"]} for j in range(1000)]
+    t0 = time.perf_counter()
+    tbl.add(table_of(extra, _vectors(1000, 5)))
+    add_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    tbl.delete("id IN (" + ",".join(f"'{i}'" for i in range(1000)) + ")")
+    del_s = time.perf_counter() - t0
+    after_change = {"fts_qps": qps("fts"), "vector_qps": qps("vector")}
+    t0 = time.perf_counter()
+    tbl.optimize()
+    opt_s = time.perf_counter() - t0
+    after_opt = {"fts_qps": qps("fts"), "vector_qps": qps("vector")}
+    return {"version": lancedb.__version__, "build_with_fts_s": build_s, "add_1000_s": add_s, "delete_1000_s": del_s,
+            "optimize_s": opt_s, "static": before, "after_add_delete": after_change, "after_optimize": after_opt}
+
+
+def bm25s_peer(n_docs: int) -> dict[str, Any]:
+    import bm25s
+
+    col = synthetic_bm25(n_docs, n_queries=500)
+    texts = [d["text"] for d in col.docs()]
+    t0 = time.perf_counter()
+    tok = bm25s.tokenize(texts, stopwords=None, show_progress=False)
+    model = bm25s.BM25()
+    model.index(tok, show_progress=False)
+    s = time.perf_counter() - t0
+    return {"version": bm25s.__version__, "rebuild_s": s, "note": "bm25s has no add or delete: any change is a rebuild"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--docs", type=int, default=200_000)
+    ap.add_argument("--batch", type=int, default=10_000, help="documents per add + commit in the add-rate run")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds of the 1,000-document add / delete / refresh")
+    ap.add_argument("--churn-rate", type=int, default=1000, help="documents/s the writer adds + deletes")
+    ap.add_argument("--churn-seconds", type=float, default=10.0)
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--out", default="benchmarks/results/updates.json")
+    args = ap.parse_args(argv)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
+    try:
+        rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
+                               "machine": machine(), "docs": args.docs}
+        rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp)
+        print(json.dumps(rep["retriever"], indent=1), flush=True)
+        if not args.skip_peers:
+            rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
+            rep["bm25s"] = bm25s_peer(args.docs)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(rep, indent=1))
+        print(json.dumps({k: v for k, v in rep.items() if k != "retriever"}, indent=1))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

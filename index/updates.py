@@ -1,0 +1,880 @@
+"""A living index: add, delete, upsert, commit and compact an existing index in place.
+
+Lucene's model (immutable segments, per-segment tombstones, merges), on this project's format:
+
+- A segment is a shard directory. :meth:`IndexUpdater.add` builds new segments with the build's own
+  leg builders (:mod:`retriever.index.builders`) and build configuration; the BM25 builder is
+  seeded with the index's vocabulary so the new postings use global term ids (terms new to the
+  index are appended: ``vocab.GGGGGG.arrow``), the sparse leg quantises with the index's fixed
+  impact scale, the dense leg reuses the Matryoshka rotation and, for IVF / PQ / HNSW factories,
+  the trained FAISS index of an existing segment (emptied, then filled).
+- :meth:`IndexUpdater.delete` marks rows dead; :meth:`IndexUpdater.commit` writes each touched
+  segment's tombstones as of the new generation (``shards/NNNNN/deletes.GGGGGG.arrow``: the rows,
+  plus the deleted documents' per-term df, so readers compute BM25 statistics over live
+  documents without scanning postings) and commits one generation
+  (:func:`retriever.index.generations.commit_generation`: new manifest, atomic ``CURRENT`` switch).
+- :meth:`IndexUpdater.compact` rewrites runs of adjacent small or delete-heavy segments into new
+  segments holding only their live documents, in the same order (document order, and so the
+  tie order of every search, is unchanged), without tombstones; FAISS indexes are trained anew.
+
+One writer at a time: the updater holds the index's ``LOCK`` (``flock``) from open to close; a
+second one gets :class:`IndexLockedError` naming the holder's pid. Readers never take the lock and
+keep the generation they opened. Files the new generation does not list stay until they are
+older than :attr:`IndexUpdater.keep_generations` generations. Files of a killed writer (segments,
+tombstones, vocabulary or a manifest that ``CURRENT`` never named) are listed by no manifest and are
+removed by the next updater when it opens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from .builders import Batch, ShardHandle, ShardOutput
+from .config import BuildConfig
+from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
+from .faults import FaultHook, no_faults
+from .format import (CURRENT, manifest_name, read_arrays, read_current, read_manifest, read_shard_stats,
+                     read_table, write_arrays, write_table)
+from .generations import LOCK, commit_generation, file_entry, writer_lock
+from .metadata import MetadataColumns, combine_schema
+from .readers import Document, read_corpus
+from .writer import SHARD_STATS, IndexWriter, _fsync_dir
+
+__all__ = ["CompactPolicy", "CompactReport", "DeleteReport", "IndexUpdater"]
+
+_SHARD_DIR = re.compile(r"^shards/(\d{5,})$")
+_BM25 = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
+_SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
+
+
+@dataclass(frozen=True)
+class CompactPolicy:
+    """When :meth:`IndexUpdater.compact` rewrites a segment (Lucene's tiered merge policy, reduced
+    to two thresholds and adjacent runs so that document order is kept).
+
+    Attributes:
+        small_rows: a segment with fewer rows than this (deleted ones included) is small; runs of
+            at least two adjacent small segments are merged.
+        max_deleted_fraction: a segment whose deleted rows are at least this fraction of its rows
+            is rewritten without them (merged with the small or delete-heavy segments next to it).
+        segment_rows: rows per merged segment at most (default: the build's ``shard_size``).
+    """
+
+    small_rows: int = 10_000
+    max_deleted_fraction: float = 0.25
+    segment_rows: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.small_rows < 0:
+            raise ConfigError(f"small_rows must be >= 0, got {self.small_rows}")
+        if not 0.0 < self.max_deleted_fraction <= 1.0:
+            raise ConfigError(f"max_deleted_fraction must be in (0, 1], got {self.max_deleted_fraction}")
+        if self.segment_rows is not None and self.segment_rows < 1:
+            raise ConfigError(f"segment_rows must be >= 1, got {self.segment_rows}")
+
+
+@dataclass
+class DeleteReport:
+    """What :meth:`IndexUpdater.delete` did.
+
+    Attributes:
+        deleted: documents marked deleted (distinct ids).
+        unknown: ids that name no live document (never silently ignored: reported here).
+    """
+
+    deleted: int
+    unknown: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CompactReport:
+    """What :meth:`IndexUpdater.compact` did.
+
+    Attributes:
+        generation: the generation committed (the current one when nothing was compacted).
+        merged: the segment directories rewritten.
+        written: the new segment directories.
+        dropped_rows: deleted rows that no longer take space.
+        seconds: wall time of the compaction and its commit.
+    """
+
+    generation: int
+    merged: list[str] = field(default_factory=list)
+    written: list[str] = field(default_factory=list)
+    dropped_rows: int = 0
+    seconds: float = 0.0
+
+
+class _SegmentWriter(IndexWriter):
+    """An :class:`IndexWriter` that writes new segments straight into an existing index directory
+    (invisible until a manifest lists them) instead of a temporary one."""
+
+    def __init__(self, root: Path, first_shard: int, faults: FaultHook) -> None:  # noqa: D107
+        self.out = root
+        self.tmp = root
+        self._faults = faults
+        self.overwrite = False
+        self.files: dict[str, dict[str, Any]] = {}
+        self.shards: list[dict[str, Any]] = []
+        self.shard_stats: dict[str, dict[str, Any]] = {}
+        self._open: dict[str, dict[str, Any]] = {}
+        self._committed = False
+        self.first_shard = first_shard
+
+    def finish_segments(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Write every new segment's ``stats.json``; returns (manifest entry, statistics) pairs."""
+        out = []
+        for entry in self.shards:
+            rel = f"{entry['dir']}/{SHARD_STATS}"
+            self._write_json(rel, self.shard_stats[entry["dir"]])
+            _fsync_dir(self.tmp / entry["dir"])
+            entry["stats"] = rel
+            entry["deletes"] = None
+            out.append((entry, self.shard_stats[entry["dir"]]))
+        return out
+
+    def abort(self) -> None:
+        """Remove the segments written so far (the index directory itself stays)."""
+        for d in list(self.shard_stats) + list(self._open):
+            shutil.rmtree(self.tmp / d, ignore_errors=True)
+
+
+@dataclass
+class _Segment:
+    """A segment of the working state: its manifest entry, statistics and deleted rows."""
+
+    entry: dict[str, Any]
+    stats: dict[str, Any]
+    deleted: np.ndarray  # ascending int64 rows deleted as of the last commit (or written this session)
+    pending: set[int] = field(default_factory=set)  # rows deleted since
+    new: bool = False  # written since the last commit
+
+    @property
+    def dir(self) -> str:
+        return self.entry["dir"]
+
+    @property
+    def rows(self) -> int:
+        return int(self.entry["rows"])
+
+    def all_deleted(self) -> np.ndarray:
+        if not self.pending:
+            return self.deleted
+        return np.union1d(self.deleted, np.fromiter(self.pending, dtype=np.int64, count=len(self.pending)))
+
+    def n_deleted(self) -> int:
+        return len(self.deleted) + len(self.pending)
+
+
+class IndexUpdater:
+    """The one writer of an index: add, delete, upsert, commit, compact (a context manager).
+
+    Open with :meth:`open`. Changes are invisible to every reader until :meth:`commit` (one new
+    generation, atomic); a reader sees them after :meth:`retriever.Retriever.refresh` or a reopen.
+    Leaving the ``with`` block closes the updater without committing (uncommitted segments are
+    removed).
+
+    Args:
+        path: an index directory (format 2).
+        device: encoder device for the dense and sparse models.
+        policy: default :class:`CompactPolicy` of :meth:`compact`.
+        keep_generations: generations whose files stay on disk (the current one and the ones
+            before it, for readers that opened them; >= 1). Older manifests and the files only
+            they list are deleted after each commit.
+        dense_model, sparse_model: encode added documents with these model directories instead
+            of the ones the manifest records; their weights must hash as the index's (adding with
+            other models is a :class:`ModelError` naming both).
+        faults: fault-injection hook (tests), called at the build's points and at
+            :data:`retriever.index.faults.UPDATE_CRASH_POINTS`.
+
+    Raises:
+        IndexLockedError: another writer holds the index (names its pid).
+        IndexFormatError: not an index, or an index this version cannot update.
+    """
+
+    def __init__(self, path: str | Path, *, device: str = "cpu", policy: CompactPolicy | None = None,
+                 keep_generations: int = 2, dense_model: str | Path | None = None,
+                 sparse_model: str | Path | None = None, faults: FaultHook | None = None) -> None:
+        if keep_generations < 1:
+            raise ConfigError(f"keep_generations must be >= 1, got {keep_generations}")
+        self.root = Path(path)
+        self.device = device
+        self.policy = policy or CompactPolicy()
+        self.keep_generations = int(keep_generations)
+        self._faults = faults or no_faults
+        self._stack = contextlib.ExitStack()
+        if not (self.root / CURRENT).is_file():
+            read_manifest(self.root)  # the reader's error for a missing / format-1 index
+        self._stack.enter_context(writer_lock(self.root))
+        try:
+            self._load()
+            if self.config.legs and "dense" in self.config.legs and dense_model is not None:
+                self.config = dataclasses.replace(self.config, dense=dataclasses.replace(self.config.dense, model=str(dense_model)))
+            if "sparse" in self.config.legs and sparse_model is not None:
+                self.config = dataclasses.replace(self.config, sparse=dataclasses.replace(self.config.sparse, model=str(sparse_model)))
+            self.cleaned = self._clean()
+        except BaseException:
+            self._stack.close()
+            raise
+        self._builders: dict[str, Any] = {}
+        self._closed = False
+
+    @classmethod
+    def open(cls, path: str | Path, **opts: Any) -> "IndexUpdater":
+        """Open the writer of the index at ``path`` (keyword options as in the class)."""
+        return cls(path, **opts)
+
+    def __enter__(self) -> "IndexUpdater":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ state
+    def _load(self) -> None:
+        """The current generation as working state."""
+        m = read_manifest(self.root)
+        self.manifest = m
+        self.generation: int = m["generation"]
+        self.config = BuildConfig.from_dict(m["build_config"])
+        self.segments: list[_Segment] = []
+        for e in m["shards"]:
+            st = read_shard_stats(self.root / e["stats"], e["rows"])
+            deleted = np.zeros(0, dtype=np.int64)
+            if e.get("deletes"):
+                deleted = read_arrays(self.root / e["deletes"], {"rows": np.uint32})["rows"].astype(np.int64)
+            self.segments.append(_Segment(dict(e), st, deleted))
+        self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
+        self._vocab: list[str] | None = None  # loaded on first add / compaction
+        self._n_committed_terms = int(m["stats"].get("n_terms", 0))
+        self._ids: dict[str, tuple[str, int]] | None = None
+        self._by_dir = {s.dir: s for s in self.segments}
+        self._dropped: list[str] = []  # segment directories a pending compaction replaced
+
+    @property
+    def pending(self) -> bool:
+        """True when there are changes :meth:`commit` has not written yet."""
+        return bool(self._dropped) or any(s.new or s.pending for s in self.segments)
+
+    def _id_map(self) -> dict[str, tuple[str, int]]:
+        """id -> (segment directory, row) of every live document (built on first use)."""
+        if self._ids is None:
+            ids: dict[str, tuple[str, int]] = {}
+            for s in self.segments:
+                col = read_table(self.root / s.dir / "docs.arrow").column("id").to_pylist()
+                dead = set(s.all_deleted().tolist())
+                d = s.dir
+                ids.update((i, (d, r)) for r, i in enumerate(col) if r not in dead)
+            self._ids = ids
+        return self._ids
+
+    def _vocabulary(self) -> list[str]:
+        if self._vocab is None:
+            terms: list[str] = []
+            for rel in self.vocab_files:
+                terms.extend(read_table(self.root / rel, full=True).column("term").to_pylist())
+            if len(terms) != self._n_committed_terms:
+                raise IndexFormatError(f"{self.root}: the vocabulary files hold {len(terms)} terms, the "
+                                       f"manifest says {self._n_committed_terms}")
+            self._vocab = terms
+        return self._vocab
+
+    def _next_shard(self) -> int:
+        nums = [-1]
+        shards = self.root / "shards"
+        if shards.is_dir():
+            nums += [int(p.name) for p in shards.iterdir() if p.name.isdigit()]
+        return max(nums) + 1
+
+    # ------------------------------------------------------------------ leftovers and old files
+    def _referenced(self) -> tuple[set[str], list[int]]:
+        """Files listed by the generations kept on disk, and those generations."""
+        current = read_current(self.root)
+        keep = [g for g in range(current, max(0, current - self.keep_generations), -1)]
+        files: set[str] = set()
+        kept = []
+        for g in keep:
+            try:
+                m = read_manifest(self.root, g)
+            except IndexFormatError:
+                continue
+            kept.append(g)
+            files.update(m["files"])
+            files.update(m.get("vocab") or ())
+            files.add(manifest_name(g))
+        return files, kept
+
+    def _clean(self) -> list[str]:
+        """Remove what no kept generation lists: a killed writer's segments, tombstones,
+        vocabulary and manifests, temporary files, and generations older than
+        :attr:`keep_generations` (their manifests and the files only they list). Returns the
+        removed paths (relative to the root)."""
+        files, _kept = self._referenced()
+        removed: list[str] = []
+        root = self.root
+        mdir = root / "manifests"
+        for p in sorted(mdir.iterdir()) if mdir.is_dir() else []:
+            rel = f"manifests/{p.name}"
+            if rel not in files:
+                p.unlink()
+                removed.append(rel)
+        for p in sorted(root.iterdir()):
+            if p.is_file() and p.name not in (CURRENT, LOCK) and p.name not in files and (
+                    p.name.startswith("vocab.") or ".tmp-" in p.name):
+                p.unlink()
+                removed.append(p.name)
+        shards = root / "shards"
+        dirs_in_use = {f.rsplit("/", 1)[0] for f in files if f.startswith("shards/")}
+        for d in sorted(shards.iterdir()) if shards.is_dir() else []:
+            rel = f"shards/{d.name}"
+            if rel not in dirs_in_use:
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(rel)
+                continue
+            for f in sorted(d.iterdir()):
+                frel = f"{rel}/{f.name}"
+                if frel not in files:
+                    f.unlink()
+                    removed.append(frel)
+        if removed:
+            _fsync_dir(root)
+        return removed
+
+    # ------------------------------------------------------------------ builders
+    def _make_builders(self, dense_vectors: Any, sparse_vectors: Any, *, compaction: bool = False) -> list[Any]:
+        """The leg builders of one add (or compaction) batch, in leg order: BM25 seeded with the
+        vocabulary (kept across adds until a commit), dense with the index's rotation, storage
+        dtype and trained FAISS index, sparse with the index's fixed scale.
+
+        Raises:
+            ConfigError: missing / extra precomputed vectors. ModelError: other models than the
+                index's (names both).
+        """
+        cfg = self.config
+        models = self.manifest.get("models", {})
+        if dense_vectors is not None and "dense" not in cfg.legs:
+            raise ConfigError("dense_vectors given but this index has no dense leg")
+        if sparse_vectors is not None and "sparse" not in cfg.legs:
+            raise ConfigError("sparse_vectors given but this index has no sparse leg")
+        out: list[Any] = []
+        for leg in cfg.legs:
+            if leg == "bm25":
+                b = self._builders.get("bm25")
+                if b is None:
+                    from .analyzer import Analyzer
+                    from .bm25_build import BM25Builder
+
+                    b = BM25Builder(Analyzer(cfg.analyzer), self._faults,
+                                    vocab=self._vocabulary())
+                    self._builders["bm25"] = b
+                out.append(b)
+            elif leg == "dense":
+                out.append(self._dense_builder(dense_vectors, models.get("dense") or {}, compaction))
+            elif leg == "sparse":
+                out.append(self._sparse_builder(sparse_vectors, models.get("sparse") or {}))
+        return out
+
+    def _dense_builder(self, vectors: Any, model: Mapping[str, Any], compaction: bool) -> Any:
+        from .dense_build import DenseBuilder
+        from .matryoshka import MatryoshkaBuilder, load_rotation
+
+        cfg = self.config.dense
+        st = self.manifest["stats"]
+        dim = int(st.get("dense_dim") or 0)
+        if vectors is None and not model.get("path"):
+            raise ConfigError(f"{self.root}: this index's dense vectors were precomputed (no dense model "
+                              f"recorded): pass dense_vectors= ((n_docs, {dim}) float32)")
+        if vectors is None:
+            b = self._builders.get("dense")
+            if b is None:
+                b = DenseBuilder(cfg, self._faults, device=self.device)
+                _check_model("dense", model, b._model_info or {})
+                self._builders["dense"] = b
+        else:
+            b = DenseBuilder(cfg, self._faults, vectors=vectors)
+        mat = MatryoshkaBuilder(dim, () if compaction else cfg.matryoshka_dims, mrl_trained=cfg.mrl_trained,
+                                dtype=str(st.get("dense_dtype") or cfg.dtype), rotation_sample=cfg.rotation_sample)
+        if mat.rotates:
+            rot = load_rotation(self.root, self.manifest, dim)
+            if rot is not None:
+                mat.rotation = rot
+            else:  # fitted on no data: the index stores its vectors unrotated
+                mat.dims = ()
+        b.mat = mat
+        b.faiss_template = None
+        if cfg.faiss_factory != "Flat" and not compaction:
+            for s in self.segments:
+                p = self.root / s.dir / "dense.faiss"
+                if not s.new and p.is_file() and s.rows:
+                    b.faiss_template = p.read_bytes()
+                    break
+        return b
+
+    def _sparse_builder(self, vectors: Any, model: Mapping[str, Any]) -> Any:
+        from .sparse_build import SparseBuilder
+        from .sparse_index import check_doc_vectors
+
+        b = self._builders.get("sparse")
+        if b is None:
+            scale = float(self.manifest["stats"]["sparse_scale"])
+            b = SparseBuilder(self.config, device=self.device, scale=scale)
+            _check_model("sparse", model, b.model_info())
+            self._builders["sparse"] = b
+        b._parts = []
+        b._pos = 0
+        b._vectors = None
+        if vectors is not None:
+            try:
+                ip, t, w = vectors
+                b._vectors = check_doc_vectors(ip, t, w, b.vocab_size)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"sparse_vectors: {e}") from None
+        return b
+
+    def _drop_builders(self) -> None:
+        for b in self._builders.values():
+            b.close(raise_errors=False)
+        self._builders = {}
+
+    # ------------------------------------------------------------------ add / delete / upsert
+    def add(self, records: str | Path | Iterable[Mapping[str, Any]], *, dense_vectors: Any = None,
+            sparse_vectors: Any = None) -> int:
+        """Add documents as new segments (visible after :meth:`commit`).
+
+        Args:
+            records: a corpus path (as :func:`retriever.index.build_index` reads) or an iterable
+                of dicts with ``_id`` (or ``id``), ``text``, optional ``title``; other fields are
+                metadata (their types must match the index's).
+            dense_vectors: float (n, dim) vectors in record order instead of running the dense
+                model (required when the index's vectors were precomputed).
+            sparse_vectors: a CSR triple ``(indptr, term ids, weights)`` in record order instead of
+                running the sparse model.
+
+        Returns:
+            the number of documents added.
+
+        Raises:
+            CorpusError: a bad record, an id repeated in the batch (names it and both positions),
+                an id the index already holds (points to :meth:`upsert`), or metadata of another
+                type than the index's (names the field and both types). Nothing is written then.
+            ModelError / ConfigError: see :meth:`_make_builders`.
+        """
+        return self._add(records, dense_vectors, sparse_vectors, replace=False)
+
+    def upsert(self, records: str | Path | Iterable[Mapping[str, Any]], *, dense_vectors: Any = None,
+               sparse_vectors: Any = None) -> int:
+        """Add documents, replacing the live documents with the same ``_id`` (delete + add, as
+        one change: a rejected batch deletes nothing). Arguments, errors and return as
+        :meth:`add` (except that an existing id is replaced, not an error)."""
+        return self._add(records, dense_vectors, sparse_vectors, replace=True)
+
+    def _add(self, records: Any, dense_vectors: Any, sparse_vectors: Any, *, replace: bool) -> int:
+        self._check_open()
+        docs = list(read_corpus(records))
+        if not docs:
+            return 0
+        first: dict[str, int] = {}
+        for pos, d in enumerate(docs):
+            p = first.setdefault(d.id, pos)
+            if p != pos:
+                raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
+                                  f"(counting from 0)", path=d.path, line=d.line, field="_id")
+        ids = self._id_map()
+        replaced = [ids[d.id] for d in docs if d.id in ids]
+        if replaced and not replace:
+            d = next(d for d in docs if d.id in ids)
+            raise CorpusError(f"document id {d.id!r} is already in the index ({ids[d.id][0]}, row {ids[d.id][1]}); "
+                              f"use upsert to replace it", path=d.path, line=d.line, field="_id")
+        schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
+                                                  if s.dir not in self._dropped).items() if v is not None}
+        MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
+        written = self._build_segments(docs, dense_vectors, sparse_vectors)
+        for entry, st in written:
+            seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
+            self.segments.append(seg)
+            self._by_dir[seg.dir] = seg
+        for d, row in replaced:
+            self._by_dir[d].pending.add(row)
+        k = 0
+        for entry, _ in written:
+            for r in range(entry["rows"]):
+                ids[docs[k].id] = (entry["dir"], r)
+                k += 1
+        return len(docs)
+
+    def _build_segments(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, *,
+                        compaction: bool = False, metadata: Sequence[tuple[pa.Array, pa.Array]] | None = None,
+                        cuts: Sequence[int] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """Write ``docs`` as new segments (``shard_size`` rows each, or the given ``cuts``);
+        on any error every segment written is removed and the vocabulary is left as it was."""
+        from .pipeline import _ShardDocs, _batches, _write_shard
+
+        writer = _SegmentWriter(self.root, self._next_shard(), self._faults)
+        n_terms_before = len(self._vocabulary()) if "bm25" in self.config.legs else 0
+        try:
+            builders = self._make_builders(dense_vectors, sparse_vectors, compaction=compaction)
+            if cuts is None:
+                meta = MetadataColumns()
+                shard = _ShardDocs()
+                for batch, end in _batches(iter(docs), self.config):
+                    self._feed(builders, batch)
+                    shard.docs.extend(batch)
+                    if end:
+                        _write_shard(writer, shard, meta, builders)
+                        shard = _ShardDocs()
+            else:
+                lo = 0
+                for (hi, md) in zip(cuts, metadata or ()):
+                    part = docs[lo:hi]
+                    for i in range(0, len(part), self.config.batch_size):
+                        self._feed(builders, part[i:i + self.config.batch_size])
+                    for b in builders:
+                        b.end_shard()
+                    handle = writer.begin_shard(ids=[d.id for d in part], titles=[d.title for d in part],
+                                                texts=[d.text for d in part], metadata=md)
+                    outputs = {b.name: b.finish_shard(writer, handle) for b in builders}
+                    writer.end_shard(handle, outputs)
+                    lo = hi
+            for b in builders:
+                if b.name == "dense" and b.feed is not None and not b.feed.exhausted():
+                    raise ConfigError(f"dense_vectors has more rows than the batch ({len(docs)} documents)")
+                if b.name == "sparse" and b._vectors is not None and len(b._vectors[0]) - 1 != b._pos:
+                    raise ConfigError(f"sparse_vectors has {len(b._vectors[0]) - 1} rows, the batch {len(docs)} documents")
+            out = writer.finish_segments()
+            self._faults("update_segments")
+            return out
+        except BaseException:
+            writer.abort()
+            if "bm25" in self._builders:  # its vocabulary may hold terms of the failed batch
+                self._builders.pop("bm25").close(raise_errors=False)
+                if self._vocab is not None:
+                    del self._vocab[n_terms_before:]
+            raise
+        finally:
+            if "bm25" in self._builders and self._vocab is not None:
+                self._vocab = self._builders["bm25"].postings.terms
+
+    def _feed(self, builders: Sequence[Any], docs: Sequence[Document]) -> None:
+        batch = Batch(docs, [f"{d.title} {d.text}" if d.title else d.text for d in docs])
+        for b in builders:
+            b.add(batch)
+
+    def delete(self, ids: Iterable[str]) -> DeleteReport:
+        """Mark documents deleted by id (visible after :meth:`commit`).
+
+        Args:
+            ids: document ids (strings; repeats count once).
+
+        Returns:
+            :class:`DeleteReport`: how many were deleted and which ids name no live document.
+
+        Raises:
+            ConfigError: ``ids`` is a single string, or holds a non-string (names it).
+        """
+        self._check_open()
+        if isinstance(ids, (str, bytes)):
+            raise ConfigError("delete() takes an iterable of ids, not one string")
+        want = list(dict.fromkeys(ids))
+        for i in want:
+            if not isinstance(i, str):
+                raise ConfigError(f"document ids are strings, got {i!r} ({type(i).__name__})")
+        m = self._id_map()
+        unknown = [i for i in want if i not in m]
+        n = 0
+        for i in want:
+            loc = m.pop(i, None)
+            if loc is not None:
+                self._by_dir[loc[0]].pending.add(loc[1])
+                n += 1
+        return DeleteReport(n, unknown)
+
+    # ------------------------------------------------------------------ commit
+    def commit(self) -> int:
+        """Write the pending changes as one new generation (atomic: a crash leaves the previous
+        generation current and complete, or the new one). Nothing pending: no new generation.
+
+        Returns:
+            the generation now current.
+
+        Raises:
+            IndexFormatError: the index was changed behind the lock (never by this library).
+        """
+        self._check_open()
+        if not self.pending:
+            return self.generation
+        gen = self.generation + 1
+        files = dict(self.manifest["files"])
+        for d in self._dropped:
+            for rel in [f for f in files if f.startswith(d + "/")]:
+                del files[rel]
+        shards: list[dict[str, Any]] = []
+        vocab = self._vocab if self._vocab is not None else None
+        n_terms = len(vocab) if vocab is not None else self._n_committed_terms
+        touched = set()
+        for s in self.segments:
+            e = dict(s.entry)
+            if s.new:
+                for rel in [f for f in _files_of(self.root, s.dir)]:
+                    files[rel] = file_entry(self.root, rel)
+            if s.pending:
+                rows = s.all_deleted()
+                rel = f"{s.dir}/deletes.{gen:06d}.arrow"
+                arrays: dict[str, np.ndarray] = {"rows": rows.astype(np.uint32)}
+                if "bm25" in self.config.legs:
+                    terms, df = _deleted_df(self.root / s.dir, rows)
+                    arrays["bm25_terms"], arrays["bm25_df"] = terms, df
+                write_arrays(self.root / rel, arrays)
+                touched.add(s.dir)
+                if e.get("deletes"):
+                    files.pop(e["deletes"], None)
+                files[rel] = file_entry(self.root, rel)
+                e["deletes"] = rel
+            shards.append(e)
+        for d in touched:
+            _fsync_dir(self.root / d)
+        self._faults("update_deletes")
+        vocab_files = list(self.vocab_files)
+        if vocab is not None and len(vocab) > self._n_committed_terms:
+            rel = f"vocab.{gen:06d}.arrow"
+            write_table(self.root / rel, pa.table({"term": pa.array(vocab[self._n_committed_terms:], pa.large_string())}))
+            _fsync_dir(self.root)
+            files[rel] = file_entry(self.root, rel)
+            vocab_files.append(rel)
+            self._faults("update_vocab")
+        stats = dict(self.manifest["stats"])
+        live_stats = [s for s in self.segments]
+        stats["n_docs"] = int(sum(s.rows for s in live_stats))
+        stats["n_deleted"] = int(sum(s.n_deleted() for s in live_stats))
+        stats["n_live"] = stats["n_docs"] - stats["n_deleted"]
+        if "bm25" in self.config.legs:
+            stats["n_terms"] = n_terms
+            stats["sum_dl"] = int(sum(s.stats.get("bm25", {}).get("sum_dl", 0) for s in live_stats))
+        if "sparse" in self.config.legs:
+            stats["sparse_nnz"] = int(sum(s.entry.get("sparse_nnz", 0) for s in live_stats))
+        changes: dict[str, Any] = {
+            "shards": shards, "files": files, "stats": stats,
+            "metadata_schema": combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments)}
+        if vocab_files and (vocab_files != ["vocab.arrow"] or "vocab" in self.manifest):
+            changes["vocab"] = vocab_files
+        m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True)
+        self._drop_builders()
+        self._load()
+        self._clean()
+        self._faults("update_clean")
+        return m["generation"]
+
+    # ------------------------------------------------------------------ compaction
+    def compact(self, policy: CompactPolicy | None = None, *, full: bool = False) -> CompactReport:
+        """Rewrite runs of adjacent small or delete-heavy segments (see :class:`CompactPolicy`)
+        into new segments of their live documents, in order, without tombstones, and commit
+        (one generation, which also holds any pending change).
+
+        Args:
+            policy: thresholds (default: the updater's).
+            full: rewrite every segment (one run: the whole index in ``segment_rows`` segments).
+
+        Returns:
+            :class:`CompactReport` (``generation`` is the new current one).
+        """
+        self._check_open()
+        t0 = time.perf_counter()
+        p = policy or self.policy
+        seg_rows = int(p.segment_rows or self.config.shard_size)
+        runs: list[list[_Segment]] = []
+        cur: list[_Segment] = []
+        for s in self.segments:
+            heavy = s.rows > 0 and s.n_deleted() / s.rows >= p.max_deleted_fraction
+            small = s.rows < p.small_rows
+            if full or heavy or small or s.n_deleted() == s.rows:
+                cur.append(s)
+            else:
+                if cur:
+                    runs.append(cur)
+                cur = []
+        if cur:
+            runs.append(cur)
+        runs = [r for r in runs if len(r) >= 2 or r[0].n_deleted() > 0]
+        report = CompactReport(self.generation)
+        if not runs:
+            report.generation = self.commit()
+            report.seconds = time.perf_counter() - t0
+            return report
+        new_order: list[_Segment] = []
+        run_of = {id(s): i for i, r in enumerate(runs) for s in r}
+        done: set[int] = set()
+        try:
+            for s in self.segments:
+                i = run_of.get(id(s))
+                if i is None:
+                    new_order.append(s)
+                    continue
+                if i in done:
+                    continue
+                done.add(i)
+                written = self._merge(runs[i], seg_rows)
+                for entry, st in written:
+                    seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
+                    new_order.append(seg)
+                    report.written.append(seg.dir)
+                for old in runs[i]:
+                    report.merged.append(old.dir)
+                    report.dropped_rows += old.n_deleted()
+                self._faults("compact_segment")
+        except BaseException:
+            for d in report.written:
+                shutil.rmtree(self.root / d, ignore_errors=True)
+            raise
+        self._dropped = [d for d in report.merged if not self._by_dir[d].new]
+        for d in report.merged:  # merged segments written in this session are not in any manifest
+            if self._by_dir[d].new:
+                shutil.rmtree(self.root / d, ignore_errors=True)
+        self.segments = new_order
+        self._by_dir = {s.dir: s for s in self.segments}
+        self._ids = None
+        report.generation = self.commit()
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    def _merge(self, run: list[_Segment], seg_rows: int) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+        """New segments holding the live documents of ``run`` (in order), their stored dense and
+        sparse vectors reused as precomputed (no model runs; quantised with the same constants)."""
+        docs: list[Document] = []
+        structs: list[pa.Array] = []
+        nulls: list[pa.Array] = []
+        dense: list[np.ndarray] = []
+        sp: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        fields = combine_schema(s.stats.get("metadata_fields", {}) for s in run)
+        types: dict[str, pa.DataType] = {}
+        tables = []
+        for s in run:
+            t = read_table(self.root / s.dir / "docs.arrow")
+            tables.append(t)
+            for f in t.schema.field("metadata").type:
+                if not pa.types.is_null(f.type):
+                    types.setdefault(f.name, f.type)
+        for s, t in zip(run, tables):
+            live = np.setdiff1d(np.arange(s.rows, dtype=np.int64), s.all_deleted())
+            idx = pa.array(live, pa.int64())
+            ids = t.column("id").take(idx).to_pylist()
+            titles = t.column("title").take(idx).to_pylist()
+            texts = t.column("text").take(idx).to_pylist()
+            docs.extend(Document(i, ti or "", tx or "", {}, None, int(r) + 1)
+                        for i, ti, tx, r in zip(ids, titles, texts, live))
+            meta = t.column("metadata").combine_chunks().take(idx)
+            children, flds = [], []
+            for name in fields:
+                typ = types.get(name, pa.null())
+                if meta.type.get_field_index(name) >= 0 and not pa.types.is_null(meta.type.field(name).type):
+                    child = meta.field(name)
+                else:
+                    child = pa.nulls(len(live), typ)
+                children.append(child)
+                flds.append(pa.field(name, typ))
+            structs.append(pa.StructArray.from_arrays(children, fields=flds) if flds
+                           else pa.array([{}] * len(live), pa.struct([])))
+            nulls.append(t.column("metadata_nulls").combine_chunks().take(idx))
+            if "dense" in self.config.legs:
+                dense.append(_stored_vectors(self.root / s.dir / "dense.arrow", s.rows)[live])
+            if "sparse" in self.config.legs:
+                f = read_arrays(self.root / s.dir / "sparse.arrow", _SPARSE_FWD)
+                ip = f["indptr"].astype(np.int64)
+                lo, hi = ip[live], ip[live + 1]
+                take = np.concatenate([np.arange(a, b) for a, b in zip(lo.tolist(), hi.tolist())]) if len(live) else \
+                    np.zeros(0, np.int64)
+                sp.append((np.concatenate([[0], np.cumsum(hi - lo)]), f["terms"][take], f["weights"][take]))
+        if not docs:
+            return []
+        struct = pa.concat_arrays(structs) if len(structs) > 1 else structs[0]
+        null_col = pa.concat_arrays(nulls) if len(nulls) > 1 else nulls[0]
+        cuts = list(range(seg_rows, len(docs), seg_rows)) + [len(docs)]
+        metadata = []
+        lo = 0
+        for hi in cuts:
+            metadata.append((struct.slice(lo, hi - lo), null_col.slice(lo, hi - lo)))
+            lo = hi
+        dv = np.concatenate(dense).astype(np.float32) if dense else None
+        sv = None
+        if sp:
+            base, ips = 0, [np.zeros(1, np.int64)]
+            for ip, _, _ in sp:
+                ips.append(ip[1:] + base)
+                base += int(ip[-1])
+            sv = (np.concatenate(ips).astype(np.int64), np.concatenate([t for _, t, _ in sp]),
+                  np.concatenate([w for _, _, w in sp]))
+        return self._build_segments(docs, dv, sv, compaction=True, metadata=metadata, cuts=cuts)
+
+    # ------------------------------------------------------------------ close
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"{self.root}: this IndexUpdater is closed")
+
+    def close(self) -> None:
+        """Drop uncommitted segments, stop the builders and release the writer lock."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        try:
+            self._drop_builders()
+            for s in self.segments:
+                if s.new:
+                    shutil.rmtree(self.root / s.dir, ignore_errors=True)
+        finally:
+            self._stack.close()
+
+
+def _files_of(root: Path, rel_dir: str) -> list[str]:
+    """Files of a new segment directory (relative to the root), sorted."""
+    return sorted(f"{rel_dir}/{p.name}" for p in (root / rel_dir).iterdir() if p.is_file())
+
+
+def _stored_vectors(path: Path, rows: int) -> np.ndarray:
+    """A segment's stored dense vectors (rows, dim), float16 or float32 as stored."""
+    col = read_table(path).column("vector")
+    dim = col.type.list_size
+    if rows == 0:
+        return np.zeros((0, dim), np.float32)
+    values = col.combine_chunks().values if col.num_chunks != 1 else col.chunk(0).values
+    return values.to_numpy(zero_copy_only=False).reshape(rows, dim)
+
+
+def _deleted_df(shard_dir: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-term df of the deleted ``rows`` of a segment, from its postings: (term ids u32
+    ascending, counts u32), terms with a count of 0 left out. One pass over the segment's doc ids
+    (numpy), done once per commit that deletes from the segment; readers then read it."""
+    a = read_arrays(shard_dir / "bm25.arrow", _BM25)
+    n = len(a["doc_len"])
+    mask = np.zeros(n, dtype=bool)
+    mask[rows] = True
+    hit = np.flatnonzero(mask[a["doc_ids"]])
+    t_s = len(a["offsets"]) - 1
+    term_of = np.searchsorted(a["offsets"].astype(np.int64), hit, side="right") - 1
+    counts = np.bincount(term_of, minlength=t_s)
+    terms = np.flatnonzero(counts)
+    return terms.astype(np.uint32), counts[terms].astype(np.uint32)
+
+
+def _check_model(leg: str, recorded: Mapping[str, Any], now: Mapping[str, Any]) -> None:
+    """ModelError when the weights of the model about to encode differ from the index's."""
+    if not recorded or recorded.get("precomputed"):
+        return
+    a, b = recorded.get("sha256"), now.get("sha256")
+    if a is not None and b is not None and a != b:
+        raise ModelError(f"the {leg} model {now.get('path')} (weights {_short(b)}) is not the index's "
+                         f"{recorded.get('path')} (weights {_short(a)}): add documents with the model the "
+                         f"index was built with, or rebuild the index")
+
+
+def _short(sha: Mapping[str, str]) -> str:
+    return ", ".join(f"{k}: {v[:12]}" for k, v in sorted(sha.items()))

@@ -1,0 +1,614 @@
+"""A living index (retriever.index.updates): after any sequence of adds, deletes, upserts, commits,
+compactions and reopens, every exact-mode search returns what a fresh build of the live documents
+returns (same ids in the same order, scores within 1e-6); input rules; one writer at a time;
+refresh reuses per-segment state; deleted documents never come back."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from retriever import IndexUpdater, Retriever, build_index
+from retriever.index.errors import ConfigError, CorpusError, IndexLockedError, ModelError, QueryError
+from retriever.index.updates import CompactPolicy
+
+WORDS = ("apple banana cherry date elder fig grape honey iris jam kiwi lemon mango nut olive pear quince "
+         "rose sage thyme umber vine walnut yam zest").split()
+DIM = 8
+SPARSE_VOCAB = 30522  # the bundled SPLADE model's vocabulary
+BM25_ALGOS = ("auto", "exhaustive", "maxscore", "bmw", "bmm")
+QUERIES = ["apple banana", "cherry date fig fig", "mango", "zest yam walnut olive", "pear pear pear honey",
+           "novelword apple", "kiwi lemon rose sage thyme"]
+
+
+def make_doc(key: str, version: int = 0) -> dict:
+    """A record derived from (key, version) alone, so the model and the index agree."""
+    rng = random.Random(f"{key}/{version}")
+    n = rng.randint(1, 25)
+    words = [rng.choice(WORDS) for _ in range(n)]
+    if rng.random() < 0.2:
+        words.append(f"rare{rng.randint(0, 30)}")
+    return {"_id": key, "title": rng.choice(WORDS) if rng.random() < 0.6 else "", "text": " ".join(words),
+            "year": rng.randint(1990, 2020)}
+
+
+def dense_vec(key: str, version: int = 0) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(f"{key}/{version}".encode()).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(DIM).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def sparse_vec(key: str, version: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    seed = int.from_bytes(hashlib.sha256(f"s/{key}/{version}".encode()).digest()[:8], "little")
+    rng = np.random.default_rng(seed)
+    terms = np.sort(rng.choice(200, size=int(rng.integers(1, 12)), replace=False)).astype(np.uint32)
+    return terms, rng.uniform(0.05, 3.0, size=len(terms)).astype(np.float32)
+
+
+def csr(entries: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    indptr = np.zeros(len(entries) + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(t) for t, _ in entries])
+    terms = np.concatenate([t for t, _ in entries]) if entries else np.zeros(0, np.uint32)
+    weights = np.concatenate([w for _, w in entries]) if entries else np.zeros(0, np.float32)
+    return indptr, terms, weights
+
+
+class Model:
+    """The live documents in index order (an add appends, a delete removes, an upsert does both)."""
+
+    def __init__(self, legs: tuple[str, ...]) -> None:
+        self.legs = legs
+        self.live: list[tuple[str, int]] = []  # (key, version)
+        self.override: dict[tuple[str, int], dict] = {}  # records that are not make_doc's
+
+    def records(self, items: list[tuple[str, int]]) -> dict:
+        kw: dict = {}
+        if "dense" in self.legs:
+            kw["dense_vectors"] = np.stack([dense_vec(k, v) for k, v in items]) if items else np.zeros((0, DIM), np.float32)
+        if "sparse" in self.legs:
+            kw["sparse_vectors"] = csr([sparse_vec(k, v) for k, v in items])
+        return kw
+
+    def fresh(self, path: Path, *, sparse_scale: float | None = None, shard_size: int = 1000) -> Retriever:
+        """A fresh one-process build of the live documents, with the same data-derived constants."""
+        docs = [self.override.get((k, v)) or make_doc(k, v) for k, v in self.live]
+        build_index(docs, path, legs=self.legs, shard_size=shard_size, show_progress=False,
+                    sparse_scale=sparse_scale, overwrite=True, **self.records(self.live))
+        return Retriever.open(path)
+
+
+def query_kwargs(legs: tuple[str, ...], mode: str) -> dict:
+    kw: dict = {}
+    if mode in ("dense", "hybrid") and "dense" in legs:
+        kw["query_vectors"] = np.stack([dense_vec(f"q{i}") for i in range(len(QUERIES))])
+    if mode in ("sparse", "hybrid") and "sparse" in legs:
+        kw["sparse_vectors"] = [sparse_vec(f"q{i}") for i in range(len(QUERIES))]
+    return kw
+
+
+def searches(legs: tuple[str, ...]) -> list[tuple[str, dict]]:
+    out = []
+    if "bm25" in legs:
+        out += [("bm25", {"bm25": {"algorithm": a}}) for a in BM25_ALGOS]
+    if "dense" in legs:
+        out.append(("dense", {}))
+    if "sparse" in legs:
+        out.append(("sparse", {"sparse": {"algorithm": "exact"}}))
+    if len(legs) > 1:
+        out.append(("hybrid", {"bm25": {"algorithm": "exhaustive"}}))
+    return out
+
+
+def assert_same(r: Retriever, fresh: Retriever, legs: tuple[str, ...], ks=(1, 3, 10, 50)) -> int:
+    """Every exact-mode search of ``r`` equals ``fresh``'s; returns the number of comparisons."""
+    n = 0
+    for mode, params in searches(legs):
+        for k in ks:
+            kw = query_kwargs(legs, mode)
+            a = r.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, **kw)
+            b = fresh.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, **kw)
+            for q in range(len(QUERIES)):
+                ia = list(r.doc_ids(a.ids[q, :a.n_found[q]]))
+                ib = list(fresh.doc_ids(b.ids[q, :b.n_found[q]]))
+                assert ia == ib, (mode, params, k, QUERIES[q], ia, ib)
+                np.testing.assert_allclose(a.scores[q, :a.n_found[q]], b.scores[q, :b.n_found[q]], rtol=0, atol=1e-6)
+                n += 1
+    return n
+
+
+def start(tmp_path: Path, legs: tuple[str, ...], n: int = 30, shard_size: int = 12) -> tuple[Path, Model]:
+    m = Model(legs)
+    m.live = [(f"d{i}", 0) for i in range(n)]
+    path = tmp_path / "live"
+    build_index([make_doc(k, v) for k, v in m.live], path, legs=legs, shard_size=shard_size, show_progress=False,
+                **m.records(m.live))
+    return path, m
+
+
+def sparse_scale_of(path: Path) -> float | None:
+    r = Retriever.open(path)
+    return r.reader.manifest["stats"].get("sparse_scale")
+
+
+# ---------------------------------------------------------------------------------- the invariant
+@pytest.mark.parametrize("legs", [("bm25",), ("bm25", "dense")])
+def test_adds_deletes_upserts_compaction_equal_a_fresh_build(tmp_path, legs):
+    path, m = start(tmp_path, legs)
+    r = Retriever.open(path)
+    with IndexUpdater.open(path) as u:
+        new = [(f"n{i}", 0) for i in range(15)]
+        u.add([make_doc(k, v) for k, v in new], **m.records(new))
+        m.live += new
+        rep = u.delete(["d3", "d4", "n2", "nope"])
+        assert (rep.deleted, rep.unknown) == (3, ["nope"])
+        m.live = [x for x in m.live if x[0] not in ("d3", "d4", "n2")]
+        up = [("d7", 1), ("n5", 1)]
+        u.upsert([make_doc(k, v) for k, v in up], **m.records(up))
+        m.live = [x for x in m.live if x[0] not in ("d7", "n5")] + up
+        assert u.commit() == 2
+    assert r.reader.generation == 1 and r.refresh() and r.reader.generation == 2
+    assert not r.refresh()
+    fresh = m.fresh(tmp_path / "fresh")
+    assert assert_same(r, fresh, legs) > 0
+    assert assert_same(Retriever.open(path), fresh, legs) > 0  # a reopen too
+    with IndexUpdater.open(path) as u:
+        rep = u.compact(full=True)
+    assert rep.dropped_rows == 5 and rep.generation == 3
+    assert r.refresh()
+    assert all(s.deleted is None for s in r.reader.shards)
+    assert r.reader.n_docs == len(m.live)
+    assert assert_same(r, fresh, legs) > 0
+
+
+def test_sparse_leg_keeps_the_creation_scale(tmp_path):
+    legs = ("bm25", "sparse")
+    path, m = start(tmp_path, legs, n=20, shard_size=8)
+    scale = sparse_scale_of(path)
+    with IndexUpdater.open(path) as u:
+        new = [(f"n{i}", 0) for i in range(9)]
+        u.add([make_doc(k, v) for k, v in new], **m.records(new))
+        m.live += new
+        up = [("d2", 1)]
+        u.upsert([make_doc(k, v) for k, v in up], **m.records(up))
+        m.live = [x for x in m.live if x[0] != "d2"] + up
+        u.commit()
+    r = Retriever.open(path)
+    assert r.reader.manifest["stats"]["sparse_scale"] == scale
+    fresh = m.fresh(tmp_path / "fresh", sparse_scale=scale)
+    assert assert_same(r, fresh, legs) > 0
+    with IndexUpdater.open(path) as u:
+        u.compact(full=True)
+    r.refresh()
+    assert assert_same(r, fresh, legs) > 0
+
+
+def test_compaction_policy_merges_adjacent_small_and_heavy_segments(tmp_path):
+    path, m = start(tmp_path, ("bm25",), n=40, shard_size=10)  # 4 segments of 10
+    with IndexUpdater.open(path) as u:
+        for i in range(3):  # three small segments
+            new = [(f"n{i}_{j}", 0) for j in range(2)]
+            u.add([make_doc(k, v) for k, v in new])
+            m.live += new
+        u.delete([f"d{i}" for i in range(10, 14)])  # segment 1: 40 % deleted
+        m.live = [x for x in m.live if x[0] not in {f"d{i}" for i in range(10, 14)}]
+        u.commit()
+        rep = u.compact(CompactPolicy(small_rows=5, max_deleted_fraction=0.3))
+    r = Retriever.open(path)
+    assert rep.merged == ["shards/00001", "shards/00004", "shards/00005", "shards/00006"]
+    assert [s.rows for s in r.reader.shards] == [10, 6, 10, 10, 6]  # order kept: segment 1 rewritten in place
+    assert assert_same(r, m.fresh(tmp_path / "fresh"), ("bm25",)) > 0
+
+
+def test_vocabulary_grows_append_only(tmp_path):
+    path, m = start(tmp_path, ("bm25",), n=5)
+    before = Retriever.open(path).engine.legs["bm25"].vocab
+    with IndexUpdater.open(path) as u:
+        u.add([{"_id": "x", "text": "brandnewterm apple"}])
+        u.commit()
+    r = Retriever.open(path)
+    vocab = r.engine.legs["bm25"].vocab
+    assert all(vocab[t] == i for t, i in before.items()) and len(vocab) == len(before) + 1
+    assert r.reader.manifest["vocab"] == ["vocab.arrow", "vocab.000002.arrow"]
+    assert [h.id for h in r.search("brandnewterm", k=3, mode="bm25")] == ["x"]
+
+
+# ---------------------------------------------------------------------------------- deleted stay deleted
+def test_deleted_and_superseded_documents_never_come_back(tmp_path):
+    docs = [{"_id": f"d{i}", "text": "filler words here"} for i in range(20)]
+    docs[0] = {"_id": "d0", "text": "target target target"}
+    docs[1] = {"_id": "d1", "text": "target target"}
+    path = tmp_path / "ix"
+    build_index(docs, path, legs=("bm25",), shard_size=8, show_progress=False)
+    with IndexUpdater.open(path) as u:
+        u.delete(["d0"])
+        u.upsert([{"_id": "d1", "text": "nothing relevant"}])
+        u.add([{"_id": "t1", "text": "target words"}, {"_id": "t2", "text": "target"}])
+        u.commit()
+    r = Retriever.open(path)
+    for algo in BM25_ALGOS:
+        hits = r.search("target", k=1, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+        assert [h.id for h in hits] in (["t2"], ["t1"])
+        hits = r.search("target filler", k=20, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+        ids = [h.id for h in hits]
+        assert len(ids) == 20 and "d0" not in ids and ids.count("d1") <= 1
+        assert all(h.text != "target target" for h in hits)
+
+
+# ---------------------------------------------------------------------------------- input rules
+def test_input_rules_and_nothing_written_when_rejected(tmp_path):
+    path, m = start(tmp_path, ("bm25",), n=6)
+    files_before = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(CorpusError, match=r"'a1' appears twice in this batch: positions 1 and 3"):
+            u.add([{"_id": "a0", "text": "x"}, {"_id": "a1", "text": "y"}, {"_id": "a2", "text": "z"},
+                   {"_id": "a1", "text": "w"}])
+        with pytest.raises(CorpusError, match=r"'d2' is already in the index.*use upsert"):
+            u.add([{"_id": "new", "text": "x"}, {"_id": "d2", "text": "y"}])
+        with pytest.raises(CorpusError, match=r"'year'.*int64.*string"):
+            u.add([{"_id": "new", "text": "x", "year": "nineteen"}])
+        with pytest.raises(ConfigError, match="not one string"):
+            u.delete("d1")
+        assert not u.pending
+        assert u.commit() == 1  # nothing to commit: no new generation
+        rep = u.delete(["zz", "d1", "d1", "yy"])
+        assert rep.deleted == 1 and rep.unknown == ["zz", "yy"]
+        assert u.delete(["d1"]).unknown == ["d1"]  # already deleted (pending)
+    files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    assert files_after == files_before  # closed without commit: nothing left behind
+
+
+def test_one_writer_at_a_time_names_the_holder(tmp_path):
+    import os
+
+    path, _ = start(tmp_path, ("bm25",), n=4)
+    with IndexUpdater.open(path):
+        with pytest.raises(IndexLockedError, match=f"pid {os.getpid()}"):
+            IndexUpdater.open(path)
+        assert Retriever.open(path).search("apple", k=2, mode="bm25") is not None  # readers unaffected
+    IndexUpdater.open(path).close()  # released
+
+
+def test_other_model_is_an_error_naming_both(tmp_path):
+    from retriever.index.updates import _check_model
+
+    with pytest.raises(ModelError, match=r"model /m/new \(weights w.bin: bbbbbbbbbbbb\).*/m/old \(weights w.bin: aaaaaaaaaaaa\)"):
+        _check_model("dense", {"path": "/m/old", "sha256": {"w.bin": "a" * 64}}, {"path": "/m/new", "sha256": {"w.bin": "b" * 64}})
+    _check_model("dense", {"path": "/m/old", "sha256": {"w.bin": "a" * 64}}, {"path": "/m/x", "sha256": {"w.bin": "a" * 64}})
+
+
+def test_precomputed_dense_index_needs_vectors(tmp_path):
+    path, m = start(tmp_path, ("bm25", "dense"), n=5)
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(ConfigError, match="precomputed.*dense_vectors"):
+            u.add([make_doc("z")])
+        with pytest.raises(ConfigError, match="fewer rows"):
+            u.add([make_doc("z"), make_doc("y")], dense_vectors=np.zeros((1, DIM), np.float32))
+        assert not u.pending
+
+
+# ---------------------------------------------------------------------------------- refresh
+def test_refresh_reuses_the_segments_it_shares(tmp_path):
+    path, m = start(tmp_path, ("bm25", "dense"), n=40, shard_size=10)
+    r = Retriever.open(path)
+    with IndexUpdater.open(path) as u:
+        new = [("n0", 0)]
+        u.add([make_doc(*new[0])], **m.records(new))
+        u.commit()
+    cache = r._segments
+    assert r.refresh()
+    # 4 old segments reused per leg, 1 new one built per leg (+ the vocabulary extended)
+    assert cache.reused >= 8 and cache.built <= 3
+    assert len(r.reader.shards) == 5
+
+
+# ---------------------------------------------------------------------------------- crash safety
+ROOT = Path(__file__).resolve().parents[1]
+ADD_POINTS = ("encode_bm25", "shard_docs", "shard_bm25", "shard_done", "update_segments", "update_deletes",
+              "update_vocab", "generation_manifest", "generation_current", "update_clean")
+COMPACT_POINTS = ("shard_docs", "shard_done", "update_segments", "compact_segment", "generation_manifest",
+                  "generation_current", "update_clean")
+FAST_POINTS = {("add", "update_deletes"), ("add", "generation_manifest"), ("compact", "compact_segment")}
+
+
+def _disk_files(path: Path) -> set[str]:
+    return {p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()} - {"LOCK"}
+
+
+def _listed(path: Path) -> set[str]:
+    from retriever.index.format import read_current, read_manifest
+
+    out = {"CURRENT"}
+    cur = read_current(path)
+    for g in (cur, cur - 1):
+        if g >= 1:
+            try:
+                m = read_manifest(path, g)
+            except Exception:  # noqa: BLE001 - an older generation may be gone
+                continue
+            out |= set(m["files"]) | {f"manifests/{g:06d}.json"}
+    return out
+
+
+def _crash_cases():
+    for job in ("add", "compact"):
+        for point in (ADD_POINTS if job == "add" else COMPACT_POINTS):
+            marks = () if (job, point) in FAST_POINTS else (pytest.mark.slow,)
+            yield pytest.param(job, point, marks=marks, id=f"{job}-{point}")
+
+
+@pytest.mark.parametrize("job,point", list(_crash_cases()))
+def test_sigkill_leaves_the_previous_or_the_new_generation(tmp_path, job, point):
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from retriever.index.format import read_current
+
+    path, m = start(tmp_path, ("bm25",), n=20, shard_size=8)
+    before = list(m.live)
+    new = [(f"n{i}", 0) for i in range(6)]
+    after = [x for x in before if x[0] not in ("d1", "d9")] + new
+    spec = {"dir": str(path), "add": [make_doc(k, v) for k, v in new], "delete": ["d1", "d9"]}
+    spec["add"][0]["text"] += " neverseenbefore"  # a new term: the commit writes a vocabulary file
+    m.override[new[0]] = spec["add"][0]
+    if job == "compact":  # first commit the change, then crash inside the compaction
+        with IndexUpdater.open(path) as u:
+            u.add(spec["add"])
+            u.delete(spec["delete"])
+            u.commit()
+        spec = {"dir": str(path), "compact": True}
+        before = after
+    gen0 = read_current(path)
+    proc = subprocess.run([sys.executable, str(ROOT / "tests" / "crash_update.py"), point, json.dumps(spec)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # every point is reached
+    gen = read_current(path)
+    assert gen in (gen0, gen0 + 1, gen0 + 2)
+    m.live = before if gen == gen0 else after
+    fresh = m.fresh(tmp_path / "fresh")
+    assert assert_same(Retriever.open(path), fresh, ("bm25",), ks=(5, 50)) > 0
+    with IndexUpdater.open(path) as u:  # the next writer removes what the killed one left
+        pass
+    assert _disk_files(path) <= _listed(path)
+    with IndexUpdater.open(path) as u:  # and can go on
+        more = [("z0", 0)]
+        u.add([make_doc(*more[0])])
+        u.commit()
+    m.live += more
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), ("bm25",), ks=(5,)) > 0
+
+
+# ---------------------------------------------------------------------------------- concurrent readers
+def test_readers_in_threads_keep_their_snapshot_while_a_writer_commits_and_compacts(tmp_path):
+    import threading
+
+    path, m = start(tmp_path, ("bm25",), n=40, shard_size=8)
+    r = Retriever.open(path)
+    expected = {q: [(h.id, h.score) for h in r.search(q, k=10, mode="bm25")] for q in QUERIES}
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    counts = [0, 0]
+
+    def reader(slot: int) -> None:
+        try:
+            while not stop.is_set():
+                for q in QUERIES:
+                    got = [(h.id, h.score) for h in r.search(q, k=10, mode="bm25")]
+                    assert got == expected[q], (q, got, expected[q])
+                    counts[slot] += 1
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        with IndexUpdater.open(path, keep_generations=1) as u:  # old files removed at once
+            for i in range(4):
+                u.add([make_doc(f"w{i}_{j}") for j in range(5)])
+                u.delete([f"d{i}", f"d{i + 10}"])
+                u.commit()
+            u.compact(full=True)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+    assert not errors, errors[0]
+    assert min(counts) > 0
+    assert r.reader.generation == 1 and r.refresh() and r.reader.generation == 6
+
+
+def test_a_reader_in_another_process_keeps_its_snapshot(tmp_path):
+    import json
+    import subprocess
+    import sys
+    import time
+
+    path, _ = start(tmp_path, ("bm25",), n=40, shard_size=8)
+    script = (
+        "import json, sys, time\n"
+        "from retriever import Retriever\n"
+        f"r = Retriever.open({str(path)!r})\n"
+        f"qs = {QUERIES!r}\n"
+        "exp = [[(h.id, h.score) for h in r.search(q, k=10, mode='bm25')] for q in qs]\n"
+        "print('ready', flush=True)\n"
+        "n = 0\n"
+        "t0 = time.time()\n"
+        "while time.time() - t0 < 6:\n"
+        "    for q, e in zip(qs, exp):\n"
+        "        assert [(h.id, h.score) for h in r.search(q, k=10, mode='bm25')] == e\n"
+        "        n += 1\n"
+        "print(json.dumps({'n': n, 'gen': r.reader.generation}))\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    with IndexUpdater.open(path, keep_generations=1) as u:
+        for i in range(3):
+            u.add([make_doc(f"p{i}_{j}") for j in range(5)])
+            u.delete([f"d{i}"])
+            u.commit()
+            time.sleep(0.2)
+        u.compact(full=True)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    rep = json.loads(out.strip().splitlines()[-1])
+    assert rep["gen"] == 1 and rep["n"] > 0
+
+
+# ---------------------------------------------------------------------------------- stateful property test
+from hypothesis import HealthCheck, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from hypothesis.stateful import (RuleBasedStateMachine, initialize, invariant, precondition, rule,  # noqa: E402
+                                 run_state_machine_as_test)
+
+
+class LivingIndexMachine(RuleBasedStateMachine):
+    """Random add / delete / upsert / commit / compact / reopen sequences against the fresh-build
+    model: after every commit (and reopen) every exact-mode search equals a fresh build's."""
+
+    legs = ("bm25", "dense")
+    tmp: Path
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counter = 0
+        self.versions: dict[str, int] = {}
+
+    @initialize()
+    def build(self) -> None:
+        import tempfile
+
+        self.dir = Path(tempfile.mkdtemp(prefix="living-"))
+        self.path, self.model = start(self.dir, self.legs, n=12, shard_size=5)
+        self.committed = list(self.model.live)
+        self.updater = IndexUpdater.open(self.path)
+        self.reader = Retriever.open(self.path)
+
+    def teardown(self) -> None:
+        import shutil
+
+        if hasattr(self, "updater"):
+            self.updater.close()
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _new_keys(self, n: int) -> list[tuple[str, int]]:
+        out = []
+        for _ in range(n):
+            self.counter += 1
+            out.append((f"h{self.counter}", 0))
+        return out
+
+    @rule(n=st.integers(1, 7))
+    def add(self, n: int) -> None:
+        items = self._new_keys(n)
+        self.updater.add([make_doc(k, v) for k, v in items], **self.model.records(items))
+        self.model.live += items
+
+    @rule(data=st.data(), n=st.integers(1, 4))
+    def delete(self, data, n: int) -> None:
+        if not self.model.live:
+            return
+        keys = data.draw(st.lists(st.sampled_from([k for k, _ in self.model.live]), min_size=1, max_size=n))
+        rep = self.updater.delete(keys + ["never-there"])
+        assert rep.deleted == len(set(keys)) and rep.unknown == ["never-there"]
+        self.model.live = [x for x in self.model.live if x[0] not in set(keys)]
+
+    @rule(data=st.data(), n_new=st.integers(0, 2))
+    def upsert(self, data, n_new: int) -> None:
+        old = data.draw(st.lists(st.sampled_from([k for k, _ in self.model.live]), max_size=2, unique=True)) \
+            if self.model.live else []
+        items = []
+        for k in old:
+            self.versions[k] = self.versions.get(k, 0) + 1
+            items.append((k, self.versions[k]))
+        items += self._new_keys(n_new)
+        if not items:
+            return
+        self.updater.upsert([make_doc(k, v) for k, v in items], **self.model.records(items))
+        self.model.live = [x for x in self.model.live if x[0] not in set(old)] + items
+
+    @rule()
+    def commit(self) -> None:
+        self.updater.commit()
+        self.committed = list(self.model.live)
+
+    @rule(full=st.booleans())
+    def compact(self, full: bool) -> None:
+        self.updater.compact(CompactPolicy(small_rows=6, max_deleted_fraction=0.3), full=full)
+        self.committed = list(self.model.live)
+
+    @rule()
+    def reopen_writer(self) -> None:
+        self.updater.close()  # uncommitted changes are dropped
+        self.model.live = list(self.committed)
+        self.updater = IndexUpdater.open(self.path)
+
+    @precondition(lambda self: hasattr(self, "reader"))
+    @rule(reopen=st.booleans())
+    def check(self, reopen: bool) -> None:
+        if reopen:
+            self.reader = Retriever.open(self.path)
+        else:
+            self.reader.refresh()
+        fresh_model = Model(self.legs)
+        fresh_model.live = list(self.committed)
+        if not fresh_model.live:
+            assert self.reader.search("apple", k=5, mode="bm25") == []
+            return
+        fresh = fresh_model.fresh(self.dir / "fresh")
+        assert assert_same(self.reader, fresh, self.legs, ks=(3, 20)) > 0
+
+    @invariant()
+    def pending_matches_the_model(self) -> None:
+        if hasattr(self, "updater") and self.model.live != self.committed:
+            assert self.updater.pending
+
+
+def test_living_index_state_machine():
+    """A bounded number of random sequences (more in the slow variant)."""
+    run_state_machine_as_test(LivingIndexMachine, settings=settings(
+        max_examples=4, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.slow
+def test_living_index_state_machine_long():
+    run_state_machine_as_test(LivingIndexMachine, settings=settings(
+        max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+def test_deleted_documents_never_come_back_through_dense_sparse_and_hybrid(tmp_path):
+    """A deleted (or superseded) document whose vectors equal the query's would rank first in
+    every vector leg; it never comes back, and a small k still returns k live documents."""
+    legs = ("bm25", "dense", "sparse")
+    path, m = start(tmp_path, legs, n=24, shard_size=10)
+    with IndexUpdater.open(path) as u:
+        u.delete(["d0"])
+        up = [("d5", 1)]
+        u.upsert([make_doc(*up[0])], **m.records(up))
+        u.commit()
+    r = Retriever.open(path)
+    qv = np.stack([dense_vec("d0"), dense_vec("d5")])  # the deleted / superseded vectors
+    sv = [sparse_vec("d0"), sparse_vec("d5")]
+    cases = [("dense", {}), ("sparse", {"sparse": {"algorithm": "exact"}}),
+             ("sparse", {"sparse": {"algorithm": "seismic"}}), ("hybrid", {})]
+    for mode, params in cases:
+        for k in (1, 3, 23):
+            res = r.search_arrays(["d0 words", "d5 words"], k=k, mode=mode, leg_params=params,
+                                  query_vectors=qv if mode != "sparse" else None, sparse_vectors=sv)
+            for q in range(2):
+                ids = list(r.doc_ids(res.ids[q, :res.n_found[q]]))
+                assert "d0" not in ids, (mode, params, k, ids)
+                assert res.n_found[q] == k or mode == "sparse", (mode, k, res.n_found[q])
+                ords = res.ids[q, :res.n_found[q]]
+                sh, rows = r.reader.locate(ords)
+                for s, row in zip(sh.tolist(), rows.tolist()):  # no deleted row (the old d5 included)
+                    dele = r.reader.shards[s].deleted
+                    assert dele is None or row not in set(dele.tolist()), (mode, k, ids)
+    # the new d5 is found by its own vector
+    hits = r.search("x", k=1, mode="dense", query_vectors=dense_vec("d5", 1)[None, :])
+    assert [h.id for h in hits] == ["d5"]
