@@ -248,6 +248,30 @@ class IndexStore:
         with self._lock:
             return [] if self.retriever is None else self.retriever.live_ids()
 
+    def ids_where(self, filter: Any) -> list[str]:
+        """The ids of the live documents that pass ``filter`` (the dict form), in document order.
+
+        Raises:
+            QueryError: a bad filter (as :func:`retriever.filters.parse_filter`).
+        """
+        from retriever.filters import compile_filter
+
+        with self._lock:
+            r = self.retriever
+            if r is None:
+                return []
+            reader = r.reader
+            masks = compile_filter(filter, reader, range(len(reader.shards)))
+            out: list[str] = []
+            for shard, mask in zip(reader.shards, masks):
+                keep = np.ones(shard.rows, dtype=bool) if mask is None else mask.astype(bool)
+                if shard.deleted is not None and len(shard.deleted):
+                    keep[shard.deleted.astype(np.int64)] = False
+                rows = np.flatnonzero(keep)
+                if len(rows):
+                    out.extend(shard.docs.column("id").take(rows).to_pylist())
+            return out
+
     def search(self, query: str, opts: SearchOptions, query_vector: Any = None) -> tuple[list[Hit], BatchResult | None]:
         """The engine's hits for one query, and the :class:`~retriever.BatchResult` they came from
         (``None`` before the index exists).
