@@ -36,9 +36,9 @@ FILES = {"vitamin_d.txt": "Vitamin D deficiency raises the risk of bone fracture
          "statins.txt": "Statins lower LDL cholesterol and cardiovascular events."}
 
 
-def _run(tmp_path: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, script: Path, *args: str, **env_vars: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("TIKTOKEN_CACHE_DIR", "NLTK_DATA")}
-    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO))
+    env.update(HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), **env_vars)
     return subprocess.run([sys.executable, "-c", NO_NET, str(script), *args], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -85,3 +85,28 @@ def test_the_guard_refuses_network(tmp_path):
     script.write_text("import urllib.request\nurllib.request.urlopen('http://example.com', timeout=5)\n")
     res = _run(tmp_path, script)
     assert res.returncode != 0 and "network access attempted" in res.stderr
+
+
+def test_plain_tokenizer_splitter_needs_no_cache_files(tmp_path):
+    """With TIKTOKEN_CACHE_DIR and NLTK_DATA pointing at empty folders (LlamaIndex would download
+    into them), a TokenTextSplitter with a plain tokenizer still runs offline."""
+    script = tmp_path / "li.py"
+    script.write_text(f"""
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.core.embeddings import MockEmbedding
+from llama_index.core.node_parser import TokenTextSplitter
+from retriever.integrations.llamaindex import LlamaIndexVectorStore
+store = LlamaIndexVectorStore({str(tmp_path / 'vs')!r})
+docs = [Document(text=(t + " ") * 200, id_=n) for n, t in {FILES!r}.items()]
+idx = VectorStoreIndex.from_documents(docs, storage_context=StorageContext.from_defaults(vector_store=store),
+                                      embed_model=MockEmbedding(embed_dim=8),
+                                      transformations=[TokenTextSplitter(chunk_size=256, tokenizer=str.split)])
+nodes = idx.as_retriever(vector_store_query_mode="sparse", similarity_top_k=1).retrieve("insulin diabetes")
+print(nodes[0].node.ref_doc_id, len(store.client.live_ids()) > len(docs))
+""")
+    (tmp_path / "tk").mkdir()
+    (tmp_path / "nl").mkdir()
+    res = _run(tmp_path, script, TIKTOKEN_CACHE_DIR=str(tmp_path / "tk"), NLTK_DATA=str(tmp_path / "nl"))
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split() == ["insulin.txt", "True"]
+    assert not any((tmp_path / "tk").iterdir()) and not any((tmp_path / "nl").iterdir())

@@ -169,3 +169,14 @@ def test_nodes_without_embedding_rejected(tmp_path):
     with pytest.raises(Exception, match="has no embedding"):
         store.add([TextNode(id_="a", text="x")])
     assert store.client is None
+
+
+def test_doc_ids_restrict_the_query(index):
+    _, store = index
+    q = QUERIES[2]
+    docs = ["srcdoc1", "srcdoc2", "srcdoc7", "srcdoc30"]
+    res = store.query(VectorStoreQuery(query_str=q, query_embedding=_vec(q), similarity_top_k=3, doc_ids=docs,
+                                       mode="hybrid"))
+    want = _engine(store, q, 3, "hybrid", {"$and": [{"ref_doc_id": {"$in": docs}}]})
+    assert res.ids == [h.id for h in want] and len(res.ids) == 3
+    assert {n.ref_doc_id for n in res.nodes} <= set(docs)
