@@ -11,6 +11,8 @@ from typing import Any, Iterable
 from .errors import ConfigError
 
 LEGS = ("bm25", "dense", "sparse")
+#: largest BM25 k1 (Lucene's usual values are 0.5 - 2; the reader refuses more in a manifest)
+MAX_K1 = 1000.0
 
 
 def _is_int(v: Any) -> bool:
@@ -64,8 +66,8 @@ class BM25Params:
     lucene_norms: bool = True
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.k1, (int, float)) and math.isfinite(self.k1) and self.k1 >= 0):
-            raise ConfigError(f"BM25 k1 must be a finite number >= 0, got {self.k1!r}")
+        if not (isinstance(self.k1, (int, float)) and math.isfinite(self.k1) and 0 <= self.k1 <= MAX_K1):
+            raise ConfigError(f"BM25 k1 must be a number in [0, {MAX_K1:g}], got {self.k1!r}")
         if not (isinstance(self.b, (int, float)) and 0.0 <= self.b <= 1.0):
             raise ConfigError(f"BM25 b must be in [0, 1], got {self.b!r}")
         if not isinstance(self.lucene_norms, bool):

@@ -60,3 +60,9 @@ class ModelError(RetrieverError, ValueError):
 
 class IndexLockedError(RetrieverError):
     """Another writer holds the index's writer lock (the message names its process id)."""
+
+
+class DistributedError(RetrieverError):
+    """A distributed build or search failed on a worker (a Ray actor or task died, or the cluster
+    could not be reached); the message names the worker's shards (search) or the part of the
+    corpus (build). No partial result or partial index is ever returned or made visible."""

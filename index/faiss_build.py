@@ -15,10 +15,19 @@ def build_faiss_index(vectors: np.ndarray, factory: str) -> bytes:
     """Train (if needed) and fill a FAISS inner-product index; return its serialised bytes.
 
     See :func:`make_faiss_index` (same arguments, fallback and errors).
+
+    Raises:
+        ConfigError: also when the index is of a type (or layout) that the reader does not accept
+            from a file (:func:`retriever.index.faiss_file.check_buildable`: e.g. an HNSW coarse
+            quantizer, a non-flat refinement, fast-scan PQ), naming the factory string.
     """
     import faiss
 
-    return faiss.serialize_index(make_faiss_index(vectors, factory)).tobytes()
+    from .faiss_file import check_buildable
+
+    data = faiss.serialize_index(make_faiss_index(vectors, factory)).tobytes()
+    check_buildable(data, factory, vectors.shape[1], vectors.shape[0])  # what the reader will accept
+    return data
 
 
 def make_faiss_index(vectors: np.ndarray, factory: str):

@@ -36,6 +36,8 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import IndexFormatError
+from .manifest_schema import parse_json_limited, validate_manifest
+from .safe_open import IndexFiles, check_rel, open_regular
 
 FORMAT_NAME = "retriever-index"
 FORMAT_VERSION = 2
@@ -126,33 +128,41 @@ def _check_offsets(path: Path, table: pa.Table) -> None:
 
 
 def read_table(path: Path, *, full: bool = False) -> pa.Table:
-    """Memory-map an Arrow IPC file (zero-copy) and validate its structure.
+    """Memory-map an Arrow IPC file (zero-copy) and validate its structure (see
+    :func:`table_from_map`). The file is opened with ``O_NOFOLLOW | O_NONBLOCK`` and must be a
+    regular file; the query side opens index files through
+    :class:`retriever.index.safe_open.IndexFiles` instead (confined, listed, size-checked).
+
+    Raises:
+        IndexFormatError: missing, a symlink, not a regular file, unreadable or structurally
+            corrupted file (names it).
+    """
+    with open_regular(path) as f:
+        buf = f.map()
+    return table_from_map(Path(path), buf, full=full)
+
+
+def table_from_map(path: Path, buf: Any, *, full: bool = False) -> pa.Table:
+    """An Arrow IPC file's table from its memory map (zero-copy), validated.
 
     Checks the Arrow magic bytes at both ends, Arrow's own buffer-size validation and the offsets
     of string columns (all O(rows) at most; payload bytes are left to ``verify``). ``full``: also
     Arrow's full validation (UTF-8 of every string; O(bytes)) for small files read whole.
 
     Raises:
-        IndexFormatError: missing, unreadable or structurally corrupted file (names it).
+        IndexFormatError: structurally corrupted file (names it).
     """
+    size = len(buf)
+    if size < 14 or bytes(buf[:6]) != ARROW_MAGIC or bytes(buf[size - 6:]) != ARROW_MAGIC:
+        raise IndexFormatError(f"{path}: not an Arrow IPC file (bad magic bytes or truncated)")
     try:
-        size = path.stat().st_size
-        with open(path, "rb") as f:
-            head = f.read(8)
-            f.seek(max(0, size - 6))
-            tail = f.read(6)
-        if size < 14 or head[:6] != ARROW_MAGIC or tail != ARROW_MAGIC:
-            raise IndexFormatError(f"{path}: not an Arrow IPC file (bad magic bytes or truncated)")
-        source = pa.memory_map(str(path), "r")
-        table = pa.ipc.open_file(source).read_all()
+        table = pa.ipc.open_file(pa.BufferReader(pa.py_buffer(buf))).read_all()
         table.validate(full=full)
         _check_offsets(path, table)
-    except FileNotFoundError:
-        raise IndexFormatError(f"{path}: index file is missing") from None
-    except (pa.ArrowException, OSError, ValueError) as e:  # UnicodeDecodeError is a ValueError
+    except (pa.ArrowException, OSError, ValueError, MemoryError) as e:  # UnicodeDecodeError is a ValueError
         if isinstance(e, IndexFormatError):
             raise
-        raise IndexFormatError(f"{path}: not a valid Arrow IPC file ({e})") from None
+        raise IndexFormatError(f"{path}: not a valid Arrow IPC file ({type(e).__name__}: {e})") from None
     return table
 
 
@@ -169,28 +179,42 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
 
 
 def read_arrays(path: Path, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:
-    """Read an array file written by :func:`write_arrays` as zero-copy read-only numpy views.
-
-    Args:
-        expected: ``{name: dtype}`` each array must have.
+    """Read an array file written by :func:`write_arrays` as zero-copy read-only numpy views
+    (:func:`read_table`, then :func:`arrays_of_table`).
 
     Raises:
         IndexFormatError: missing column, wrong dtype, or malformed file (names the file).
     """
-    table = read_table(path)
+    return arrays_of_table(path, read_table(path), expected)
+
+
+def arrays_of_table(path: Path, table: pa.Table, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:
+    """The named arrays of an array file's table (one row of ``large_list`` columns).
+
+    Args:
+        path: the file (for messages); ``expected``: ``{name: dtype}`` each array must have.
+
+    Raises:
+        IndexFormatError: missing column, wrong dtype or type, or malformed list (names the file).
+    """
     out = {}
     for name, dtype in expected.items():
         if name not in table.column_names:
             raise IndexFormatError(f"{path}: missing array {name!r}")
         col = table.column(name)
-        if col.num_chunks != 1 or len(col) != 1:
-            raise IndexFormatError(f"{path}: array {name!r} is malformed")
+        if col.num_chunks != 1 or len(col) != 1 or not (pa.types.is_large_list(col.type) or pa.types.is_list(col.type)):
+            raise IndexFormatError(f"{path}: array {name!r} is malformed (type {col.type})")
         chunk = col.chunk(0)
+        if chunk.null_count:
+            raise IndexFormatError(f"{path}: array {name!r} is null")
         lo, hi = chunk.offsets[0].as_py(), chunk.offsets[1].as_py()
         if not (0 <= lo <= hi <= len(chunk.values)) or lo != 0 or hi != len(chunk.values):
             raise IndexFormatError(f"{path}: array {name!r} has corrupted list offsets")
         values = chunk.values
-        arr = values.to_numpy(zero_copy_only=True) if values.null_count == 0 else None
+        try:
+            arr = values.to_numpy(zero_copy_only=True) if values.null_count == 0 else None
+        except (pa.ArrowException, ValueError, TypeError):
+            arr = None
         if arr is None or arr.dtype != np.dtype(dtype):
             raise IndexFormatError(f"{path}: array {name!r} has dtype {values.type}, expected {np.dtype(dtype)}")
         out[name] = arr
@@ -219,11 +243,7 @@ def safe_join(root: Path, rel: str, where: str | None = None) -> Path:
         IndexFormatError: absolute path, ``..`` component, or a symlink leading outside ``root``.
     """
     src = where or str(root)
-    if not isinstance(rel, str) or not rel or rel.startswith(("/", "\\")) or os.path.isabs(rel):
-        raise IndexFormatError(f"{src}: illegal path in manifest: {rel!r}")
-    parts = Path(rel).parts
-    if any(p in ("..", "") for p in parts):
-        raise IndexFormatError(f"{src}: illegal path in manifest: {rel!r}")
+    check_rel(rel, src)
     p = root / rel
     real_root = root.resolve()
     try:
@@ -258,14 +278,14 @@ def read_current(root: Path) -> int:
         raise IndexFormatError(f"{root}: index directory not found")
     cpath = root / CURRENT
     try:
-        if cpath.is_symlink():
-            raise IndexFormatError(f"{cpath}: index files may not be symlinks")
-        raw = cpath.read_bytes()[:256]
-    except FileNotFoundError:
-        if (root / MANIFEST_V1).is_file():
-            raise IndexFormatError(f"{root}: index of format version 1 (written by an older retriever; this "
-                                   f"build reads version {FORMAT_VERSION}): {upgrade_hint(root)}") from None
-        raise IndexFormatError(f"{root}: not an index (no {CURRENT} file)") from None
+        raw = IndexFiles(root).read_bytes(CURRENT, listed=False, max_bytes=256)
+    except IndexFormatError:
+        if not os.path.lexists(cpath):
+            if os.path.lexists(root / MANIFEST_V1):
+                raise IndexFormatError(f"{root}: index of format version 1 (written by an older retriever; this "
+                                       f"build reads version {FORMAT_VERSION}): {upgrade_hint(root)}") from None
+            raise IndexFormatError(f"{root}: not an index (no {CURRENT} file)") from None
+        raise
     try:
         text = raw.decode("ascii")
     except UnicodeDecodeError:
@@ -316,20 +336,12 @@ def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
     except ValueError as e:
         raise IndexFormatError(f"{root}: {e}") from None
     mpath = root / rel
-    try:
-        if mpath.is_symlink():
-            raise IndexFormatError(f"{mpath}: index files may not be symlinks")
-        size = mpath.stat().st_size
-    except FileNotFoundError:
+    if not os.path.lexists(mpath):
         if generation is None:
-            raise IndexFormatError(f"{root / CURRENT}: points to {rel}, which does not exist") from None
-        raise IndexFormatError(f"{root}: generation {gen} does not exist (current is {current})") from None
-    if size > MAX_MANIFEST_BYTES:
-        raise IndexFormatError(f"{mpath}: manifest is implausibly large ({size} bytes)")
-    try:
-        m = json.loads(mpath.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IndexFormatError(f"{mpath}: manifest is not valid JSON ({e})") from None
+            raise IndexFormatError(f"{root / CURRENT}: points to {rel}, which does not exist")
+        raise IndexFormatError(f"{root}: generation {gen} does not exist (current is {current})")
+    raw = IndexFiles(root).read_bytes(rel, listed=False, max_bytes=MAX_MANIFEST_BYTES)
+    m = parse_json_limited(mpath, raw)
     if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
         raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
     if "manifest_sha256" not in m or m["manifest_sha256"] != manifest_digest(m):
@@ -339,23 +351,17 @@ def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
                                f"(this build reads {FORMAT_VERSION})")
     if m.get("generation") != gen:
         raise IndexFormatError(f"{mpath}: says generation {m.get('generation')!r}, its name says {gen}")
+    validate_manifest(mpath, m)
     _check_fields(mpath, m)
     if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
                                                   for i, s in enumerate(m["shards"])}) != len(m["shards"]):
         raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
                                f"shard directory listed twice)")
+    files = IndexFiles(root, m["files"], str(mpath))
     for frel, info in m["files"].items():
-        p = safe_join(root, frel, str(mpath))
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
             raise IndexFormatError(f"{mpath}: bad entry for file {frel!r}")
-        try:
-            st = p.lstat()
-        except FileNotFoundError:
-            raise IndexFormatError(f"{p}: index file is missing") from None
-        if p.is_symlink():
-            raise IndexFormatError(f"{p}: index files may not be symlinks")
-        if st.st_size != info["bytes"]:
-            raise IndexFormatError(f"{p}: size {st.st_size} bytes, manifest says {info['bytes']} (truncated or modified)")
+        files.open(frel).close()  # confined, no symlink on the way, a regular file of the listed size
     for i, s in enumerate(m["shards"]):
         if not isinstance(s, dict) or not isinstance(s.get("dir"), str) or not isinstance(s.get("rows"), int) or s["rows"] < 0:
             raise IndexFormatError(f"{mpath}: bad shard entry #{i}")
@@ -373,22 +379,24 @@ def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
     return m
 
 
-def read_shard_stats(path: Path, rows: int) -> dict[str, Any]:
+def read_shard_stats(path: Path, rows: int, raw: bytes | None = None) -> dict[str, Any]:
     """Read a shard's ``stats.json`` (see :mod:`retriever.index.shard_stats` for the fields).
+
+    Args:
+        raw: the file's bytes when the caller read them already (through
+            :class:`~retriever.index.safe_open.IndexFiles`); else ``path`` is opened.
 
     Raises:
         IndexFormatError: unreadable, not a JSON object, or ``rows`` differs from the manifest's.
     """
-    try:
-        raw = path.read_bytes()[:MAX_STATS_BYTES + 1]
-    except FileNotFoundError:
-        raise IndexFormatError(f"{path}: index file is missing") from None
+    if raw is None:
+        with open_regular(path) as f:
+            if f.size > MAX_STATS_BYTES:
+                raise IndexFormatError(f"{path}: statistics file is implausibly large")
+            raw = f.read_all()
     if len(raw) > MAX_STATS_BYTES:
         raise IndexFormatError(f"{path}: statistics file is implausibly large")
-    try:
-        st = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise IndexFormatError(f"{path}: not valid JSON ({e})") from None
+    st = parse_json_limited(path, raw)
     if not isinstance(st, dict) or st.get("rows") != rows:
         raise IndexFormatError(f"{path}: statistics for {st.get('rows') if isinstance(st, dict) else st!r} rows, "
                                f"the manifest says {rows}")
@@ -396,13 +404,13 @@ def read_shard_stats(path: Path, rows: int) -> dict[str, Any]:
 
 
 def verify_checksums(root: Path, manifest: Mapping[str, Any]) -> None:
-    """Recompute every file's SHA-256 and compare with the manifest.
+    """Recompute every file's SHA-256 (each opened through
+    :class:`~retriever.index.safe_open.IndexFiles`) and compare with the manifest.
 
     Raises:
         IndexFormatError: names the first file whose content does not match.
     """
+    files = IndexFiles(root, manifest["files"])
     for rel, info in manifest["files"].items():
-        p = safe_join(root, rel)
-        digest = sha256_file(p)
-        if digest != info["sha256"]:
-            raise IndexFormatError(f"{p}: SHA-256 mismatch (file corrupted or modified)")
+        if files.sha256(rel) != info["sha256"]:
+            raise IndexFormatError(f"{files.path(rel)}: SHA-256 mismatch (file corrupted or modified)")

@@ -194,11 +194,13 @@ class MatryoshkaBuilder:
         return entry
 
 
-def load_rotation(root: Path, manifest: dict[str, Any], dim: int) -> np.ndarray | None:
+def load_rotation(root: Path, manifest: dict[str, Any], dim: int, files: Any = None) -> np.ndarray | None:
     """Read the rotation of an index, if it has one.
 
     Args:
         root: index directory; ``manifest``: its manifest; ``dim``: the dense dimension d.
+        files: the reader's :class:`~retriever.index.safe_open.IndexFiles` (default: one over
+            ``root`` and the manifest's files).
 
     Returns:
         float32 (d, d) rotation matrix, or ``None`` when the index stores unrotated vectors.
@@ -206,8 +208,6 @@ def load_rotation(root: Path, manifest: dict[str, Any], dim: int) -> np.ndarray 
     Raises:
         IndexFormatError: malformed ``matryoshka`` entry or rotation file (names the file).
     """
-    from .format import read_arrays, safe_join
-
     m = manifest.get("matryoshka")
     if not m:
         return None
@@ -218,8 +218,13 @@ def load_rotation(root: Path, manifest: dict[str, Any], dim: int) -> np.ndarray 
         return None
     if rel not in manifest.get("files", {}):
         raise IndexFormatError(f"{root / 'manifest.json'}: rotation file {rel!r} is not listed in files")
-    path = safe_join(root, rel)
-    arrs = read_arrays(path, {"rotation": np.float32, "mean": np.float32, "dims": np.int32})
+    if files is None:
+        from .safe_open import IndexFiles
+        files = IndexFiles(root, manifest["files"])
+    path = files.path(rel)
+    arrs = files.arrays(rel, {"rotation": np.float32, "mean": np.float32, "dims": np.int32})
+    if not np.isfinite(arrs["rotation"]).all():
+        raise IndexFormatError(f"{path}: rotation holds NaN or inf")
     if arrs["rotation"].size != dim * dim:
         raise IndexFormatError(f"{path}: rotation has {arrs['rotation'].size} values, expected {dim}x{dim}")
     return np.array(arrs["rotation"]).reshape(dim, dim)

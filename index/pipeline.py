@@ -209,7 +209,7 @@ def _run_build(documents: Iterator[Document], out: Path, config: BuildConfig, bu
 def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Path,
                 config: BuildConfig | None = None, *, overwrite: bool = False,
                 show_progress: bool = True, dense_vectors: Any = None, sparse_vectors: Any = None,
-                faults: FaultHook | None = None, sparse_scale: float | None = None,
+                faults: FaultHook | None = None, sparse_scale: float | None = None, executor: Any = None,
                 **overrides: Any) -> dict[str, Any]:
     """Build an index directory from a corpus.
 
@@ -239,6 +239,10 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
             scale it was created with, and a fresh build given the same scale scores the same.
         faults: fault-injection hook called at each point of
             :data:`retriever.index.faults.CRASH_POINTS` (tests; default: none).
+        executor: a :class:`retriever.index.distributed.RayExecutor` to build on a Ray cluster
+            (:mod:`retriever.index.distributed_build`: the same index, written by Ray workers into
+            ``out``'s temporary sibling, which must be on storage every node reaches); ``None``:
+            this process.
 
     Returns:
         the manifest (dict) of generation 1 of the new index.
@@ -254,6 +258,13 @@ def build_index(corpus: str | Path | Iterable[Mapping[str, Any]], out: str | Pat
     out = Path(out)
     check_target(out, overwrite)
     t0 = time.perf_counter()
+    if executor is not None:
+        if dense_vectors is not None or sparse_vectors is not None:
+            raise ConfigError("dense_vectors / sparse_vectors cannot be given to a Ray build (executor=...)")
+        from .distributed_build import build_distributed
+
+        return build_distributed(corpus, out, config, executor, overwrite=overwrite, faults=faults, t0=t0,
+                                 sparse_scale=sparse_scale)
     documents = read_corpus(corpus)  # a missing or unknown corpus fails here, before models load
     faults = faults or no_faults
     builders = make_builders(config, faults=faults, dense_vectors=dense_vectors, sparse_vectors=sparse_vectors,

@@ -166,6 +166,35 @@ class IndexWriter:
     #: continue after the index's highest one)
     first_shard = 0
 
+    @classmethod
+    def for_shards(cls, tmp: str | Path, *, faults: FaultHook = no_faults) -> "IndexWriter":
+        """A writer of shards into another writer's temporary directory ``tmp`` (a distributed
+        build's workers, on shared storage): :meth:`begin_shard` with an explicit ``index``, the
+        leg builders' ``finish_shard``, :meth:`end_shard`; its ``files``, ``shards`` and
+        ``shard_stats`` go back to the committing writer (:meth:`adopt_shard`). It never commits
+        nor deletes anything."""
+        w = cls.__new__(cls)
+        w.out, w._faults, w.overwrite = Path(tmp), faults, False
+        w.tmp = Path(tmp)
+        w.files, w.shards, w.shard_stats, w._open = {}, [], {}, {}
+        w._committed = True  # leaving a ``with`` block never removes the shared directory
+        return w
+
+    def adopt_shard(self, entry: dict[str, Any], stats: dict[str, Any], files: dict[str, dict[str, Any]]) -> None:
+        """Take a shard that a :meth:`for_shards` writer wrote into this writer's directory (its
+        manifest entry, statistics and file records); shards must be adopted in shard order.
+
+        Raises:
+            IndexFormatError: the shard is not the next one (internal error; nothing is committed).
+        """
+        want = f"shards/{self.first_shard + len(self.shards):05d}"
+        if entry.get("dir") != want:
+            raise IndexFormatError(f"{self.out}: internal error, adopting shard {entry.get('dir')} where {want} "
+                                   f"is next; nothing was written")
+        self.files.update(files)
+        self.shards.append(entry)
+        self.shard_stats[entry["dir"]] = stats
+
     def __enter__(self) -> "IndexWriter":
         return self
 
@@ -207,7 +236,8 @@ class IndexWriter:
         return rel
 
     def begin_shard(self, *, ids: list[str], titles: list[str], texts: list[str],
-                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None) -> ShardHandle:
+                    metadata: tuple[pa.Array, pa.Array] | list[Any] | None = None,
+                    index: int | None = None) -> ShardHandle:
         """Start the next shard: write its ``docs.arrow``.
 
         Args:
@@ -216,11 +246,14 @@ class IndexWriter:
                 (:meth:`retriever.index.metadata.MetadataColumns.columns`, types over the whole
                 build); or a list of per-document metadata (dicts, or JSON object strings, ``""``
                 for none), typed for this shard alone; None: no metadata.
+            index: the shard's number (default: the next one; a :meth:`for_shards` writer
+                gives it).
 
         Returns:
             the shard's handle (number, directory relative to the index root, rows).
         """
-        index = self.first_shard + len(self.shards) + len(self._open)
+        if index is None:
+            index = self.first_shard + len(self.shards) + len(self._open)
         rel_dir = f"shards/{index:05d}"
         sdir = self.tmp / rel_dir
         sdir.mkdir(parents=True)

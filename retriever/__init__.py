@@ -31,8 +31,9 @@ def _map_source_index() -> None:
 _map_source_index()
 
 from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
-from retriever.index.errors import (ConfigError, CorpusError, IndexExistsError, IndexFormatError, ModelError,
-                          QueryError, RetrieverError)
+from retriever.index.distributed import RayExecutor
+from retriever.index.errors import (ConfigError, CorpusError, DistributedError, IndexExistsError, IndexFormatError,
+                                    ModelError, QueryError, RetrieverError)
 from retriever.index.pipeline import build_index
 from retriever.index.updates import CompactPolicy, IndexUpdater
 
@@ -48,5 +49,5 @@ __all__ = [
     "BuildConfig", "BM25Params", "AnalyzerConfig", "DenseConfig",
     "BM25SearchParams", "DenseSearchParams", "SparseSearchParams",
     "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",
-    "ModelError", "QueryError",
+    "ModelError", "QueryError", "DistributedError", "RayExecutor",
 ]

@@ -125,7 +125,9 @@ class Retriever:
 
     @classmethod
     def open(cls, path: str | Path, *, verify: bool = False, use_gpu: bool | None = None,
-             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True) -> "Retriever":
+             device: str = "cpu", n_threads: int | None = None, concurrent_legs: bool = True,
+             dense_model: str | Path | None = None, sparse_model: str | Path | None = None,
+             executor: Any = None) -> "Retriever":
         """Open an index directory (memory-maps the shards, computes corpus-wide statistics).
 
         Args:
@@ -136,6 +138,13 @@ class Retriever:
             n_threads: default threads for compiled kernels, FAISS and BLAS (``None`` = all cores).
             concurrent_legs: run the legs of a hybrid search side by side when a call has 2 or
                 more threads (identical results either way).
+            dense_model, sparse_model: local model directories of the query encoders (default:
+                the bundled models). The index's own record of its models is a fingerprint
+                compared with them (a mismatch is a ModelError naming both), never a path that is
+                opened, so an index from elsewhere cannot choose what is loaded.
+            executor: a :class:`~retriever.index.distributed.RayExecutor` to hold the shards on
+                Ray actors (scatter-gather with corpus-wide statistics, identical results; see
+                docs/DISTRIBUTED.md); ``None``: this process.
 
         Raises:
             IndexFormatError: missing, truncated, corrupted or unknown index (names the file).
@@ -151,9 +160,19 @@ class Retriever:
         if not isinstance(concurrent_legs, bool):
             raise ConfigError(f"concurrent_legs must be True or False, got {concurrent_legs!r}")
         reader = IndexReader(path, verify=verify)
+        for name, m in (("dense_model", dense_model), ("sparse_model", sparse_model)):
+            if m is not None and not isinstance(m, (str, Path)):
+                raise ConfigError(f"{name} must be a model directory (str or Path) or None, got {m!r}")
+        models = {k: v for k, v in (("dense_model", dense_model), ("sparse_model", sparse_model)) if v is not None}
         cache = SegmentCache()
-        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs}
-        r = cls(reader, Engine(reader, cache=cache, **options), n_threads)
+        options = {"use_gpu": use_gpu, "device": device, "concurrent_legs": concurrent_legs, **models}
+        if executor is not None:
+            from .distributed.search import DistributedEngine  # the only place Ray is imported from
+
+            engine: Engine = DistributedEngine(reader, executor, **options)
+        else:
+            engine = Engine(reader, cache=cache, **options)
+        r = cls(reader, engine, n_threads)
         r._segments, r._engine_options = cache, options
         return r
 
@@ -180,11 +199,18 @@ class Retriever:
             cache = getattr(self, "_segments", None) or SegmentCache()
             options = getattr(self, "_engine_options", None) or {}
             reader = IndexReader(self.reader.path)
-            cache.mark()
-            engine = Engine(reader, cache=cache, **options)
-            cache.retain()
+            old = self.engine
+            reopen = getattr(old, "reopen", None)
+            if reopen is not None:  # a distributed engine: the same actors, new segments assigned
+                engine = reopen(reader)
+            else:
+                cache.mark()
+                engine = Engine(reader, cache=cache, **options)
+                cache.retain()
             self._segments, self._engine_options = cache, options
             self.reader, self.engine = reader, engine
+            if reopen is not None:
+                old.forget()  # the actors drop the older generation once no search is started on it
             return True
 
     def __enter__(self) -> "Retriever":
@@ -194,8 +220,11 @@ class Retriever:
         self.close()
 
     def close(self) -> None:
-        """Drop references to the memory-mapped shards."""
+        """Drop references to the memory-mapped shards (and stop a distributed engine's actors)."""
+        stop = getattr(self.engine, "close", None)
         self.engine = None  # type: ignore[assignment]
+        if stop is not None:
+            stop()
 
     @property
     def legs(self) -> tuple[str, ...]:
@@ -205,6 +234,29 @@ class Retriever:
     def info(self) -> dict[str, Any]:
         """Index summary (see :meth:`IndexReader.info`)."""
         return self.reader.info()
+
+    def default_fusion(self) -> "RRF | Linear":
+        """The fusion of a search without ``fusion=``: the setting stored in the index generation
+        this Retriever holds (``reader.fusion``, written by :func:`retriever.fusion_fit.fit_fusion`),
+        else :data:`retriever.fusion.DEFAULT_FUSION`.
+
+        Raises:
+            QueryError: a stored setting that does not parse (names the manifest).
+        """
+        from .fusion import DEFAULT_FUSION, fusion_from_dict
+
+        stored = self.reader.fusion
+        if stored is None:
+            return DEFAULT_FUSION
+        cached = getattr(self, "_stored_fusion", None)
+        if cached is not None and cached[0] is stored:
+            return cached[1]
+        try:
+            fz = fusion_from_dict(stored)
+        except QueryError as e:
+            raise QueryError(f"{self.reader.manifest_path}: stored fusion setting: {e}") from None
+        self._stored_fusion = (stored, fz)
+        return fz
 
     def _check(self, queries: Sequence[str], k: int, depth: int | None, n_threads: int | None
                ) -> tuple[list[str], int, int]:
@@ -268,8 +320,10 @@ class Retriever:
             queries: nq query strings. A blank query yields no hits.
             k: hits per query (>= 1; more than the corpus size returns every matching document).
             mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
-            fusion: ``"rrf"`` (default, k = 60), ``"linear"``/``"linear:zscore"``/``"linear:none"``,
-                or an :class:`RRF` / :class:`Linear` object with per-leg weights.
+            fusion: ``None`` (the index's stored, fitted setting, else
+                :data:`retriever.fusion.DEFAULT_FUSION`; see :meth:`default_fusion`), ``"rrf"`` (k = 60),
+                ``"linear"``/``"linear:<norm>"``/``"dbsf"``/``"tmm"``, or an :class:`RRF` /
+                :class:`Linear` object (per-leg weights, depths, full-score fusion).
             depth: candidates per leg before fusion (default 100, at least k). Results for
                 every k <= depth are prefixes of one another.
             n_threads: kernel threads for this call (default: the Retriever's).
@@ -300,7 +354,7 @@ class Retriever:
         qs, k, depth = self._check(queries, k, depth, n_threads)
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
             raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
-        fz = parse_fusion(fusion)
+        fz = self.default_fusion() if fusion is None else parse_fusion(fusion)
         params = self._check_options(fz, leg_params)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
         if isinstance(filter, (list, tuple)):

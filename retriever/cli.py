@@ -1,5 +1,5 @@
 """Command line: ``retriever index build|info|verify|upgrade``, ``retriever search``, ``retriever eval``,
-``retriever bench``.
+``retriever bench``, ``retriever fusion fit|clear``.
 
 A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
 1 bad input or index (one-line error on stderr), 2 usage error (argparse).
@@ -69,7 +69,10 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
+    p.add_argument("--fusion", default=None,
+                   help="rrf | dbsf | tmm | linear[:minmax|zscore|dbsf|tmm|theoretical|none] "
+                        "(default: the index's fitted setting, else the library default)")
+    p.add_argument("--full-score", action="store_true", help="full-score fusion: every leg scores every candidate")
     p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (default 60)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
@@ -111,10 +114,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--device", default="cpu", help="cpu or cuda (encoders)")
     b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out (atomic swap)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
+    b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="build on a Ray cluster (ADDRESS, e.g. auto or ray://host:10001; none: a local one); "
+                        "see docs/DISTRIBUTED.md")
+    b.add_argument("--ray-workers", type=_positive_int, default=2, help="Ray encoder actors / shard builders (default 2)")
+    b.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per Ray encoder actor (default 0)")
 
     i = idx.add_parser("info", help="print an index summary", formatter_class=_HelpFormatter)
     i.add_argument("dir", help="index directory")
-    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest", formatter_class=_HelpFormatter)
+    v = idx.add_parser("verify", help="check every file's SHA-256 against the manifest, and that the directory holds no unlisted files, symlinks or special files", formatter_class=_HelpFormatter)
     v.add_argument("dir", help="index directory")
     u = idx.add_parser("upgrade", help="convert an index of an older format version to the current one (atomically)",
                        formatter_class=_HelpFormatter)
@@ -173,14 +181,38 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-recall", action="store_true", help="skip the exact-search pass")
     bn.add_argument("--json", action="store_true", help="print the full report as JSON")
     _search_options(bn)
+
+    fz = sub.add_parser("fusion", help="fit a fusion setting from labelled queries and store it in the index",
+                        formatter_class=_HelpFormatter).add_subparsers(dest="fusion_command", required=True)
+    ft = fz.add_parser("fit", help="k-fold cross-validated search over fusion settings; stores the best "
+                       "as a new generation", formatter_class=_HelpFormatter)
+    ft.add_argument("dir", help="index directory")
+    ft.add_argument("--queries", required=True, help="labelled queries (never the split you report on)")
+    ft.add_argument("--qrels", required=True, help="their qrels; every judged query must be in --queries")
+    ft.add_argument("--metric", default="ndcg@10", help="ndcg@N | recall@N | mrr@N")
+    ft.add_argument("--folds", type=_positive_int, default=5, help="cross-validation folds")
+    ft.add_argument("-k", type=_positive_int, default=100, help="search k the setting is fitted for")
+    ft.add_argument("--split", default=None, help="name of the labelled split, recorded with the setting "
+                    "(default: the queries file's name)")
+    ft.add_argument("--dry-run", action="store_true", help="report only; store nothing")
+    ft.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
+    ft.add_argument("--json", action="store_true", help="print the report as JSON")
+    fc = fz.add_parser("clear", help="remove the stored fusion setting (new generation)", formatter_class=_HelpFormatter)
+    fc.add_argument("dir", help="index directory")
     return ap
 
 
 def _fusion(args: argparse.Namespace):
-    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` (:func:`retriever.fusion.parse_fusion`)."""
+    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` / ``--full-score``
+    (:func:`retriever.fusion.parse_fusion`); None when none is given (the index's stored setting
+    or the library default applies)."""
     from .fusion import parse_fusion
 
-    return parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
+    full = bool(getattr(args, "full_score", False))
+    if args.fusion is None and args.weights is None and args.rrf_k is None and not full:
+        return None
+    f = parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
+    return dataclasses.replace(f, full_score=True) if full else f
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -194,7 +226,13 @@ def cmd_build(args: argparse.Namespace) -> int:
                                         mrl_trained=args.mrl_trained),
                       sparse=SparseConfig(model=args.sparse_model, doc_max_length=args.sparse_doc_max_length,
                                           n_postings=args.sparse_n_postings, block_size=args.sparse_block_size))
-    m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress)
+    executor = None
+    if args.ray is not None:
+        from retriever.index.distributed import RayExecutor
+
+        executor = RayExecutor(address=args.ray or None, num_workers=args.ray_workers, num_gpus_per_worker=args.ray_gpus)
+    m = build_index(args.corpus, args.out, cfg, overwrite=args.overwrite, show_progress=not args.no_progress,
+                    executor=executor)
     st = m["build"]
     print(f"built {args.out}: {m['stats']['n_docs']} documents in {len(m['shards'])} shard(s), legs {','.join(cfg.legs)}, "
           f"{st['build_seconds']:.1f} s")
@@ -219,8 +257,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
     """``retriever index verify``: open the index checking every file's checksum; returns the exit status."""
     from .shards import IndexReader
 
+    from retriever.index.audit import audit_directory
+
     r = IndexReader(args.dir, verify=True)
-    print(f"ok: {len(r.manifest['files'])} files verified (SHA-256)")
+    problems = audit_directory(args.dir)
+    if problems:  # files the index does not use, symlinks, special files: each an error line
+        for line in problems:
+            print(f"error: {line}", file=sys.stderr)
+        return 1
+    print(f"ok: {len(r.manifest['files'])} files verified (SHA-256), no unlisted files or symlinks")
     return 0
 
 
@@ -397,11 +442,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fusion_fit(args: argparse.Namespace) -> int:
+    """``retriever fusion fit``: :func:`retriever.fusion_fit.fit_fusion` on a labelled split; prints the
+    CV figure beside the default's and stores the chosen setting; returns the exit status."""
+    from retriever.index.readers import read_qrels, read_queries
+
+    from .api import Retriever
+    from .fusion_fit import fit_fusion
+
+    queries = read_queries(args.queries)
+    qrels = read_qrels(args.qrels)
+    split = args.split or Path(args.queries).stem
+    r = Retriever.open(args.dir, n_threads=args.threads)
+    rep = fit_fusion(r, queries, qrels, metric=args.metric, folds=args.folds, k=args.k, split=split,
+                     store=not args.dry_run, queries_path=args.queries, qrels_path=args.qrels)
+    if args.json:
+        print(json.dumps({**rep.stored(), "generation": rep.generation, "seconds": rep.seconds,
+                          "cv_folds": rep.cv["folds"], "default_cv_folds": rep.default_cv["folds"]}))
+    else:
+        print(rep.summary())
+        print(f"note: fitted on split {split!r}; report figures on a split it was not fitted on")
+    return 0
+
+
+def cmd_fusion_clear(args: argparse.Namespace) -> int:
+    """``retriever fusion clear``: a new generation without a stored fusion setting; returns the exit status."""
+    from .fusion_fit import store_fusion
+    from .shards import IndexReader
+
+    gen = store_fusion(args.dir, IndexReader(args.dir).generation, None)
+    print(f"cleared the stored fusion setting (generation {gen})")
+    return 0
+
+
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
             ("index", "upgrade"): cmd_upgrade, ("index", "add"): cmd_add, ("index", "upsert"): cmd_add,
             ("index", "delete"): cmd_delete, ("index", "compact"): cmd_compact,
             ("search", None): cmd_search, ("eval", None): cmd_eval,
-            ("bench", None): cmd_bench}
+            ("bench", None): cmd_bench, ("fusion", "fit"): cmd_fusion_fit, ("fusion", "clear"): cmd_fusion_clear}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -409,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    fn = COMMANDS[(args.command, getattr(args, "index_command", None))]
+    fn = COMMANDS[(args.command, getattr(args, "index_command", None) or getattr(args, "fusion_command", None))]
     try:
         return fn(args)
     except RetrieverError as e:

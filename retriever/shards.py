@@ -12,8 +12,9 @@ import pyarrow as pa
 
 from retriever.index.config import BuildConfig
 from retriever.index.errors import IndexFormatError
-from retriever.index.format import (DOCS_COLUMNS, manifest_name, read_arrays, read_manifest, read_shard_stats,
-                                    read_table, safe_join, verify_checksums)
+from retriever.index.format import (DOCS_COLUMNS, MAX_STATS_BYTES, manifest_name, read_manifest, read_shard_stats,
+                                    safe_join, verify_checksums)
+from retriever.index.safe_open import IndexFiles
 from retriever.index.metadata import metadata_dicts
 
 #: what :meth:`IndexReader.fetch_batch` can return
@@ -76,6 +77,38 @@ class Shard:
         return self.string_views[name]
 
 
+def check_docs(path: Path, docs: pa.Table, rows: int) -> None:
+    """A shard's ``docs.arrow`` against the format: ``rows`` rows, the columns of
+    :data:`DOCS_COLUMNS` with their types (``id`` a string column of valid UTF-8 without nulls,
+    ``title`` / ``text`` strings, ``metadata`` a struct, ``metadata_nulls`` a list of strings).
+
+    Raises:
+        IndexFormatError: names the file, the column and what is wrong.
+    """
+    if docs.num_rows != rows or tuple(docs.column_names[:5]) != DOCS_COLUMNS:
+        raise IndexFormatError(f"{path}: has {docs.num_rows} rows / columns {docs.column_names}, manifest says "
+                               f"{rows} rows / {list(DOCS_COLUMNS)}")
+    sch = docs.schema
+    for name in ("id", "title", "text"):
+        t = sch.field(name).type
+        if not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+            raise IndexFormatError(f"{path}: column {name!r} is {t}, expected a string column")
+    if not pa.types.is_struct(sch.field("metadata").type):
+        raise IndexFormatError(f"{path}: column 'metadata' is {sch.field('metadata').type}, expected a struct")
+    t = sch.field("metadata_nulls").type
+    if not ((pa.types.is_list(t) or pa.types.is_large_list(t))
+            and (pa.types.is_string(t.value_type) or pa.types.is_large_string(t.value_type))):
+        raise IndexFormatError(f"{path}: column 'metadata_nulls' is {t}, expected a list of strings")
+    ids = docs.column("id")
+    if ids.null_count:
+        raise IndexFormatError(f"{path}: column 'id' has {ids.null_count} null ids")
+    try:
+        for chunk in ids.chunks:
+            chunk.validate(full=True)  # UTF-8 of every id: O(bytes of the ids)
+    except (pa.ArrowException, ValueError) as e:
+        raise IndexFormatError(f"{path}: column 'id' is corrupted ({e})") from None
+
+
 #: build-config sections that belong to one leg (the analyzer is the BM25 leg's)
 _CONFIG_LEG = {"bm25": "bm25", "analyzer": "bm25", "dense": "dense", "sparse": "sparse"}
 
@@ -113,20 +146,20 @@ class IndexReader:
             raise IndexFormatError(f"{mname}: invalid build_config ({e})") from None
         self.shards: list[Shard] = []
         base = 0
+        #: opens every file this reader reads: confined to the index, no symlinks, regular files
+        #: listed in the manifest with their listed sizes (:mod:`retriever.index.safe_open`)
+        self.files = IndexFiles(self.path, self.manifest["files"], str(mname))
         for entry in self.manifest["shards"]:
             sdir = safe_join(self.path, entry["dir"], str(mname))
-            docs = read_table(sdir / "docs.arrow")
-            if docs.num_rows != entry["rows"] or tuple(docs.column_names[:5]) != DOCS_COLUMNS:
-                raise IndexFormatError(f"{sdir / 'docs.arrow'}: has {docs.num_rows} rows / columns "
-                                       f"{docs.column_names}, manifest says {entry['rows']} rows / {list(DOCS_COLUMNS)}")
-            if not pa.types.is_struct(docs.schema.field("metadata").type):
-                raise IndexFormatError(f"{sdir / 'docs.arrow'}: column 'metadata' is {docs.schema.field('metadata').type}, "
-                                       f"expected a struct")
-            stats = read_shard_stats(safe_join(self.path, entry["stats"], str(mname)), entry["rows"])
+            docs_rel = f"{entry['dir']}/docs.arrow"
+            docs = self.files.table(docs_rel)
+            check_docs(sdir / "docs.arrow", docs, entry["rows"])
+            stats = read_shard_stats(self.files.path(entry["stats"]), entry["rows"],
+                                     self.files.read_bytes(entry["stats"], max_bytes=MAX_STATS_BYTES))
             deleted = None
             if entry.get("deletes") is not None:
-                dpath = safe_join(self.path, entry["deletes"], str(mname))
-                deleted = read_arrays(dpath, DELETES_ARRAYS)["rows"]
+                dpath = self.files.path(entry["deletes"])
+                deleted = self.files.arrays(entry["deletes"], DELETES_ARRAYS)["rows"]
                 if len(deleted) and (int(deleted[-1]) >= entry["rows"] or (np.diff(deleted.astype(np.int64)) <= 0).any()):
                     raise IndexFormatError(f"{dpath}: rows are not ascending below {entry['rows']}")
             self.shards.append(Shard(sdir, base, entry["rows"], docs, entry, stats, deleted))
@@ -278,7 +311,7 @@ class IndexReader:
 
     def shard_arrays(self, shard: Shard, name: str, expected: dict[str, Any]) -> dict[str, np.ndarray]:
         """Arrays of one Arrow file of ``shard`` (zero-copy read-only views, see :func:`retriever.index.format.read_arrays`), checked against ``expected`` (column name -> dtype); raises IndexFormatError naming the file and column."""
-        return read_arrays(shard.dir / name, expected)
+        return self.files.arrays(f"{shard.entry['dir']}/{name}", expected)
 
     def info(self) -> dict[str, Any]:
         """Summary: path, format version, generation, legs, document count, shards (directory,

@@ -87,3 +87,12 @@ class CorpusStats:
         """The statistics the opened legs combined from the shards they hold."""
         bm25 = legs.get("bm25")
         return cls(n_docs, None if bm25 is None else bm25.stats)
+
+    @classmethod
+    def combine(cls, parts: Sequence["CorpusStats"]) -> "CorpusStats":
+        """The statistics of the union of disjoint sets of shards (e.g. what each Ray actor holds):
+        N summed, BM25 statistics combined with :meth:`BM25Stats.combine` (``None`` when the
+        parts have none)."""
+        bm = [p.bm25 for p in parts if p.bm25 is not None]
+        n_terms = max((len(b.df) for b in bm), default=0)
+        return cls(sum(p.n_docs for p in parts), BM25Stats.combine(bm, n_terms) if bm else None)

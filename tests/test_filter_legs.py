@@ -259,7 +259,7 @@ DENSE_APPROX = {
 }
 
 
-@pytest.mark.parametrize("fraction", SELECTIVITIES)
+@pytest.mark.parametrize("fraction", SELECTIVITIES + (0.99,))  # 0.99: the kernels' own mask path (deletes)
 @pytest.mark.parametrize("algo", list(DENSE_EXACT))
 def test_dense_exact_equals_brute_force(collection, algo, fraction):
     r, qv, _ = collection
@@ -391,3 +391,77 @@ def test_tombstones_apply_to_dense_and_sparse(collection):
                 np.testing.assert_array_equal(res.ids[q, :res.n_found[q]], want_ids[q])
     finally:
         reader.shards[:] = old
+
+
+# ---------------------------------------------------------------- SciFact (real models)
+
+def _scifact(tmp_path_factory, data_dir, n_docs: int | None, n_queries: int):
+    """A dense + sparse index of SciFact (the first ``n_docs`` documents, or all) built with the
+    bundled MiniLM and SPLADE models, and ``n_queries`` of its queries prepared by both legs."""
+    import gzip
+    import json
+
+    path = data_dir / "scifact"
+    if not (path / "corpus.jsonl.gz").is_file():
+        pytest.skip("SciFact not found")
+    with gzip.open(path / "corpus.jsonl.gz", "rt") as f:
+        docs = [json.loads(line) for _, line in zip(range(n_docs or 10**9), f)]
+    with open(path / "queries.jsonl") as f:
+        queries = [json.loads(line)["text"] for _, line in zip(range(n_queries), f)]
+    out = tmp_path_factory.mktemp("scifact") / "ix"
+    build_index([{"_id": d["_id"], "title": d.get("title", ""), "text": d["text"]} for d in docs], out,
+                legs=("dense", "sparse"), shard_size=max(1, len(docs) // 2 + 1), show_progress=False,
+                dense=DenseConfig(dtype="float32", matryoshka_dims=(96, 192, 384)))
+    r = Retriever.open(out, n_threads=1)
+    qv = r.engine.legs["dense"].encode(queries)
+    prep = r.engine.legs["sparse"].prepare(queries)
+    q_off, q_terms, q_w = prep.batch
+    qsv = [(q_terms[q_off[i]:q_off[i + 1]], q_w[q_off[i]:q_off[i + 1]]) for i in range(len(queries))]
+    return r, qv, qsv
+
+
+def _check_scifact(r, qv, qsv):
+    for fraction in SELECTIVITIES:
+        masks = _masks(r, fraction, seed=int(fraction * 1e4))
+        n_pass = int(sum(m.sum() for m in masks))
+        for k in (10, 100):  # sparse exact: ids and scores bit for bit
+            want_ids, want_scores = _sparse_oracle(r, qsv, masks, k)
+            res = _search(r, "sparse", k, masks, qsv=qsv)
+            _check_no_masked(res, masks, r)
+            for q in range(len(qsv)):
+                n = res.n_found[q]
+                np.testing.assert_array_equal(res.ids[q, :n], want_ids[q])
+                np.testing.assert_array_equal(res.scores[q, :n], want_scores[q])
+        want_ids, _ = _sparse_oracle(r, qsv, masks, 10)
+        res = _search(r, "sparse", 10, masks, qsv=qsv, params={"sparse": {"algorithm": "seismic"}})
+        _check_no_masked(res, masks, r)
+        assert [int(n) for n in res.n_found] == [len(w) for w in want_ids]
+        assert _recall(res.ids, res.n_found, want_ids) >= 0.95
+        want_ids, want_scores = _dense_oracle(r, qv, masks, 10)
+        res = _search(r, "dense", 10, masks, qv=qv)  # flat: exact
+        _check_no_masked(res, masks, r)
+        for q in range(len(qv)):
+            np.testing.assert_array_equal(res.ids[q, :res.n_found[q]], want_ids[q])
+            np.testing.assert_allclose(res.scores[q, :res.n_found[q]], want_scores[q], rtol=1e-5, atol=1e-6)
+        for params in ({"dim": 192}, {"index": "HNSW32"}, {"index": "IVF8,Flat", "nprobe": 4},
+                       {"dim": 192, "scan_dtype": "int8"}):
+            for extra in ({}, {"filter_exact_below": 0.0}):
+                res = _search(r, "dense", 10, masks, qv=qv, params={"dense": {**params, **extra}})
+                _check_no_masked(res, masks, r)
+                assert (res.n_found == min(10, n_pass)).all(), params
+                rec = _recall(res.ids, res.n_found, want_ids)
+                assert rec >= 0.95, (fraction, params, extra, rec)
+
+
+@pytest.mark.slow
+def test_scifact_subset_filtered_legs(tmp_path_factory, data_dir):
+    """SciFact's first 600 documents with the real models: every dense and sparse algorithm under
+    random masks at each selectivity (slow: the models encode the documents; the synthetic
+    collection above is the default suite's variant)."""
+    _check_scifact(*_scifact(tmp_path_factory, data_dir, 600, 20))
+
+
+@pytest.mark.slow
+def test_scifact_filtered_legs(tmp_path_factory, data_dir):
+    """The same on all of SciFact (5,183 documents, 100 queries)."""
+    _check_scifact(*_scifact(tmp_path_factory, data_dir, None, 100))

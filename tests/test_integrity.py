@@ -210,7 +210,7 @@ def test_symlinks_leaving_index_refused(bm25_index, tmp_path):
     shutil.copytree(bm25_index, copy2)
     shutil.rmtree(copy2 / "shards" / "00000")
     os.symlink(outside / "shards" / "00000", copy2 / "shards" / "00000")
-    with pytest.raises(IndexFormatError, match="leaves the index"):
+    with pytest.raises(IndexFormatError, match="leaves the index|symlink"):
         Retriever.open(copy2)
 
 

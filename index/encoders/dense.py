@@ -84,9 +84,11 @@ class DenseEncoder:
                 self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
                                                                trust_remote_code=False)
                 self.model = AutoModel.from_pretrained(str(self.path), local_files_only=True,
-                                                       trust_remote_code=False).to(self.device).eval()
-        except (OSError, ValueError, KeyError) as e:
-            raise ModelError(f"{self.path}: cannot load model ({e})") from None
+                                                       trust_remote_code=False,
+                                                       use_safetensors=True).to(self.device).eval()
+        except Exception as e:  # noqa: BLE001 - any loader failure is a model problem
+            raise ModelError(f"{self.path}: cannot load model (only safetensors weights are loaded; "
+                             f"{type(e).__name__}: {e})") from None
         self.dim = int(self.model.config.hidden_size)
         self.n_truncated = 0
 

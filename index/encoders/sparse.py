@@ -94,9 +94,10 @@ class SparseEncoder:
                 self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True,
                                                                trust_remote_code=False)
                 self.model = AutoModelForMaskedLM.from_pretrained(str(self.path), local_files_only=True,
-                                                                  trust_remote_code=False)
+                                                                  trust_remote_code=False, use_safetensors=True)
         except Exception as e:  # noqa: BLE001 - any loader failure is a model problem
-            raise ModelError(f"{self.path}: cannot load masked-LM checkpoint ({type(e).__name__}: {e})") from None
+            raise ModelError(f"{self.path}: cannot load masked-LM checkpoint (only safetensors weights are "
+                             f"loaded; {type(e).__name__}: {e})") from None
         self.model.eval().to(self.device)
         self.vocab_size = int(self.model.config.vocab_size)
         self._parts = self._split_head()

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from retriever.index.analyzer import Analyzer
 from retriever.index.errors import IndexFormatError, QueryError
-from retriever.index.format import read_table
 
 from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
@@ -757,9 +757,11 @@ def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
         vocab = dict(hit) if cut < len(files) else hit
         for rel in files[cut:]:
             path = reader.path / rel
-            if rel not in reader.manifest["files"] and rel != "vocab.arrow":
-                raise _fmt_error(path, "vocabulary file is not listed in the manifest's files")
-            terms = read_table(path, full=True).column("term").to_pylist()
+            vt = reader.files.table(rel, full=True)  # listed, confined, no symlink, a regular file
+            if "term" not in vt.column_names or not (pa.types.is_string(vt.schema.field("term").type)
+                                                     or pa.types.is_large_string(vt.schema.field("term").type)):
+                raise _fmt_error(path, f"has columns {vt.schema}, expected a string column 'term'")
+            terms = vt.column("term").to_pylist()
             before = len(vocab)
             vocab.update(zip(terms, range(before, before + len(terms))))
             if len(vocab) != before + len(terms):
@@ -786,9 +788,9 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
     df_del = np.zeros(n_terms, dtype=np.int64)
     got = None
     if dpath is not None:
-        names = read_table(dpath).column_names
+        names = reader.files.table(s.entry["deletes"]).column_names
         if "bm25_terms" in names and "bm25_df" in names:
-            got = reader.shard_arrays(s, dpath.name, {"bm25_terms": np.uint32, "bm25_df": np.uint32})
+            got = reader.files.arrays(s.entry["deletes"], {"bm25_terms": np.uint32, "bm25_df": np.uint32})
     if got is not None:
         terms = got["bm25_terms"].astype(np.int64)
         if len(terms) and terms.max() >= n_terms:

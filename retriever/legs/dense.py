@@ -40,6 +40,7 @@ import numpy as np
 
 from retriever.index.encoders.dense import DenseEncoder
 from retriever.index.errors import IndexFormatError, QueryError
+from retriever.index.faiss_file import read_faiss_index
 from retriever.index.format import read_table
 from retriever.index.matryoshka import load_rotation, prefix_normalize
 
@@ -64,15 +65,19 @@ CHUNK_BYTES = 256 << 20
 GPU_MAX_K = 2048
 
 
-def load_vectors(path, rows: int, dim: int) -> np.ndarray:
+def load_vectors(path, rows: int, dim: int, table: Any = None) -> np.ndarray:
     """Read a shard's ``dense.arrow`` as a (rows, dim) float16/float32 view (zero-copy).
+
+    Args:
+        table: the file's table when the caller opened it already (through the reader's
+            :class:`~retriever.index.safe_open.IndexFiles`); else ``path`` is read.
 
     Raises:
         IndexFormatError: wrong shape or dtype (names the file).
     """
     import pyarrow as pa
 
-    t = read_table(path)
+    t = read_table(path) if table is None else table
     if t.column_names != ["vector"] or t.num_rows != rows:
         raise IndexFormatError(f"{path}: expected {rows} rows of column 'vector'")
     col = t.column("vector")
@@ -139,20 +144,6 @@ class _PrefixIndex:
         self.int8 = int8
 
 
-def _check_digest(reader: IndexReader, path) -> None:
-    """Compare a file's SHA-256 with the manifest entry.
-
-    Raises:
-        IndexFormatError: unlisted file or digest mismatch (names the file).
-    """
-    from retriever.index.format import sha256_file
-
-    rel = path.relative_to(reader.path).as_posix()
-    info = reader.manifest["files"].get(rel)
-    if info is None or sha256_file(path) != info["sha256"]:
-        raise IndexFormatError(f"{path}: not listed in the manifest or SHA-256 mismatch (corrupted or modified)")
-
-
 class DenseLeg:
     """Dense leg of an opened index.
 
@@ -161,6 +152,9 @@ class DenseLeg:
         shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
         use_gpu: move FAISS flat/IVF indexes to GPU (``None`` = when ``faiss.get_num_gpus() > 0``).
         device: torch device for the query encoder.
+        model: the query encoder's model directory (default: the bundled all-MiniLM-L6-v2); the
+            manifest's model record is a fingerprint compared with it on first use (a mismatch is
+            a ModelError naming both), never a path that is opened.
 
     Raises:
         IndexFormatError: malformed vectors, FAISS index or rotation file (names the file).
@@ -170,13 +164,23 @@ class DenseLeg:
     Params = DenseSearchParams
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, use_gpu: bool | None = None,
-                 device: str = "cpu", cache: SegmentCache | None = None) -> None:
+                 device: str = "cpu", cache: SegmentCache | None = None, model: str | None = None) -> None:
         import faiss
+
+        from retriever.index.encoders.checkpoint import query_model
+        from retriever.index.encoders.dense import default_dense_model
 
         self.reader = reader
         self.config = reader.config.dense
         self.dim = int(reader.manifest["stats"].get("dense_dim", 0))
-        self.model_path = reader.manifest.get("models", {}).get("dense", {}).get("path")
+        #: the manifest's record of the model the documents were encoded with (a fingerprint)
+        self.model_info = reader.manifest.get("models", {}).get("dense")
+        #: the query model: the caller's, else the bundled default (never a path the index names);
+        #: None for precomputed vectors without a caller's model
+        self.model_path = None if model is None else str(model)
+        #: the bundled model is used (resolved on first use) when the caller named none and the
+        #: index's documents were encoded by a model (not given as precomputed vectors)
+        self._default_model = (lambda: query_model(None, self.model_info, default_dense_model)) if model is None else None
         self.device = device
         self._encoder: DenseEncoder | None = None
         self._lock = threading.Lock()
@@ -184,7 +188,7 @@ class DenseLeg:
             use_gpu = faiss.get_num_gpus() > 0
         self.use_gpu = bool(use_gpu) and faiss.get_num_gpus() > 0
         #: float32 (dim, dim) rotation applied to queries (documents were rotated at build), or None.
-        self.rotation = load_rotation(reader.path, reader.manifest, self.dim)
+        self.rotation = load_rotation(reader.path, reader.manifest, self.dim, files=reader.files)
         #: the rotation widened to float64 once (the product in :meth:`rotate`), or None.
         self._rotation64 = None if self.rotation is None else self.rotation.astype(np.float64)
         #: Matryoshka dims recorded at build time (informational; any prefix 1..dim is accepted).
@@ -210,18 +214,13 @@ class DenseLeg:
         index of the vectors), checked; reused across refreshes (:mod:`retriever.segcache`)."""
         import faiss
 
-        vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim)
-        if (s.dir / "dense.faiss").is_file():
-            # FAISS sizes its allocations from the file's own header, so the file's content is
-            # checked against the manifest's SHA-256 before FAISS parses it.
-            _check_digest(reader, s.dir / "dense.faiss")
-            try:
-                index = faiss.read_index(str(s.dir / "dense.faiss"))
-            except (RuntimeError, MemoryError) as e:
-                raise IndexFormatError(f"{s.dir / 'dense.faiss'}: unreadable FAISS index ({e})") from None
-            if index.d != self.dim or index.ntotal != s.rows:
-                raise IndexFormatError(f"{s.dir / 'dense.faiss'}: d={index.d} ntotal={index.ntotal}, "
-                                       f"expected d={self.dim} ntotal={s.rows}")
+        vec = load_vectors(s.dir / "dense.arrow", s.rows, self.dim,
+                           table=reader.files.table(f"{s.entry['dir']}/dense.arrow"))
+        faiss_rel = f"{s.entry['dir']}/dense.faiss"
+        if faiss_rel in reader.manifest["files"]:
+            # every size in the file is checked against the file's length, its ntotal and d
+            # before FAISS parses it (FAISS allocates what a header claims before reading)
+            index = read_faiss_index(reader.files, faiss_rel, self.dim, s.rows)
         else:
             index = faiss.IndexFlatIP(self.dim)
             if s.rows:
@@ -232,17 +231,26 @@ class DenseLeg:
     @property
     def encoder(self) -> DenseEncoder:
         """The query encoder, loaded on first use from the model recorded in the manifest."""
+        from pathlib import Path
+
+        from retriever.index.encoders.checkpoint import check_fingerprint
+
         with self._lock:
             if self._encoder is None:
+                if not self.model_path and self._default_model is not None:
+                    self.model_path = self._default_model()
                 if not self.model_path:
                     raise QueryError("this index has no dense query encoder (its dense vectors were given "
                                      "precomputed at build time): pass query_vectors= (float32 (nq, "
-                                     f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid'")
+                                     f"{self.dim})) to search its dense leg, e.g. in mode 'dense' or 'hybrid', "
+                                     "or open it with dense_model=")
                 cfg = self.config
+                check_fingerprint("dense", Path(self.model_path), self.model_info, str(self.reader.manifest_path))
                 enc = DenseEncoder(self.model_path, max_length=cfg.max_length, batch_size=cfg.batch_size,
                                    device=self.device, normalize=cfg.normalize)
                 if enc.dim != self.dim:  # kept only once it passed: every later search raises this too
-                    raise IndexFormatError(f"dense model {self.model_path} has dim {enc.dim}, index has {self.dim}")
+                    raise IndexFormatError(f"{self.reader.manifest_path}: dense model {self.model_path} has dim "
+                                           f"{enc.dim}, index has {self.dim}")
                 self._encoder = enc
             return self._encoder
 
@@ -376,6 +384,10 @@ class DenseLeg:
         import faiss
 
         inner = faiss.downcast_index(index)
+        refine = None
+        if isinstance(inner, faiss.IndexRefine):  # "...,RFlat": the base index's parameters, wrapped
+            refine = inner
+            inner = faiss.downcast_index(inner.base_index)
         wrap = None
         if isinstance(inner, faiss.IndexPreTransform):
             wrap = inner
@@ -395,6 +407,8 @@ class DenseLeg:
             params.sel = sel
         if params is not None and wrap is not None:
             params = faiss.SearchParametersPreTransform(index_params=params)
+        if refine is not None:
+            params = faiss.IndexRefineSearchParameters(k_factor=float(refine.k_factor), base_index_params=params)
         return params
 
     def _faiss_search(self, cpu: Any, gpu: Any, q: np.ndarray, k: int, fp: FunnelParams) -> tuple[np.ndarray, np.ndarray]:
@@ -504,11 +518,12 @@ class DenseLeg:
                          mask: ShardMask) -> TopK:
         """:meth:`search_shard` with an allow mask that some but not all rows pass.
 
-        The planner: when the passing fraction is below ``params.filter_exact_below``, or for an
-        IVF generator whose ``nprobe`` (raised to ``nprobe / fraction``, so that as many passing
-        vectors are visited as without a filter) would visit more vectors than pass, the passing
-        documents are scanned exactly (:meth:`_scan_passing`): the exact filtered top-k, whatever
-        the algorithm. Otherwise every generator takes the mask before its top-k': the exact
+        The planner: when the passing fraction is below ``params.filter_exact_below``, when the
+        generator scans every row anyway and a scan of the passing vectors costs less
+        (:meth:`_passing_scan_cheaper`), or for an IVF generator whose ``nprobe`` (raised to
+        ``nprobe / fraction``, so that as many passing vectors are visited as without a filter)
+        would visit more vectors than pass, the passing documents are scanned exactly
+        (:meth:`_scan_passing`): the exact filtered top-k, whatever the algorithm. Otherwise every generator takes the mask before its top-k': the exact
         scans (float32 blocks, int8) through their kernels' ``allow``; FAISS through an
         ``IDSelectorBitmap`` in the search parameters (IVF ``nprobe`` and HNSW ``efSearch``
         divided by the fraction, capped), or, for index types without selector support (flat
@@ -528,7 +543,8 @@ class DenseLeg:
         if not p.exhaustive and not prepared.use_own:
             pi = self._prefix_index(shard, fp.dim, "int8" if fp.scan_dtype == "int8" else fp.index or "Flat")
         cpu = self.cpu_indexes[shard] if prepared.use_own else (pi.cpu if pi is not None else None)
-        if mask.fraction < p.filter_exact_below or (cpu is not None and self._ivf_scans_more(cpu, fp, mask)):
+        if (mask.fraction < p.filter_exact_below or self._passing_scan_cheaper(prepared, cpu, pi, fp, mask)
+                or (cpu is not None and self._ivf_scans_more(cpu, fp, mask))):
             return self._scan_passing(prepared, shard, depth, threads, fp, mask)
         with thread_limits(threads):
             if p.exhaustive:
@@ -579,6 +595,23 @@ class DenseLeg:
             D, I = _prefix_scan(subp, prepared.qp, need, threads, fp.batch_size)
         ids = np.where(I >= 0, rows[np.maximum(I, 0)] + s.base, -1)
         return _top(ids, np.where(I >= 0, D, -np.inf).astype(np.float32), depth)
+
+    def _passing_scan_cheaper(self, prepared: "DensePrepared", cpu: Any, pi: "_PrefixIndex | None",
+                              fp: FunnelParams, mask: ShardMask) -> bool:
+        """True when the generator is itself a scan of every row (exhaustive, the flat float32 or
+        int8 prefix scans, a flat FAISS index) and gathering and scanning the passing vectors at
+        full dimension costs less: ``passing · d · (1 + 1/nq)`` multiply-adds and copies against
+        ``rows · dim`` (a quarter of that for int8 codes)."""
+        if prepared.params.exhaustive:
+            gen = float(self.dim)
+        elif pi is not None and pi.int8 is not None:
+            gen = fp.dim / 4.0
+        elif cpu is None or type(cpu).__name__ in ("IndexFlatIP", "IndexFlat"):
+            gen = float(self.dim if prepared.use_own else fp.dim)
+        else:
+            return False
+        nq = max(1, prepared.q.shape[0])
+        return mask.n_pass * self.dim * (1.0 + 1.0 / nq) <= mask.rows * gen
 
     @staticmethod
     def _ivf_scans_more(cpu: Any, fp: FunnelParams, mask: ShardMask) -> bool:
@@ -663,14 +696,23 @@ class DenseLeg:
         cand[row, col] = ords
         ids, scores, _ = _kernels.rescore_topk(prepared.q, self.vectors[shard], cand, width, 0, 1)
         # rescore_topk returns each row sorted; map the scores back to the candidates' positions
-        lookup = {}
-        for r, c, d in zip(row.tolist(), col.tolist(), ords.tolist()):
-            lookup[(r, d)] = c
-        for r in range(nq):
-            for j in range(int(counts[r])):
-                d = int(ids[r, j])
-                if d >= 0:
-                    out[offs[r] + lookup[(r, d)]] = scores[r, j]
+        # (one sort of (row, ordinal) keys and a binary search; a candidate may repeat in a row)
+        big = self.shards[shard].rows + 2
+        keys = np.arange(nq, dtype=np.int64)[:, None] * big + cand + 1
+        flat = keys.ravel()
+        order = np.argsort(flat, kind="stable")
+        sorted_keys = flat[order]
+        valid = ids >= 0
+        found = (np.arange(nq, dtype=np.int64)[:, None] * big + ids + 1)[valid]
+        left = np.searchsorted(sorted_keys, found, side="left")
+        right = np.searchsorted(sorted_keys, found, side="right")
+        vals = scores[valid]
+        # every occurrence of a (row, ordinal) in the candidates gets its score
+        reps = right - left
+        src = np.repeat(np.arange(len(found)), reps)
+        at = order[np.repeat(left, reps) + (np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps))]
+        r_, c_ = np.divmod(at, width)
+        out[offs[r_] + c_] = vals[src]
         return out
 
     @staticmethod

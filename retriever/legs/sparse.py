@@ -216,6 +216,8 @@ class SparseLeg:
         reader: the opened index (built with the ``sparse`` leg).
         shards: positions in ``reader.shards`` this leg holds (default: every shard), in order.
         device: query encoder device.
+        model: the query encoder's checkpoint (default: the bundled SPLADE); the manifest's model
+            record is compared with it as a fingerprint (ModelError on a mismatch), never opened.
 
     Raises:
         IndexFormatError: missing or inconsistent sparse files (names the file).
@@ -225,7 +227,12 @@ class SparseLeg:
     Params = SparseSearchParams
 
     def __init__(self, reader: IndexReader, *, shards: Sequence[int] | None = None, device: str = "cpu",
-                 cache: SegmentCache | None = None) -> None:
+                 cache: SegmentCache | None = None, model: str | None = None) -> None:
+        self.reader = reader
+        #: the manifest's record of the document model (a fingerprint, never a path to open)
+        self.model_info = reader.manifest.get("models", {}).get("sparse")
+        #: the query model: the caller's, else the bundled default SPLADE (resolved on first use)
+        self._model_given = model
         st = reader.manifest["stats"]
         try:
             self.scale = float(st["sparse_scale"])
@@ -270,10 +277,15 @@ class SparseLeg:
     def encoder(self):
         """The query encoder (:class:`retriever.index.encoders.sparse.SparseEncoder`), loaded on first use."""
         if self._encoder is None:
-            from retriever.index.encoders.sparse import SparseEncoder
+            from pathlib import Path
+
+            from retriever.index.encoders.checkpoint import check_fingerprint
+            from retriever.index.encoders.sparse import SparseEncoder, resolve_sparse_model
 
             c = self.config
-            self._encoder = SparseEncoder(c.model, doc_max_length=c.doc_max_length,
+            path = resolve_sparse_model(self._model_given)
+            check_fingerprint("sparse", Path(path), self.model_info, str(self.reader.manifest_path))
+            self._encoder = SparseEncoder(str(path), doc_max_length=c.doc_max_length,
                                           query_max_length=c.query_max_length, batch_size=c.batch_size,
                                           device=self.device)
         return self._encoder

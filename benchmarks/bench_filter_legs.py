@@ -1,0 +1,322 @@
+"""Filtered search benchmark: allow masks inside every leg, against FAISS and LanceDB.
+
+Synthetic documents (``benchmarks/datasets.py`` text, clustered unit vectors with a decaying
+spectrum and SPLADE-like sparse vectors) carry typed metadata fields: ``num`` (uniform int in [0, 1000)), ``cat`` (Zipfian
+category, 100 values), ``flag`` (bool) and ``ts`` (timestamp). One index holds the BM25, dense
+(built with an IVF structure) and sparse legs. For each selectivity (0.1 %, 1 %, 10 %, 50 %:
+``num < 1 / 10 / 100 / 500``) the benchmark measures, per mode, QPS of a filtered batch and
+recall@10 against the exact filtered top-10 (BM25 and sparse exact: recall 1 by construction, the
+figure is the filtered / unfiltered QPS ratio), and the mask compilation on its own. In the same
+run: FAISS on the same vectors with the same index type and an ``IDSelectorBitmap`` (nprobe raised
+until it reaches the recall of ours), FAISS post-filtering (search k', keep the passing ids), and
+LanceDB (embedded) pre-filtered vector search and hybrid search (FTS + vector) on the same data.
+
+Masks are compiled with pyarrow compute over the shards' typed metadata columns (or
+``retriever.filters.compile_filter`` when present). Timings: medians of interleaved passes (see
+``benchmarks/timing.py``); run under ``flock`` so runs do not overlap.
+
+    python -m benchmarks.bench_filter_legs --docs 200000 --out benchmarks/results/filters_200k.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from benchmarks.datasets import synthetic_bm25, synthetic_dense, synthetic_sparse
+from benchmarks.timing import machine, qps, timed_runs
+
+#: selectivity -> threshold on ``num`` (uniform in [0, 1000))
+SELECTIVITIES = {0.001: 1, 0.01: 10, 0.1: 100, 0.5: 500}
+K = 10
+#: each timed pass repeats its batch for at least this long (sub-ms batches are at the mercy of
+#: one scheduler tick on a shared VM)
+MIN_S = 0.3
+SPECTRUM_DECAY = 0.97
+
+
+def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed: int = 42) -> dict[str, Any]:
+    """Build the 3-leg index of ``n_docs`` synthetic documents with typed fields; returns the
+    queries and the raw vectors (for the FAISS and LanceDB peers)."""
+    from retriever import build_index
+    from retriever.index.config import DenseConfig
+
+    text = synthetic_bm25(n_docs, vocab=200_000, mean_len=24.0, n_queries=n_queries, seed=seed)
+    dense = synthetic_dense(n_docs, dim, n_queries=n_queries, seed=seed)
+    sparse = synthetic_sparse(n_docs, vocab=30522, nnz=40, q_nnz=12, n_queries=n_queries, seed=seed)
+    rng = np.random.default_rng([seed, 99])
+    num = rng.integers(0, 1000, n_docs)
+    zipf = 1.0 / np.arange(1, 101) ** 1.1
+    cat = rng.choice(100, n_docs, p=zipf / zipf.sum())
+    flag = rng.random(n_docs) < 0.3
+    ts = 1_600_000_000 + rng.integers(0, 3 * 365 * 86400, n_docs)
+    # a decaying spectrum (coordinate j scaled by SPECTRUM_DECAY ** j), as real embeddings have
+    # after the index's PCA rotation: what makes Matryoshka prefixes (the funnel) meaningful
+    decay = (SPECTRUM_DECAY ** np.arange(dim)).astype(np.float32)
+    vecs = dense.all() * decay
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    qv = dense.queries * decay
+    qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+    ids_l, w_l = zip(*sparse.docs())
+    ptr = np.zeros(n_docs + 1, np.int64)
+    ptr[1:] = np.cumsum([len(i) for i in ids_l])
+    texts: list[str] = []
+
+    def docs():
+        import datetime as dt
+        for i, d in enumerate(text.docs()):
+            texts.append(d["text"])
+            yield {**d, "num": int(num[i]), "cat": f"c{int(cat[i])}", "flag": bool(flag[i]),
+                   "ts": dt.datetime.fromtimestamp(int(ts[i]), dt.timezone.utc)}
+
+    t0 = time.perf_counter()
+    build_index(docs(), out, legs=("bm25", "dense", "sparse"), dense_vectors=vecs, show_progress=False,
+                sparse_vectors=(ptr, np.concatenate(ids_l).astype(np.uint32), np.concatenate(w_l).astype(np.float32)),
+                dense=DenseConfig(dtype="float32", faiss_factory=f"IVF{nlist},Flat"), shard_size=max(n_docs, 1))
+    return {"build_s": time.perf_counter() - t0, "queries": text.queries, "qv": np.ascontiguousarray(qv),
+            "qsv": sparse.queries, "vecs": vecs, "num": num, "texts": texts}
+
+
+def compile_masks(reader: Any, threshold: int) -> list[np.ndarray]:
+    """Per shard the uint8 mask of ``num < threshold`` (retriever.filters when it exists, else
+    pyarrow compute over the typed ``metadata.num`` column)."""
+    try:
+        from retriever.filters import compile_filter  # the filter branch's compiler
+    except ImportError:
+        compile_filter = None
+    if compile_filter is not None:
+        masks = compile_filter(pc.field("num") < threshold, reader, list(range(len(reader.shards))))
+        return [np.ones(s.rows, np.uint8) if m is None else m for s, m in zip(reader.shards, masks)]
+    out = []
+    for s in reader.shards:
+        col = pc.struct_field(s.docs.column("metadata"), "num")
+        out.append(np.asarray(pc.fill_null(pc.less(col, threshold), False)).astype(np.uint8))
+    return out
+
+
+def recall(got: np.ndarray, n_found: np.ndarray, want: np.ndarray, want_n: np.ndarray) -> float:
+    """recall@10 of rows ``got`` against the exact rows ``want`` (both padded with -1)."""
+    hits = total = 0
+    for q in range(len(want)):
+        w = want[q, :want_n[q]]
+        hits += len(np.intersect1d(got[q, :n_found[q]], w))
+        total += len(w)
+    return hits / total if total else 1.0
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import faiss
+
+    from retriever import Retriever
+    from retriever.fusion import RRF
+    from retriever.params import parse_leg_params
+
+    work = Path(tempfile.mkdtemp(prefix="bench_filters_"))
+    data = build(args.docs, work / "ix", dim=args.dim, nlist=args.nlist, n_queries=args.queries)
+    print(f"built {args.docs} docs in {data['build_s']:.1f}s", flush=True)
+    r = Retriever.open(work / "ix", n_threads=args.threads)
+    qs, qv, qsv, vecs = data["queries"], data["qv"], data["qsv"], data["vecs"]
+    nq = len(qs)
+    eng = r.engine
+
+    def search(mode: str, masks, params: dict | None = None, k: int = K):
+        p = parse_leg_params(params)
+        prep = {}
+        if mode in ("dense", "hybrid"):
+            prep["dense"] = eng.legs["dense"].prepare_vectors(qv, p.get("dense"), args.threads)
+        if mode in ("sparse", "hybrid"):
+            prep["sparse"] = eng.legs["sparse"].prepare_vectors(qsv, p.get("sparse"), args.threads)
+        return eng.search(qs, k=k, mode=mode, fusion=RRF(), depth=100, n_threads=args.threads,
+                          prepared=prep, params=p, allow=masks)
+
+    ours = {
+        "bm25": ("bm25", {}),
+        "sparse-exact": ("sparse", {}),
+        "sparse-seismic": ("sparse", {"sparse": {"algorithm": "seismic"}}),
+        "dense-flat": ("dense", {"dense": {"index": "Flat"}}),
+        "dense-ivf": ("dense", {"dense": {"nprobe": args.nprobe}}),
+        "dense-funnel": ("dense", {"dense": {"dim": args.dim // 2, "shortlist": 200}}),
+        "hybrid": ("hybrid", {"dense": {"nprobe": args.nprobe}}),
+    }
+    exact_of = {"sparse-seismic": ("sparse", {}), "dense-ivf": ("dense", {"dense": {"exhaustive": True}}),
+                "dense-funnel": ("dense", {"dense": {"exhaustive": True}}),
+                "dense-flat": ("dense", {"dense": {"exhaustive": True}}),
+                "hybrid": ("hybrid", {"dense": {"exhaustive": True}})}
+    # peers: one FAISS IVF index over the same vectors, and LanceDB
+    quant = faiss.IndexFlatIP(args.dim)
+    fivf = faiss.IndexIVFFlat(quant, args.dim, args.nlist, faiss.METRIC_INNER_PRODUCT)
+    fivf.train(vecs[np.random.default_rng(1).choice(len(vecs), min(len(vecs), 100 * args.nlist), replace=False)])
+    fivf.add(vecs)
+    fflat = faiss.IndexFlatIP(args.dim)
+    fflat.add(vecs)
+    lance = None
+    if not args.no_lancedb:
+        import lancedb
+
+        db = lancedb.connect(str(work / "lance"))
+        t0 = time.perf_counter()
+        tbl = db.create_table("docs", pa.table({
+            "id": pa.array(np.arange(args.docs)), "num": pa.array(data["num"]), "text": pa.array(data["texts"]),
+            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), args.dim)}))
+        tbl.create_fts_index("text")
+        lance = {"table": tbl, "build_s": time.perf_counter() - t0}
+    faiss.omp_set_num_threads(args.threads)
+
+    result: dict[str, Any] = {"docs": args.docs, "queries": nq, "dim": args.dim, "nlist": args.nlist,
+                              "nprobe": args.nprobe, "threads": args.threads, "build_s": data["build_s"],
+                              "machine": machine(), "selectivities": {}}
+    # unfiltered reference (every mode without a mask: QPS and recall; filtered QPS of BM25 and
+    # sparse are compared with it)
+    unf: dict[str, Any] = {}
+    for name, (mode, params) in ours.items():
+        entry = qps(nq, timed_runs(lambda: search(mode, None, params), repeats=args.repeats, min_seconds=MIN_S))
+        if name in exact_of:
+            res = search(mode, None, params)
+            ex = search(*exact_of[name][:1], None, exact_of[name][1])
+            entry["recall@10"] = recall(res.ids, res.n_found, ex.ids, ex.n_found)
+        unf[name] = entry
+        print(f"unfiltered: {name:15s} qps {entry['qps_median']:9.1f} recall {entry.get('recall@10', 1.0):.3f}",
+              flush=True)
+    result["unfiltered"] = unf
+    base = {name: unf[name]["qps_median"] for name in ("bm25", "sparse-exact", "sparse-seismic")}
+    for sel, thr in SELECTIVITIES.items():
+        t0 = time.perf_counter()
+        masks = compile_masks(r.reader, thr)
+        compile_ms = (time.perf_counter() - t0) * 1e3
+        comp = timed_runs(lambda: compile_masks(r.reader, thr), repeats=args.repeats, min_seconds=MIN_S)
+        allow = np.concatenate(masks)
+        n_pass = int(allow.sum())
+        row: dict[str, Any] = {"threshold": f"num < {thr}", "passing": n_pass,
+                               "mask_compile_ms": {"first": compile_ms, "median": float(np.median(comp) * 1e3)}}
+        exact_cache: dict[str, Any] = {}
+        for name, (mode, params) in ours.items():
+            runs = timed_runs(lambda: search(mode, masks, params), repeats=args.repeats, min_seconds=MIN_S)
+            res = search(mode, masks, params)
+            entry = {**qps(nq, runs)}
+            got_ok = allow[res.ids[res.ids >= 0]].all()
+            entry["no_masked_doc"] = bool(got_ok)
+            entry["k_met"] = bool((res.n_found == min(K, n_pass)).all()) if mode != "bm25" and mode != "sparse" \
+                else None
+            if name in exact_of:
+                em, ep = exact_of[name]
+                key = json.dumps([em, ep])
+                if key not in exact_cache:
+                    exact_cache[key] = search(em, masks, ep)
+                ex = exact_cache[key]
+                entry["recall@10"] = recall(res.ids, res.n_found, ex.ids, ex.n_found)
+            else:
+                entry["recall@10"] = 1.0
+            if name in base:
+                entry["vs_unfiltered"] = entry["qps_median"] / base[name]
+            row[name] = entry
+            print(f"sel {sel:>6}: {name:15s} qps {entry['qps_median']:9.1f} recall {entry['recall@10']:.3f}",
+                  flush=True)
+        # FAISS peers on the same vectors (global ordinals = row numbers: one shard)
+        ex = exact_cache[json.dumps(list(exact_of["dense-ivf"]))]
+        bits = np.packbits(allow, bitorder="little")
+        fsel = faiss.IDSelectorBitmap(len(allow), faiss.swig_ptr(bits))
+        target = row["dense-ivf"]["recall@10"]
+        peer: dict[str, Any] = {}
+        for nprobe in sorted({args.nprobe, 2 * args.nprobe, 4 * args.nprobe, 8 * args.nprobe, 16 * args.nprobe,
+                              args.nlist} - {0}):
+            nprobe = min(nprobe, args.nlist)
+            prm = faiss.SearchParametersIVF(nprobe=nprobe, sel=fsel)
+            D, I = fivf.search(qv, K, params=prm)
+            rc = recall(I, (I >= 0).sum(1), ex.ids, ex.n_found)
+            runs = timed_runs(lambda: fivf.search(qv, K, params=prm), repeats=args.repeats, min_seconds=MIN_S)
+            peer[str(nprobe)] = {"recall@10": rc, **qps(nq, runs)}
+            if rc >= target:
+                break
+        row["faiss-ivf-idselector"] = peer
+        prm = faiss.SearchParameters(sel=fsel)
+        runs = timed_runs(lambda: fflat.search(qv, K, params=prm), repeats=args.repeats, min_seconds=MIN_S)
+        row["faiss-flat-idselector"] = {**qps(nq, runs), "recall@10": 1.0}
+        # post-filtering: search k' = K / selectivity (capped), keep the passing ids
+        kp = int(min(len(allow), max(K, math.ceil(2 * K / sel))))
+        prm = faiss.SearchParametersIVF(nprobe=args.nprobe)
+
+        def post() -> tuple[np.ndarray, np.ndarray]:
+            D, I = fivf.search(qv, kp, params=prm)
+            ok = (I >= 0) & allow[np.maximum(I, 0)].astype(bool)
+            rank = np.cumsum(ok, 1) - 1
+            out = np.full((nq, K), -1, np.int64)
+            rr, cc = np.nonzero(ok & (rank < K))
+            out[rr, rank[rr, cc]] = I[rr, cc]
+            return out, (out >= 0).sum(1)
+
+        runs = timed_runs(post, repeats=args.repeats, min_seconds=MIN_S)
+        pi, pn = post()
+        row["faiss-ivf-postfilter"] = {"k_prime": kp, **qps(nq, runs), "recall@10": recall(pi, pn, ex.ids, ex.n_found),
+                                       "k_met": bool((pn == min(K, n_pass)).all())}
+        if lance is not None:
+            tbl = lance["table"]
+            lq = min(nq, args.lance_queries)
+            where = f"num < {thr}"
+
+            def lvec():
+                return [tbl.search(qv[i]).metric("dot").where(where, prefilter=True).limit(K)
+                        .to_arrow().column("id").to_numpy() for i in range(lq)]
+
+            def lhyb():
+                return [tbl.search(query_type="hybrid").vector(qv[i]).text(qs[i]).where(where, prefilter=True)
+                        .limit(K).to_arrow().column("id").to_numpy() for i in range(lq)]
+
+            for name, fn in (("lancedb-vector", lvec), ("lancedb-hybrid", lhyb)):
+                runs = timed_runs(fn, repeats=max(1, args.repeats - 1))
+                got = fn()
+                gi = np.full((lq, K), -1, np.int64)
+                for i, g in enumerate(got):
+                    gi[i, :len(g)] = g[:K]
+                entry = {**qps(lq, runs), "queries": lq}
+                if name == "lancedb-vector":
+                    entry["recall@10"] = recall(gi, (gi >= 0).sum(1), ex.ids[:lq], ex.n_found[:lq])
+                row[name] = entry
+                print(f"sel {sel:>6}: {name:15s} qps {entry['qps_median']:9.1f}", flush=True)
+        # the targets
+        fa = [v for v in peer.values() if v["recall@10"] >= row["dense-ivf"]["recall@10"]]
+        row["targets"] = {
+            "dense_ivf_vs_faiss_idselector": (row["dense-ivf"]["qps_median"] / fa[0]["qps_median"]) if fa else None,
+            "hybrid_vs_lancedb_hybrid": (row["hybrid"]["qps_median"] / row["lancedb-hybrid"]["qps_median"])
+            if "lancedb-hybrid" in row else None,
+        }
+        result["selectivities"][str(sel)] = row
+    if lance is not None:
+        result["lancedb_build_s"] = lance["build_s"]
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=1_000_000, help="synthetic documents (default 1,000,000)")
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--nlist", type=int, default=1024)
+    ap.add_argument("--nprobe", type=int, default=16)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--lance-queries", type=int, default=50, help="queries sent to LanceDB (one call each)")
+    ap.add_argument("--no-lancedb", action="store_true")
+    ap.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    args = ap.parse_args(argv)
+    res = run(args)
+    res["command"] = "python -m benchmarks.bench_filter_legs " + " ".join(
+        a for a in (argv if argv is not None else __import__("sys").argv[1:]))
+    text = json.dumps(res, indent=1, default=float)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
