@@ -113,6 +113,8 @@ class Retriever:
                                       or n_threads < 1):
             raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
         self.reader = reader
+        #: (reader, {live id: ordinal}) of the last generation :meth:`get` looked ids up in
+        self._live_map: tuple[IndexReader, dict[str, int]] | None = None
         self.engine = engine
         self.n_threads = min(int(n_threads or os.cpu_count() or 1), MAX_THREADS)
         self._refresh_lock = threading.Lock()
@@ -472,6 +474,51 @@ class Retriever:
                 _, old = self._filter_cache.popitem(last=False)
                 total -= sum(0 if m is None else m.nbytes for m in old)
         return masks
+
+    def _live_ordinals(self) -> dict[str, int]:
+        """``{id: global ordinal}`` of the live documents of this Retriever's generation (a
+        replaced document's older, deleted rows are left out); built once per generation."""
+        reader = self.reader
+        cached = self._live_map
+        if cached is not None and cached[0] is reader:
+            return cached[1]
+        ids = reader.doc_ids()
+        live = np.ones(len(ids), dtype=bool)
+        for shard in reader.shards:
+            if shard.deleted is not None and len(shard.deleted):
+                live[shard.base + shard.deleted.astype(np.int64)] = False
+        ords = np.flatnonzero(live)
+        mapping = dict(zip(ids[ords].tolist(), ords.tolist()))
+        self._live_map = (reader, mapping)
+        return mapping
+
+    def live_ids(self) -> list[str]:
+        """The ids of the live documents, in document order."""
+        return list(self._live_ordinals())
+
+    def get(self, ids: Iterable[str]) -> list[dict[str, Any]]:
+        """Stored documents by id (the live documents of this Retriever's generation).
+
+        Args:
+            ids: document ids (strings).
+
+        Returns:
+            one dict per id that names a live document, in the order of ``ids`` (ids that name
+            none are left out; a repeated id comes back once per occurrence): ``id``, ``title``,
+            ``text`` and ``metadata``, as :meth:`IndexReader.fetch` gives them.
+
+        Raises:
+            QueryError: ``ids`` is one string, or holds a non-string (names it).
+        """
+        if isinstance(ids, (str, bytes)):
+            raise QueryError("get() takes an iterable of ids, not one string")
+        want = list(ids)
+        for i in want:
+            if not isinstance(i, str):
+                raise QueryError(f"document ids are strings, got {i!r} ({type(i).__name__})")
+        live = self._live_ordinals()
+        ords = [live[i] for i in want if i in live]
+        return self.reader.fetch(ords) if ords else []
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.
