@@ -58,7 +58,7 @@ calls = {
     "sparse": lambda: r.search_arrays(qs, 10, mode="sparse", sparse_vectors=qsv, n_threads=1),
     "dense_funnel": lambda: r.search_arrays(qs, 10, mode="dense", query_vectors=qv, n_threads=1,
                                             leg_params={"dense": {"dim": 64}}),
-    "hybrid_rrf": lambda: r.search_arrays(qs, 10, mode="hybrid", query_vectors=qv, sparse_vectors=qsv, n_threads=1),
+    "hybrid_rrf": lambda: r.search_arrays(qs, 10, mode="hybrid", fusion="rrf", query_vectors=qv, sparse_vectors=qsv, n_threads=1),
 }
 out = {}
 for name, f in calls.items():

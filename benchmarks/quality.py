@@ -33,7 +33,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROWS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("BM25 (k1 0.9, b 0.4, Lucene norms)", ("--mode", "bm25")),
     ("dense, all-MiniLM-L6-v2 (float16 vectors)", ("--mode", "dense")),
-    ("hybrid, RRF k = 60, depth 100 (default)", ("--mode", "hybrid")),
+    ("hybrid, RRF k = 60, depth 100", ("--mode", "hybrid", "--fusion", "rrf")),
     ("hybrid, linear z-score", ("--mode", "hybrid", "--fusion", "linear:zscore")),
 )
 

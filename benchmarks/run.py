@@ -242,7 +242,8 @@ def bench_hybrid(n_docs: int, tmp: Path, *, threads: int = 2, n_queries: int = 1
                              "concurrent_legs": r.engine.concurrent_legs, "points": []}
     cache: dict[str, Any] = {}
     sp = {"sparse": dict(HYBRID_SPARSE_PARAMS)} if sparse else {}
-    common = dict(k=k, n_threads=threads, batch_size=1, exact_cache=cache, sparse_vectors=sparse_q, passes=passes)
+    common = dict(k=k, n_threads=threads, batch_size=1, exact_cache=cache, sparse_vectors=sparse_q, passes=passes,
+                  fusion="rrf")  # the README rows say RRF: pinned, not the library default
     single = bench_index(r, col.text.queries, modes=["bm25"] + (["sparse"] if sparse else []), leg_params=sp,
                          **common)
     entry["bm25"] = single["modes"]["bm25"]

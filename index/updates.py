@@ -243,9 +243,9 @@ class IndexUpdater:
         self.close()
 
     # ------------------------------------------------------------------ state
-    def _load(self) -> None:
-        """The current generation as working state."""
-        m = read_manifest(self.root)
+    def _load(self, manifest: dict[str, Any] | None = None) -> None:
+        """The current generation (or ``manifest``, just committed) as working state."""
+        m = manifest if manifest is not None else read_manifest(self.root)
         self.manifest = m
         self.generation: int = m["generation"]
         self.config = BuildConfig.from_dict(m["build_config"])
@@ -299,17 +299,28 @@ class IndexUpdater:
         return max(nums) + 1
 
     # ------------------------------------------------------------------ leftovers and old files
-    def _referenced(self) -> tuple[set[str], list[int]]:
-        """Files listed by the generations kept on disk, and those generations."""
+    def _referenced(self) -> tuple[set[str], list[int]] | None:
+        """Files listed by the generations kept on disk, and those generations; None when a kept
+        manifest cannot be read (then nothing is removed). The current manifest is the one
+        validated at load; older ones only need their file lists (read as JSON)."""
         current = read_current(self.root)
+        if current != self.generation:
+            return None
         keep = [g for g in range(current, max(0, current - self.keep_generations), -1)]
         files: set[str] = set()
         kept = []
         for g in keep:
-            try:
-                m = read_manifest(self.root, g)
-            except IndexFormatError:
-                continue
+            if g == self.generation:
+                m = self.manifest
+            else:
+                try:
+                    m = json.loads((self.root / manifest_name(g)).read_bytes())
+                    if not isinstance(m.get("files"), dict):
+                        return None
+                except FileNotFoundError:
+                    continue  # removed by an earlier clean
+                except (OSError, ValueError, AttributeError):
+                    return None
             kept.append(g)
             files.update(m["files"])
             files.update(m.get("vocab") or ())
@@ -321,7 +332,10 @@ class IndexUpdater:
         vocabulary and manifests, temporary files, and generations older than
         :attr:`keep_generations` (their manifests and the files only they list). Returns the
         removed paths (relative to the root)."""
-        files, _kept = self._referenced()
+        ref = self._referenced()
+        if ref is None:
+            return []
+        files, _kept = ref
         removed: list[str] = []
         root = self.root
         mdir = root / "manifests"
@@ -670,7 +684,7 @@ class IndexUpdater:
             changes["vocab"] = vocab_files
         m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True)
         ids = self._ids  # still exact: the commit applied every pending change (None after a compaction)
-        self._load()
+        self._load(m)
         # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
         # stay: the next add does not redo work proportional to the index
         self._ids = ids

@@ -233,6 +233,29 @@ class Retriever:
         """Index summary (see :meth:`IndexReader.info`)."""
         return self.reader.info()
 
+    def default_fusion(self) -> "RRF | Linear":
+        """The fusion of a search without ``fusion=``: the setting stored in the index generation
+        this Retriever holds (``reader.fusion``, written by :func:`retriever.fusion_fit.fit_fusion`),
+        else :data:`retriever.fusion.DEFAULT_FUSION`.
+
+        Raises:
+            QueryError: a stored setting that does not parse (names the manifest).
+        """
+        from .fusion import DEFAULT_FUSION, fusion_from_dict
+
+        stored = self.reader.fusion
+        if stored is None:
+            return DEFAULT_FUSION
+        cached = getattr(self, "_stored_fusion", None)
+        if cached is not None and cached[0] is stored:
+            return cached[1]
+        try:
+            fz = fusion_from_dict(stored)
+        except QueryError as e:
+            raise QueryError(f"{self.reader.manifest_path}: stored fusion setting: {e}") from None
+        self._stored_fusion = (stored, fz)
+        return fz
+
     def _check(self, queries: Sequence[str], k: int, depth: int | None, n_threads: int | None
                ) -> tuple[list[str], int, int]:
         if isinstance(queries, str):
@@ -295,8 +318,10 @@ class Retriever:
             queries: nq query strings. A blank query yields no hits.
             k: hits per query (>= 1; more than the corpus size returns every matching document).
             mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
-            fusion: ``"rrf"`` (default, k = 60), ``"linear"``/``"linear:zscore"``/``"linear:none"``,
-                or an :class:`RRF` / :class:`Linear` object with per-leg weights.
+            fusion: ``None`` (the index's stored, fitted setting, else
+                :data:`retriever.fusion.DEFAULT_FUSION`; see :meth:`default_fusion`), ``"rrf"`` (k = 60),
+                ``"linear"``/``"linear:<norm>"``/``"dbsf"``/``"tmm"``, or an :class:`RRF` /
+                :class:`Linear` object (per-leg weights, depths, full-score fusion).
             depth: candidates per leg before fusion (default 100, at least k). Results for
                 every k <= depth are prefixes of one another.
             n_threads: kernel threads for this call (default: the Retriever's).
@@ -327,43 +352,45 @@ class Retriever:
         qs, k, depth = self._check(queries, k, depth, n_threads)
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
             raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
-        fz = parse_fusion(fusion)
+        fz = self.default_fusion() if fusion is None else parse_fusion(fusion)
         params = self._check_options(fz, leg_params)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
+        engine = self.engine  # one snapshot for the whole call (refresh() may switch generations)
         if isinstance(filter, (list, tuple)):
-            return self._search_per_filter(qs, list(filter), k, mode, fz, depth, threads, params, query_vectors,
-                                           sparse_vectors, concurrent_legs)
+            return self._search_per_filter(engine, qs, list(filter), k, mode, fz, depth, threads, params,
+                                           query_vectors, sparse_vectors, concurrent_legs)
         t0 = time.perf_counter()
-        allow = None if filter is None else self.filter_masks(filter)
+        allow = None if filter is None else self.filter_masks(filter, engine)
         filter_ms = (time.perf_counter() - t0) * 1e3
-        res = self._search(qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
+        res = self._search(engine, qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
                            concurrent_legs, allow)
         if filter is not None:
             res.timings_ms["filter"] = filter_ms
         return res
 
-    def _search(self, qs: list[str], k: int, mode: str, fz: "RRF | Linear", depth: int, threads: int,
+    def _search(self, engine: Engine, qs: list[str], k: int, mode: str, fz: "RRF | Linear", depth: int, threads: int,
                 params: dict[str, LegParams], query_vectors: Any, sparse_vectors: Any,
                 concurrent_legs: bool | None, allow: list[np.ndarray | None] | None) -> BatchResult:
-        """The body of :meth:`search_arrays` for one allow mask list (arguments checked)."""
+        """The body of :meth:`search_arrays` for one allow mask list (arguments checked), on
+        ``engine`` (the call's snapshot of :attr:`engine`)."""
         prepared: dict[str, Any] = {}
         for leg, given in (("dense", query_vectors), ("sparse", sparse_vectors)):
             if given is None:
                 continue
-            if leg not in self.engine.legs:
+            if leg not in engine.legs:
                 raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors given but this index has no "
                                  f"{leg} leg")
-            prep = self.engine.legs[leg].prepare_vectors(given, params.get(leg), threads)
+            prep = engine.legs[leg].prepare_vectors(given, params.get(leg), threads)
             rows = prep.n_queries
             if rows != len(qs):
                 raise QueryError(f"{'query' if leg == 'dense' else 'sparse'}_vectors has {rows} rows for "
                                  f"{len(qs)} queries")
             prepared[leg] = prep
-        return self.engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth, n_threads=threads,
-                                  prepared=prepared or None, params=params, concurrent_legs=concurrent_legs,
-                                  allow=allow)
+        return engine.search(qs, k=k, mode=mode, fusion=fz, depth=depth, n_threads=threads,
+                             prepared=prepared or None, params=params, concurrent_legs=concurrent_legs,
+                             allow=allow)
 
-    def _search_per_filter(self, qs: list[str], filters: list[Any], k: int, mode: str, fz: "RRF | Linear",
+    def _search_per_filter(self, engine: Engine, qs: list[str], filters: list[Any], k: int, mode: str, fz: "RRF | Linear",
                            depth: int, threads: int, params: dict[str, LegParams], query_vectors: Any,
                            sparse_vectors: Any, concurrent_legs: bool | None) -> BatchResult:
         """One filter per query: the queries grouped by equal filters (:func:`filter_key`), each
@@ -381,18 +408,19 @@ class Retriever:
             if isinstance(f, (list, tuple)):
                 raise QueryError(f"filter #{i} is a {type(f).__name__}: each query takes one filter")
             groups.setdefault(filter_key(f), []).append(i)
-        masks = {key: None if key is None else self.filter_masks(filters[rows[0]]) for key, rows in groups.items()}
+        masks = {key: None if key is None else self.filter_masks(filters[rows[0]], engine)
+                 for key, rows in groups.items()}
         filter_ms = (time.perf_counter() - t0) * 1e3
         if len(groups) == 1:
             key = next(iter(groups))
-            res = self._search(qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
+            res = self._search(engine, qs, k, mode, fz, depth, threads, params, query_vectors, sparse_vectors,
                                concurrent_legs, masks[key])
             res.timings_ms["filter"] = filter_ms
             return res
         parts = []
         for key, rows in groups.items():
             idx = np.asarray(rows, dtype=np.int64)
-            parts.append((idx, self._search([qs[i] for i in rows], k, mode, fz, depth, threads, params,
+            parts.append((idx, self._search(engine, [qs[i] for i in rows], k, mode, fz, depth, threads, params,
                                             _take_rows(query_vectors, idx), _take_rows(sparse_vectors, idx),
                                             concurrent_legs, masks[key])))
         res = _scatter_results(parts, len(qs))
@@ -404,26 +432,32 @@ class Retriever:
     #: ... and at most this many bytes of masks
     FILTER_CACHE_BYTES = 256 << 20
 
-    def filter_masks(self, filter: Any) -> list[np.ndarray | None]:
+    def filter_masks(self, filter: Any, engine: Engine | None = None) -> list[np.ndarray | None]:
         """The allow masks of ``filter`` for the engine's shards (:func:`retriever.filters.compile_filter`),
         cached per (canonical filter, index generation) in a bounded LRU
         (:attr:`FILTER_CACHE_ENTRIES` filters, :attr:`FILTER_CACHE_BYTES` of masks): compiling
-        costs one Arrow pass over the filtered columns (about 1-20 ms at 1M documents, more than a
-        BM25 query; figures in ``benchmarks/HISTORY.md``), a cache hit one serialisation of the
+        costs one Arrow pass over the filtered columns (about 3-70 ms at 1M documents, far more than
+        a BM25 query; figures in ``benchmarks/HISTORY.md``), a cache hit one serialisation of the
         filter. The masks are read-only.
+
+        Args:
+            filter: an expression or the dict form (:func:`retriever.filters.parse_filter`).
+            engine: the engine (and so the generation) to compile for (default: the current one).
 
         Raises:
             QueryError: as :func:`retriever.filters.parse_filter`.
         """
-        if self.engine is None:
+        engine = engine if engine is not None else self.engine
+        if engine is None:
             raise QueryError("this Retriever is closed")
-        key = (filter_key(filter), self.reader.generation)
+        reader = engine.reader  # the engine's own generation, also while refresh() switches
+        key = (filter_key(filter), reader.generation)
         with self._filter_lock:
             hit = self._filter_cache.get(key)
             if hit is not None:
                 self._filter_cache.move_to_end(key)
                 return hit
-        masks = compile_filter(filter, self.reader, self.engine.shard_ids)
+        masks = compile_filter(filter, reader, engine.shard_ids)
         for m in masks:
             if m is not None:
                 m.flags.writeable = False

@@ -203,7 +203,7 @@ def bench_index(retriever: Any, queries: Sequence[str], *, modes: Sequence[str] 
     report: dict[str, Any] = {
         "settings": {"k": k, "threads": n_threads, "batch_size": batch_size, "n_queries": len(qs), "gc_paused": gc_pause,
                      "query_vectors": qv is not None, "sparse_vectors": sv is not None, "depth": depth,
-                     "fusion": parse_fusion(fusion).to_dict()},
+                     "fusion": (retriever.default_fusion() if fusion is None else parse_fusion(fusion)).to_dict()},
         "index": {"n_docs": info.get("n_docs"), "legs": legs, "bytes_on_disk": info.get("bytes_on_disk"),
                   "n_shards": info.get("n_shards")},
         "modes": {},

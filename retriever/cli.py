@@ -1,5 +1,5 @@
 """Command line: ``retriever index build|info|verify|upgrade``, ``retriever search``, ``retriever eval``,
-``retriever bench``.
+``retriever bench``, ``retriever fusion fit|clear``.
 
 A thin layer over the library: it parses arguments, calls it and prints. Exit codes: 0 success,
 1 bad input or index (one-line error on stderr), 2 usage error (argparse).
@@ -69,7 +69,10 @@ class _HelpFormatter(argparse.HelpFormatter):
 
 
 def _search_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--fusion", default="rrf", help="rrf | linear | linear:zscore | linear:none (default rrf)")
+    p.add_argument("--fusion", default=None,
+                   help="rrf | dbsf | tmm | linear[:minmax|zscore|dbsf|tmm|theoretical|none] "
+                        "(default: the index's fitted setting, else the library default)")
+    p.add_argument("--full-score", action="store_true", help="full-score fusion: every leg scores every candidate")
     p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (default 60)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
@@ -178,14 +181,38 @@ def build_parser() -> argparse.ArgumentParser:
     bn.add_argument("--no-recall", action="store_true", help="skip the exact-search pass")
     bn.add_argument("--json", action="store_true", help="print the full report as JSON")
     _search_options(bn)
+
+    fz = sub.add_parser("fusion", help="fit a fusion setting from labelled queries and store it in the index",
+                        formatter_class=_HelpFormatter).add_subparsers(dest="fusion_command", required=True)
+    ft = fz.add_parser("fit", help="k-fold cross-validated search over fusion settings; stores the best "
+                       "as a new generation", formatter_class=_HelpFormatter)
+    ft.add_argument("dir", help="index directory")
+    ft.add_argument("--queries", required=True, help="labelled queries (never the split you report on)")
+    ft.add_argument("--qrels", required=True, help="their qrels; every judged query must be in --queries")
+    ft.add_argument("--metric", default="ndcg@10", help="ndcg@N | recall@N | mrr@N")
+    ft.add_argument("--folds", type=_positive_int, default=5, help="cross-validation folds")
+    ft.add_argument("-k", type=_positive_int, default=100, help="search k the setting is fitted for")
+    ft.add_argument("--split", default=None, help="name of the labelled split, recorded with the setting "
+                    "(default: the queries file's name)")
+    ft.add_argument("--dry-run", action="store_true", help="report only; store nothing")
+    ft.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
+    ft.add_argument("--json", action="store_true", help="print the report as JSON")
+    fc = fz.add_parser("clear", help="remove the stored fusion setting (new generation)", formatter_class=_HelpFormatter)
+    fc.add_argument("dir", help="index directory")
     return ap
 
 
 def _fusion(args: argparse.Namespace):
-    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` (:func:`retriever.fusion.parse_fusion`)."""
+    """The fusion of ``--fusion`` / ``--weights`` / ``--rrf-k`` / ``--full-score``
+    (:func:`retriever.fusion.parse_fusion`); None when none is given (the index's stored setting
+    or the library default applies)."""
     from .fusion import parse_fusion
 
-    return parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
+    full = bool(getattr(args, "full_score", False))
+    if args.fusion is None and args.weights is None and args.rrf_k is None and not full:
+        return None
+    f = parse_fusion(args.fusion, weights=args.weights, rrf_k=args.rrf_k)
+    return dataclasses.replace(f, full_score=True) if full else f
 
 
 def cmd_build(args: argparse.Namespace) -> int:
@@ -415,11 +442,44 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_fusion_fit(args: argparse.Namespace) -> int:
+    """``retriever fusion fit``: :func:`retriever.fusion_fit.fit_fusion` on a labelled split; prints the
+    CV figure beside the default's and stores the chosen setting; returns the exit status."""
+    from retriever.index.readers import read_qrels, read_queries
+
+    from .api import Retriever
+    from .fusion_fit import fit_fusion
+
+    queries = read_queries(args.queries)
+    qrels = read_qrels(args.qrels)
+    split = args.split or Path(args.queries).stem
+    r = Retriever.open(args.dir, n_threads=args.threads)
+    rep = fit_fusion(r, queries, qrels, metric=args.metric, folds=args.folds, k=args.k, split=split,
+                     store=not args.dry_run, queries_path=args.queries, qrels_path=args.qrels)
+    if args.json:
+        print(json.dumps({**rep.stored(), "generation": rep.generation, "seconds": rep.seconds,
+                          "cv_folds": rep.cv["folds"], "default_cv_folds": rep.default_cv["folds"]}))
+    else:
+        print(rep.summary())
+        print(f"note: fitted on split {split!r}; report figures on a split it was not fitted on")
+    return 0
+
+
+def cmd_fusion_clear(args: argparse.Namespace) -> int:
+    """``retriever fusion clear``: a new generation without a stored fusion setting; returns the exit status."""
+    from .fusion_fit import store_fusion
+    from .shards import IndexReader
+
+    gen = store_fusion(args.dir, IndexReader(args.dir).generation, None)
+    print(f"cleared the stored fusion setting (generation {gen})")
+    return 0
+
+
 COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index", "verify"): cmd_verify,
             ("index", "upgrade"): cmd_upgrade, ("index", "add"): cmd_add, ("index", "upsert"): cmd_add,
             ("index", "delete"): cmd_delete, ("index", "compact"): cmd_compact,
             ("search", None): cmd_search, ("eval", None): cmd_eval,
-            ("bench", None): cmd_bench}
+            ("bench", None): cmd_bench, ("fusion", "fit"): cmd_fusion_fit, ("fusion", "clear"): cmd_fusion_clear}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -427,7 +487,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    fn = COMMANDS[(args.command, getattr(args, "index_command", None))]
+    fn = COMMANDS[(args.command, getattr(args, "index_command", None) or getattr(args, "fusion_command", None))]
     try:
         return fn(args)
     except RetrieverError as e:

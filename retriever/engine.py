@@ -19,6 +19,7 @@ import numpy as np
 from retriever.index.errors import QueryError
 
 from .fusion import RRF, Linear, fuse, tie_ranks_rows
+from .fusion_bounds import LegBounds
 from .legs.base import Leg, SearchContext, TopK, empty_topk
 from .params import LegParams, defaults_for
 from .results import BatchResult, LegArrays
@@ -142,6 +143,8 @@ class Engine:
         self.concurrent_legs = bool(concurrent_legs)
         #: running estimate of each leg's search time, ms per query (see :func:`plan_legs`)
         self.leg_cost: dict[str, float] = {}
+        #: each leg's theoretical score range per query (the ``tmm`` / ``theoretical`` normalisations)
+        self.bounds = LegBounds(self.legs)
 
     def legs_for(self, mode: str) -> list[str]:
         """Legs used by ``mode``.
@@ -193,7 +196,10 @@ class Engine:
             live = [q for q, b in zip(queries, blank) if not b]
         timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
         leg_depth = k if len(names) == 1 else max(depth, k)
+        # per-leg depths of the fusion (at least k); one leg: k
+        depth_of = {n: leg_depth if len(names) == 1 else max(int(fusion.depths.get(n, depth)), k) for n in names}
         per_leg: dict[str, TopK] = {}
+        preps: dict[str, tuple[Any, bool]] = {}
         params = params or {}
         masks = _and_masks(self.live, allow)
         # no document passes (a filter that matches nothing): every leg returns no hits, unsearched
@@ -213,10 +219,12 @@ class Engine:
             else:
                 prep, rows = None, 0
             t1 = time.perf_counter()
-            ctx = SearchContext(depth=leg_depth, n_threads=threads, allow=masks)
-            merged = empty_topk(rows, leg_depth) if prep is None else search_leg(leg, prep, ctx)
+            d = depth_of[name]
+            ctx = SearchContext(depth=d, n_threads=threads, allow=masks)
+            merged = empty_topk(rows, d) if prep is None else search_leg(leg, prep, ctx)
             t2 = time.perf_counter()
-            per_leg[name] = merged if given else _scatter(merged, blank, leg_depth)
+            per_leg[name] = merged if given else _scatter(merged, blank, d)
+            preps[name] = (prep, given)
             return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
         total = n_threads if n_threads > 0 else (os.cpu_count() or 1)
@@ -251,7 +259,12 @@ class Engine:
             legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
             fusion_cfg = None
         else:
-            ids, scores, n_found, legs = fuse(per_leg, k, fusion)
+            from .full_score import fusion_inputs  # full-score fusion and theoretical bounds
+
+            per_leg, bounds, full_ms = fusion_inputs(self, per_leg, preps, blank, fusion)
+            if fusion.full_score:
+                timings["full_score"] = full_ms
+            ids, scores, n_found, legs = fuse(per_leg, k, fusion, bounds)
             fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
         return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)

@@ -2,9 +2,12 @@
 and TREC run files.
 
 Conventions (trec_eval's): nDCG uses linear gain; only judged queries are evaluated; a judged
-query that returned no hits counts 0 (``trec_eval -c``). Run files list documents with strictly
-decreasing scores (equal scores are nudged down by one float64 ulp, in our rank order), so an
-evaluator's own tie rule cannot reorder them.
+query that returned no hits counts 0 (``trec_eval -c``). Runs list documents with scores that are
+strictly decreasing *as float32* (trec_eval, and pytrec_eval which wraps it, hold run scores in
+C ``float``): a score that is not below the previous one once both are rounded to float32 is
+replaced by the next float32 below the previous one, in our rank order. So an evaluator never
+sees a tie and never applies its own tie rule (trec_eval re-sorts tied documents by document id),
+and every measure, whichever tool computes it, is computed on our ranking.
 """
 
 from __future__ import annotations
@@ -18,21 +21,33 @@ DEFAULT_METRICS = {"ndcg@10": "nDCG@10", "recall@100": "R@100", "mrr@10": "RR@10
 
 
 def strictly_decreasing(scores: Sequence[float]) -> list[float]:
-    """Copy of a descending score list where each score is strictly below the previous one."""
+    """Copy of a descending score list that is strictly decreasing at float32 precision.
+
+    Args:
+        scores: scores in rank order (best first), any floats.
+
+    Returns:
+        floats (each exactly a float32 value), where ``float32(out[i]) < float32(out[i-1])``
+        for every i: each score rounded to float32, or, where that is not below the previous
+        output, the next float32 below the previous output (``np.nextafter`` in float32). The
+        order is ours; values drift below the true score by one float32 step per tied place.
+    """
     out: list[float] = []
-    prev = np.inf
+    prev = np.float32(np.inf)
+    low = np.float32(-np.inf)
     for s in scores:
-        s = float(s)
-        if not s < prev:
-            s = float(np.nextafter(prev, -np.inf))
-        out.append(s)
-        prev = s
+        v = np.float32(s)
+        if not v < prev:
+            v = np.nextafter(prev, low)
+        out.append(float(v))
+        prev = v
     return out
 
 
 def make_run(qids: Sequence[str], doc_ids: Sequence[Sequence[str]], scores: Sequence[Sequence[float]]
              ) -> dict[str, dict[str, float]]:
-    """``{qid: {doc_id: score}}`` with strictly decreasing scores per query."""
+    """``{qid: {doc_id: score}}`` with scores strictly decreasing at float32 precision per query
+    (:func:`strictly_decreasing`), in the given rank order."""
     return {q: dict(zip(d, strictly_decreasing(s))) for q, d, s in zip(qids, doc_ids, scores)}
 
 

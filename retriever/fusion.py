@@ -3,15 +3,26 @@
 - RRF (Cormack, Clarke & Büttcher, SIGIR 2009): score(d) = Σ_legs w_leg / (k + rank_leg(d)),
   ranks start at 1; documents with exactly equal scores in a leg share that leg's rank (the best
   of their positions); a document absent from a leg adds nothing for that leg.
-- Linear: score(d) = Σ_legs w_leg · norm(score_leg(d)) with ``minmax``, ``zscore`` or ``none``
-  normalisation computed over the leg's candidate list; a degenerate list (max == min, or zero
-  standard deviation) normalises to 1.0, never NaN; absent legs contribute nothing.
+  Each leg may have its own k (``RRF.leg_k``).
+- Linear: score(d) = Σ_legs w_leg · norm(score_leg(d)), the normalisation computed over the leg's
+  candidate list: ``minmax`` ((s − min) / (max − min)), ``zscore`` ((s − mean) / σ, population σ),
+  ``dbsf`` (Qdrant's distribution-based score fusion: (s − (μ − 3σ)) / 6σ, sample σ), ``tmm``
+  (theoretical min-max of Bruch, Gai & Ingber, "An Analysis of Fusion Functions for Hybrid
+  Retrieval", ACM TOIS 2023: (s − inf_leg) / (max − inf_leg), the leg's theoretical minimum for
+  the query and the list's maximum), ``theoretical`` ((s − inf_leg) / (sup_leg − inf_leg), both
+  ends the leg's theoretical range for the query; :mod:`retriever.fusion_bounds` derives them) or
+  ``none``. A degenerate list (max == min, zero σ, fewer than two scores for ``dbsf``, an empty
+  range) normalises to 1.0, never NaN; absent legs contribute nothing.
+- Every method: per-leg candidate depth (``depths``: leg → depth, at least the call's k) and
+  full-score fusion (``full_score``: the union of the legs' candidates scored exactly by every leg
+  before fusing, see :mod:`retriever.full_score`).
 
 Ties in the fused score go to the smaller global document ordinal (corpus order).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -25,36 +36,112 @@ from .results import LegArrays
 
 @dataclass(frozen=True)
 class RRF:
-    """Reciprocal rank fusion parameters (``k`` = 60 as in the paper)."""
+    """Reciprocal rank fusion parameters (``k`` = 60 as in the paper).
+
+    Attributes:
+        k: the RRF constant of every leg without its own (finite, >= 0).
+        weights: leg → weight (default 1.0 per leg).
+        leg_k: leg → its own RRF constant (overrides ``k`` for that leg).
+        depths: leg → candidates taken from that leg (at least the call's k; default the call's
+            depth).
+        full_score: score the union of the legs' candidates with every leg before fusing
+            (ranks then come from complete score lists; :mod:`retriever.full_score`).
+    """
 
     k: float = 60.0
     weights: Mapping[str, float] = field(default_factory=dict)
+    leg_k: Mapping[str, float] = field(default_factory=dict)
+    depths: Mapping[str, int] = field(default_factory=dict)
+    full_score: bool = False
 
     def __post_init__(self) -> None:
         if not (isinstance(self.k, (int, float)) and self.k >= 0 and np.isfinite(self.k)):
             raise QueryError(f"RRF k must be a finite number >= 0, got {self.k!r}")
         _check_weights(self.weights)
+        if not isinstance(self.leg_k, Mapping):
+            raise QueryError(f"RRF leg_k must be a mapping of leg name to k, got {type(self.leg_k).__name__}")
+        for leg, v in self.leg_k.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not (
+                    np.isfinite(v) and v >= 0):
+                raise QueryError(f"RRF k for leg {leg!r} must be a finite number >= 0, got {v!r}")
+        _check_common(self.depths, self.full_score)
+
+    def k_of(self, leg: str) -> float:
+        """The RRF constant of ``leg`` (``leg_k`` or ``k``)."""
+        return float(self.leg_k.get(leg, self.k))
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description (``{"method": "rrf", "k", "weights"}``), as stored in results and benchmarks."""
-        return {"method": "rrf", "k": self.k, "weights": dict(self.weights)}
+        """JSON-ready description (``{"method": "rrf", "k", "weights"}``, plus ``leg_k`` / ``depths`` /
+        ``full_score`` when set), as stored in results, benchmarks and the manifest."""
+        return _with_common({"method": "rrf", "k": self.k, "weights": dict(self.weights),
+                             **({"leg_k": dict(self.leg_k)} if self.leg_k else {})}, self)
 
 
 @dataclass(frozen=True)
 class Linear:
-    """Linear (convex) combination of normalised leg scores."""
+    """Linear (convex) combination of normalised leg scores.
+
+    Attributes:
+        norm: one of :data:`NORMALISERS` (see the module docstring).
+        weights: leg → weight (default 1.0 per leg).
+        depths, full_score: as in :class:`RRF`.
+    """
 
     norm: str = "minmax"
     weights: Mapping[str, float] = field(default_factory=dict)
+    depths: Mapping[str, int] = field(default_factory=dict)
+    full_score: bool = False
 
     def __post_init__(self) -> None:
         if self.norm not in NORMALISERS:
             raise QueryError(f"unknown normalisation {self.norm!r}; expected one of {', '.join(NORMALISERS)}")
         _check_weights(self.weights)
+        _check_common(self.depths, self.full_score)
+
+    @property
+    def needs_bounds(self) -> bool:
+        """True when the normalisation uses each leg's theoretical score range for the query."""
+        return self.norm in BOUNDED_NORMS
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready description (``{"method": "linear", "norm", "weights"}``), as stored in results and benchmarks."""
-        return {"method": "linear", "norm": self.norm, "weights": dict(self.weights)}
+        """JSON-ready description (``{"method": "linear", "norm", "weights"}``, plus ``depths`` /
+        ``full_score`` when set), as stored in results, benchmarks and the manifest."""
+        return _with_common({"method": "linear", "norm": self.norm, "weights": dict(self.weights)}, self)
+
+
+def _check_common(depths: Mapping[str, int], full_score: bool) -> None:
+    """Raises QueryError unless ``depths`` maps leg names to integers >= 1 and ``full_score`` is a bool."""
+    if not isinstance(depths, Mapping):
+        raise QueryError(f"fusion depths must be a mapping of leg name to depth, got {type(depths).__name__}")
+    for leg, d in depths.items():
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 1:
+            raise QueryError(f"fusion depth for leg {leg!r} must be an integer >= 1, got {d!r}")
+    if not isinstance(full_score, bool):
+        raise QueryError(f"fusion full_score must be True or False, got {full_score!r}")
+
+
+def _with_common(d: dict[str, Any], f: "RRF | Linear") -> dict[str, Any]:
+    if f.depths:
+        d["depths"] = {k: int(v) for k, v in f.depths.items()}
+    if f.full_score:
+        d["full_score"] = True
+    return d
+
+
+def fusion_from_dict(d: Mapping[str, Any]) -> "RRF | Linear":
+    """The fusion object of a :meth:`RRF.to_dict` / :meth:`Linear.to_dict` description (as the
+    manifest's ``fusion`` field stores it; other keys, such as ``fitted``, are ignored).
+
+    Raises:
+        QueryError: not a mapping, an unknown method, or invalid values (names them).
+    """
+    if not isinstance(d, Mapping) or d.get("method") not in ("rrf", "linear"):
+        raise QueryError(f"a fusion setting must be a mapping with method 'rrf' or 'linear', got {d!r}")
+    common = {"weights": dict(d.get("weights") or {}), "depths": {k: int(v) for k, v in (d.get("depths") or {}).items()},
+              "full_score": bool(d.get("full_score", False))}
+    if d["method"] == "rrf":
+        return RRF(k=float(d.get("k", 60.0)), leg_k=dict(d.get("leg_k") or {}), **common)
+    return Linear(norm=str(d.get("norm", "minmax")), **common)
 
 
 #: largest accepted |fusion weight|: leg scores times weights must stay finite in float64 sums
@@ -72,8 +159,9 @@ def _check_weights(w: Mapping[str, float]) -> None:
             raise QueryError(f"fusion weight for leg {leg!r} is {v!r}; |weight| must be <= {MAX_FUSION_WEIGHT:g}")
 
 
-#: the fusion names :func:`parse_fusion` accepts (``linear`` optionally ``linear:<norm>``)
-FUSION_NAMES = ("rrf", "linear")
+#: the fusion names :func:`parse_fusion` accepts (``linear`` optionally ``linear:<norm>``; ``dbsf``
+#: and ``tmm`` are short for ``linear:dbsf`` and ``linear:tmm``)
+FUSION_NAMES = ("rrf", "linear", "dbsf", "tmm")
 
 
 def parse_weights(text: str) -> dict[str, float]:
@@ -104,8 +192,10 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
     """The one fusion parser (library calls and the CLI's ``--fusion`` / ``--weights`` / ``--rrf-k``).
 
     Args:
-        spec: ``None`` or ``"rrf"`` (RRF, k = 60), ``"linear"`` (min-max), ``"linear:minmax"``,
-            ``"linear:zscore"``, ``"linear:none"``, or an :class:`RRF` / :class:`Linear` object
+        spec: ``None`` (:data:`DEFAULT_FUSION`; with ``weights`` / ``rrf_k``: the default's
+            method and options with them), ``"rrf"`` (RRF, k = 60, no full scoring), ``"linear"`` (min-max),
+            ``"linear:<norm>"`` for any of :data:`NORMALISERS`, ``"dbsf"`` / ``"tmm"`` (short for
+            ``linear:dbsf`` / ``linear:tmm``), or an :class:`RRF` / :class:`Linear` object
             (returned as it is).
         weights: per-leg weights for a named fusion: a mapping or ``"leg=number,..."``
             (:func:`parse_weights`); default 1.0 per leg.
@@ -124,11 +214,22 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
             raise QueryError(f"fusion {spec!r} is an object: set its weights and k on it, not as separate arguments")
         return spec
     if spec is None:
-        spec = "rrf"
+        if weights is None and rrf_k is None:
+            return DEFAULT_FUSION
+        # the default's method and options, with these weights / this k
+        w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
+        f = dataclasses.replace(DEFAULT_FUSION, weights=w)
+        if rrf_k is not None:
+            if not isinstance(f, RRF):
+                raise QueryError(f"rrf_k={rrf_k!r} given but the default fusion is {f.to_dict()['method']!r}")
+            f = dataclasses.replace(f, k=rrf_k)
+        return f
     if not isinstance(spec, str):
         raise QueryError(f"fusion must be a name or an RRF / Linear object, got {type(spec).__name__}")
     w = parse_weights(weights) if isinstance(weights, str) else dict(weights or {})
     name, sep, norm = spec.partition(":")
+    if name in ("dbsf", "tmm") and not sep:
+        name, sep, norm = "linear", ":", name
     if name == "rrf" and not sep:
         return RRF(weights=w) if rrf_k is None else RRF(k=rrf_k, weights=w)
     if name == "linear":
@@ -137,7 +238,7 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
         if sep and norm not in NORMALISERS:
             raise QueryError(f"unknown normalisation {norm!r} in fusion {spec!r}; expected one of {', '.join(NORMALISERS)}")
         return Linear(norm=norm or "minmax", weights=w)
-    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf' or 'linear[:{'|'.join(NORMALISERS)}]'")
+    raise QueryError(f"unknown fusion {spec!r}; expected 'rrf', 'dbsf', 'tmm' or 'linear[:{'|'.join(NORMALISERS)}]'")
 
 
 def tie_ranks_rows(scores: np.ndarray, n_found: np.ndarray) -> np.ndarray:
@@ -167,46 +268,126 @@ def tie_ranks(scores: np.ndarray, n: int) -> np.ndarray:
     return tie_ranks_rows(s[None, :], np.array([len(s)], np.int32))[0]
 
 
-def _minmax(s: np.ndarray) -> np.ndarray:
+def _minmax(s: np.ndarray, bound: "tuple[float, float] | None" = None) -> np.ndarray:
     lo, hi = s.min(), s.max()
     if hi == lo:
         return np.ones_like(s)
     return (s - lo) / (hi - lo)
 
 
-def _zscore(s: np.ndarray) -> np.ndarray:
+def _zscore(s: np.ndarray, bound: "tuple[float, float] | None" = None) -> np.ndarray:
     sd = s.std()
     if sd == 0 or not np.isfinite(sd):
         return np.ones_like(s)
     return (s - s.mean()) / sd
 
 
-NORMALISERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+def _dbsf(s: np.ndarray, bound: "tuple[float, float] | None" = None) -> np.ndarray:
+    """Qdrant's distribution-based score fusion normalisation: (s − (μ − 3σ)) / (6σ) with the
+    sample standard deviation (n − 1), as Qdrant's client computes it; 1.0 for fewer than two
+    scores or σ = 0."""
+    if len(s) < 2:
+        return np.ones_like(s)
+    sd = s.std(ddof=1)
+    if sd == 0 or not np.isfinite(sd):
+        return np.ones_like(s)
+    return (s - (s.mean() - 3.0 * sd)) / (6.0 * sd)
+
+
+def _tmm(s: np.ndarray, bound: "tuple[float, float] | None" = None) -> np.ndarray:
+    """Bruch et al.'s theoretical min-max: (s − inf) / (max(s) − inf), ``inf`` the leg's
+    theoretical minimum for the query; 1.0 when max(s) == inf."""
+    lo = _need(bound)[0]
+    hi = s.max()
+    if hi == lo:
+        return np.ones_like(s)
+    return (s - lo) / (hi - lo)
+
+
+def _theoretical(s: np.ndarray, bound: "tuple[float, float] | None" = None) -> np.ndarray:
+    """(s − inf) / (sup − inf) over the leg's theoretical range for the query; 1.0 when it is empty."""
+    lo, hi = _need(bound)
+    if hi == lo:
+        return np.ones_like(s)
+    return (s - lo) / (hi - lo)
+
+
+def _need(bound: "tuple[float, float] | None") -> tuple[float, float]:
+    if bound is None:
+        raise QueryError("this normalisation needs the legs' theoretical score ranges (fuse(..., bounds=...))")
+    return float(bound[0]), float(bound[1])
+
+
+#: normalisation name → function(scores float64 (n,), bound (inf, sup) or None) → float64 (n,)
+NORMALISERS: dict[str, Callable[..., np.ndarray]] = {
     "minmax": _minmax,
     "zscore": _zscore,
-    "none": lambda s: s,
+    "dbsf": _dbsf,
+    "tmm": _tmm,
+    "theoretical": _theoretical,
+    "none": lambda s, bound=None: s,
 }
+#: normalisations that need each leg's theoretical range (:mod:`retriever.fusion_bounds`)
+BOUNDED_NORMS = frozenset({"tmm", "theoretical"})
+
+#: the fusion of a search without ``fusion=`` on an index without a stored (fitted) setting: RRF
+#: with k = 40, chosen by measurement on the four shared collections with two and three legs
+#: (``python -m benchmarks.fusion_fit defaults``: the best mean nDCG@10 among the equal-weight
+#: settings that reach the best single leg everywhere at the old default's cost; see
+#: docs/FUSION.md). Until issue 24 the default was ``RRF()`` (k = 60).
+DEFAULT_FUSION: "RRF | Linear" = RRF(k=40.0)
+
+
+def cut_depths(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
+               fusion: "RRF | Linear") -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each leg's candidate list cut to ``max(fusion.depths[leg], k)`` (legs without a depth as
+    given): a prefix of a sorted top-d list is the top-d' list of that leg, so this equals
+    searching the leg at the smaller depth."""
+    if not fusion.depths:
+        return dict(legs)
+    out = {}
+    for n, (ids, scores, nf) in legs.items():
+        d = fusion.depths.get(n)
+        if d is None or max(int(d), k) >= ids.shape[1]:
+            out[n] = (ids, scores, nf)
+        else:
+            d = max(int(d), k)
+            out[n] = (ids[:, :d], scores[:, :d], np.minimum(nf, d).astype(np.int32))
+    return out
 
 
 def fuse(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
-         fusion: "RRF | Linear") -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, LegArrays]]:
+         fusion: "RRF | Linear", bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, LegArrays]]:
     """Fuse per-leg candidate lists into one top-k list per query.
 
     Args:
         legs: ``{leg: (ids int64 (nq, depth), scores float32 (nq, depth), n_found int32 (nq,))}``;
             each row sorted by score descending (ties by smaller id), padded with -1 / -inf.
+            Each list is first cut to the fusion's depth for that leg (:func:`cut_depths`), except
+            under ``fusion.full_score``, where the lists are the complete ones of
+            :func:`retriever.full_score.complete_lists` (the depths applied to the candidate
+            searches before; the engine does both).
         k: fused list length (>= 1).
         fusion: :class:`RRF` or :class:`Linear`.
+        bounds: ``{leg: (inf float64 (nq,), sup float64 (nq,))}`` each leg's theoretical score
+            range per query (:func:`retriever.fusion_bounds.leg_bounds`); needed by the ``tmm``
+            and ``theoretical`` normalisations only.
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,), {leg: LegArrays})``.
 
     RRF runs as one compiled call over the batch (:mod:`retriever.fusion_kernels`), linear fusion
     as a numpy loop over queries (:func:`fuse_loop`); both give the results described above.
+
+    Raises:
+        QueryError: a bounded normalisation without ``bounds`` for a leg.
     """
+    if not fusion.full_score:
+        legs = cut_depths(legs, k, fusion)
     if isinstance(fusion, RRF) and legs:
         return _fuse_rrf_compiled(legs, k, fusion)
-    return fuse_loop(legs, k, fusion)
+    return fuse_loop(legs, k, fusion, bounds)
 
 
 def _fuse_rrf_compiled(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
@@ -228,20 +409,24 @@ def _fuse_rrf_compiled(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarr
     n_found = np.array([p[2] for p in parts], np.int64).reshape(n_legs, nq)
     ranks = np.concatenate([tie_ranks_rows(p[1], p[2]) for p in parts], axis=1)
     weights = np.array([float(fusion.weights.get(n, 1.0)) for n in names], np.float64)
+    rrf_k = np.array([fusion.k_of(n) for n in names], np.float64)
     out_ids = np.empty((nq, k), dtype=np.int64)  # the kernel writes every element
     out_scores = np.empty((nq, k), dtype=np.float32)
     out_n = np.empty(nq, dtype=np.int32)
     leg_scores = np.empty((n_legs, nq, k), dtype=np.float32)
     leg_ranks = np.empty((n_legs, nq, k), dtype=np.int32)
-    rrf_fuse_rows(ids, scores, ranks, n_found, leg_start, weights, float(fusion.k), int(k), out_ids, out_scores,
+    rrf_fuse_rows(ids, scores, ranks, n_found, leg_start, weights, rrf_k, int(k), out_ids, out_scores,
                   out_n, leg_scores, leg_ranks)
     return out_ids, out_scores, out_n, {n: LegArrays(leg_scores[i], leg_ranks[i]) for i, n in enumerate(names)}
 
 
 def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: int,
-              fusion: "RRF | Linear") -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, LegArrays]]:
+              fusion: "RRF | Linear", bounds: Mapping[str, tuple[np.ndarray, np.ndarray]] | None = None
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, LegArrays]]:
     """:func:`fuse` as a numpy loop over queries: the path for :class:`Linear`, and the reference
     that the compiled RRF path is tested against (same arguments and returns as :func:`fuse`)."""
+    if not fusion.full_score:
+        legs = cut_depths(legs, k, fusion)
     names = list(legs)
     nq = next(iter(legs.values()))[0].shape[0]
     out_ids = np.full((nq, k), -1, dtype=np.int64)
@@ -252,6 +437,10 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
     weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
     rrf = isinstance(fusion, RRF)
     norm = None if rrf else NORMALISERS[fusion.norm]
+    if not rrf and fusion.needs_bounds:
+        missing = [n for n in names if bounds is None or n not in bounds]
+        if missing:
+            raise QueryError(f"normalisation {fusion.norm!r} needs the theoretical score range of legs {missing}")
     rank_rows = {n: tie_ranks_rows(legs[n][1], legs[n][2]) for n in names}
     for q in range(nq):
         seg_ids, seg_contrib, seg_scores, seg_ranks = [], [], [], []
@@ -261,10 +450,11 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
             srow = scores[q, :m]
             ranks = rank_rows[n][q, :len(srow)]
             if rrf:
-                c = weights[n] / (fusion.k + ranks)
+                c = weights[n] / (fusion.k_of(n) + ranks)
             else:
                 ls = srow.astype(np.float64)
-                c = weights[n] * norm(ls) if m else ls
+                bound = None if bounds is None or n not in bounds else (bounds[n][0][q], bounds[n][1][q])
+                c = weights[n] * norm(ls, bound) if m else ls
             seg_ids.append(ids[q, :m])
             seg_contrib.append(c)
             seg_scores.append(srow)

@@ -20,7 +20,7 @@ import numpy as np
 
 @nb.njit(cache=True, nogil=True)
 def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, ranks: np.ndarray, n_found: np.ndarray, leg_start: np.ndarray,
-                  weights: np.ndarray, rrf_k: float, k: int, out_ids: np.ndarray, out_scores: np.ndarray,
+                  weights: np.ndarray, rrf_k: np.ndarray, k: int, out_ids: np.ndarray, out_scores: np.ndarray,
                   out_n: np.ndarray, leg_scores: np.ndarray, leg_ranks: np.ndarray) -> None:
     """RRF over every query of a batch, writing into preallocated outputs.
 
@@ -34,7 +34,7 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, ranks: np.ndarray, n_foun
             to [0, the leg's width] here).
         leg_start: int64 (L + 1,) column offsets of the legs.
         weights: float64 (L,) leg weights.
-        rrf_k: the RRF constant (>= 0).
+        rrf_k: float64 (L,) each leg's RRF constant (>= 0).
         k: fused list length (>= 1).
         out_ids: int64 (nq, k), out_scores: float32 (nq, k), out_n: int32 (nq,), leg_scores:
             float32 (L, nq, k), leg_ranks: int32 (L, nq, k): outputs (any contents on entry),
@@ -70,6 +70,7 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, ranks: np.ndarray, n_foun
             c0 = leg_start[leg]
             m = min(max(n_found[leg, q], 0), leg_start[leg + 1] - c0)  # clipped to the leg's width
             w = weights[leg]
+            kl = rrf_k[leg]
             for j in range(m):
                 r = ranks[q, c0 + j]
                 d = ids[q, c0 + j]
@@ -84,7 +85,7 @@ def rrf_fuse_rows(ids: np.ndarray, scores: np.ndarray, ranks: np.ndarray, n_foun
                     uniq[g] = d
                     total[g] = 0.0
                     nu += 1
-                total[g] += w / (rrf_k + r)  # each document's contributions summed in leg, then position order
+                total[g] += w / (kl + r)  # each document's contributions summed in leg, then position order
                 rank[n] = r
                 col[n] = c0 + j
                 legof[n] = leg

@@ -64,3 +64,27 @@ def test_missing_queries_score_zero():
     m = evaluate(run, qrels, qids=["q1", "q2", "q3"])
     assert m["queries"] == 2
     assert m["ndcg@10"] == pytest.approx(0.5)
+
+
+def test_float32_ties_keep_our_order(tmp_path):
+    """Scores tied at float32 resolution (exactly equal, or distinct only as float64) are
+    exported strictly decreasing as float32, so trec_eval (float scores) cannot re-sort them by
+    document id: the relevant document "b" stays at our rank 1 (any id order would put it 2nd)."""
+    import numpy as np
+    import pytrec_eval
+
+    qrels = {"q1": {"b": 1}, "q2": {"b": 1}}
+    exact = [0.5, 0.5, 0.5]
+    f64 = [0.5, 0.5 - 1e-12, 0.5 - 2e-12]  # distinct as float64, one value as float32
+    run = make_run(["q1", "q2"], [["b", "a", "c"], ["b", "c", "a"]], [exact, f64])
+    for q in run:
+        s32 = np.array(list(run[q].values()), np.float32)
+        assert (np.diff(s32) < 0).all(), run[q]
+        assert list(run[q]) == ["b", "a", "c"] if q == "q1" else ["b", "c", "a"]
+    m = evaluate(run, qrels, metrics={"ndcg@10": "nDCG@10", "mrr@10": "RR@10"})
+    assert m["ndcg@10"] == pytest.approx(1.0) and m["mrr@10"] == pytest.approx(1.0)
+    write_trec_run(tmp_path / "run.txt", run)
+    per_q = pytrec_eval.RelevanceEvaluator(qrels, {"recip_rank", "ndcg_cut.10"}).evaluate(read_trec_run(tmp_path / "run.txt"))
+    assert all(per_q[q]["recip_rank"] == 1.0 and per_q[q]["ndcg_cut_10"] == pytest.approx(1.0) for q in qrels)
+    # the float32 nudge: one float32 step below the previous score per tied place
+    assert strictly_decreasing([1.0, 1.0]) == [1.0, float(np.nextafter(np.float32(1.0), np.float32(0)))]

@@ -638,3 +638,25 @@ def test_fields_missing_in_shards_null_only_fields_aware_timestamps_and_dates(tm
         r.search("bone", filter={"day": dt.datetime(2021, 1, 1)})
     hits = r.search("bone vitamin", 50, mode="bm25", filter={"late": {"$gte": 70}})
     assert sorted(int(h.id[1:]) for h in hits) == [i for i in range(70, 90) if i % 2]
+
+
+def test_filter_after_an_update_and_refresh(tmp_path, small_docs):
+    """Masks are cached per generation: after an add, a delete and ``refresh()``, the same filter
+    sees the new document and not the deleted one (no stale mask from the older generation)."""
+    from retriever import IndexUpdater
+
+    build_index(small_docs, tmp_path / "ix", legs=("bm25",), show_progress=False, shard_size=120)
+    r = Retriever.open(tmp_path / "ix", n_threads=1)
+    f = {"cat": "c0", "flag": True}
+    before = [h.id for h in r.search("vitamin bone", 300, mode="bm25", filter=f)]
+    assert before
+    with IndexUpdater.open(tmp_path / "ix") as up:
+        up.add([{"_id": "new1", "text": "vitamin bone vitamin bone", "year": 5, "cat": "c0", "flag": True,
+                 "ts": T0, "tags": ["red"]}])
+        up.delete([before[0]])
+        up.commit()
+    assert r.refresh()
+    after = [h.id for h in r.search("vitamin bone", 300, mode="bm25", filter=f)]
+    assert "new1" in after and before[0] not in after
+    assert set(after) == (set(before) - {before[0]}) | {"new1"}
+    assert {key[1] for key in r._filter_cache} == {1, r.reader.generation} and r.reader.generation > 1

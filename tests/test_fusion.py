@@ -290,7 +290,12 @@ def test_parse_fusion_one_parser_for_library_and_cli(bm25_index, capsys):
     from retriever.cli import _fusion, main
     from retriever.fusion import parse_weights
 
-    assert parse_fusion(None) == RRF() == parse_fusion("rrf")
+    from retriever.fusion import DEFAULT_FUSION
+
+    assert parse_fusion(None) == DEFAULT_FUSION == RRF(k=40.0)  # the default since issue 24
+    assert parse_fusion("rrf") == RRF()
+    assert parse_fusion(None, weights="bm25=2") == RRF(k=40.0, weights={"bm25": 2.0})
+    assert parse_fusion(None, rrf_k=7.0) == RRF(k=7.0)
     assert parse_fusion("linear") == Linear("minmax")
     assert parse_fusion("linear:none", weights="bm25=2, dense=0.5") == Linear("none", {"bm25": 2.0, "dense": 0.5})
     assert parse_fusion("rrf", weights={"bm25": 3}, rrf_k=10.0) == RRF(10.0, {"bm25": 3})

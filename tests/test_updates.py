@@ -612,3 +612,47 @@ def test_deleted_documents_never_come_back_through_dense_sparse_and_hybrid(tmp_p
     # the new d5 is found by its own vector
     hits = r.search("x", k=1, mode="dense", query_vectors=dense_vec("d5", 1)[None, :])
     assert [h.id for h in hits] == ["d5"]
+
+
+def test_ivf_segments_added_with_the_trained_quantiser_keep_recall(tmp_path):
+    """Approximate mode: segments added to an IVF index are filled with the index's trained
+    quantiser; recall@10 against exact search stays within 0.05 of a fresh build's (the issue asks
+    0.01 at 1M documents; at this size one query moves recall by 0.01)."""
+    from retriever import DenseConfig
+
+    dim, n_base, n_add = 16, 3000, 1000
+    centers = np.random.default_rng(0).standard_normal((32, dim))
+
+    def vecs(n: int, seed: int) -> np.ndarray:
+        r = np.random.default_rng(seed)
+        x = centers[r.integers(0, len(centers), n)] + 0.5 * r.standard_normal((n, dim))
+        return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+    base, extra = vecs(n_base, 1), vecs(n_add, 2)
+    ids = [f"v{i}" for i in range(n_base + n_add)]
+    docs = [{"_id": i, "text": "x"} for i in ids]
+    cfg = dict(legs=("dense",), dense=DenseConfig(faiss_factory="IVF32,Flat"), shard_size=10 ** 6, show_progress=False)
+    path = tmp_path / "live"
+    build_index(docs[:n_base], path, dense_vectors=base, **cfg)
+    dead = {f"v{i}" for i in range(0, n_base, 7)}
+    with IndexUpdater.open(path) as u:
+        u.add(docs[n_base:], dense_vectors=extra)
+        u.delete(sorted(dead))
+        u.commit()
+    keep = [i for i, d in enumerate(ids) if d not in dead]
+    allv = np.concatenate([base, extra])
+    build_index([docs[i] for i in keep], tmp_path / "fresh", dense_vectors=allv[keep], **cfg)
+    q = vecs(200, 9)
+    exact = np.argsort(-(q @ allv[keep].astype(np.float16).astype(np.float32).T), axis=1, kind="stable")[:, :10]
+    truth = [{ids[keep[j]] for j in row} for row in exact]
+
+    def recall(path: Path) -> float:
+        r = Retriever.open(path)
+        assert r.reader.shards[-1].dir.joinpath("dense.faiss").is_file()
+        res = r.search_arrays(["x"] * len(q), k=10, mode="dense", query_vectors=q, leg_params={"dense": {"nprobe": 2}})
+        return float(np.mean([len(set(r.doc_ids(res.ids[i, :res.n_found[i]])) & truth[i]) / 10 for i in range(len(q))]))
+
+    live, fresh = recall(path), recall(tmp_path / "fresh")
+    assert live > 0.5 and fresh > 0.5
+    print(f"recall@10 living {live:.3f} fresh {fresh:.3f}")
+    assert abs(live - fresh) <= 0.05, (live, fresh)

@@ -696,14 +696,23 @@ class DenseLeg:
         cand[row, col] = ords
         ids, scores, _ = _kernels.rescore_topk(prepared.q, self.vectors[shard], cand, width, 0, 1)
         # rescore_topk returns each row sorted; map the scores back to the candidates' positions
-        lookup = {}
-        for r, c, d in zip(row.tolist(), col.tolist(), ords.tolist()):
-            lookup[(r, d)] = c
-        for r in range(nq):
-            for j in range(int(counts[r])):
-                d = int(ids[r, j])
-                if d >= 0:
-                    out[offs[r] + lookup[(r, d)]] = scores[r, j]
+        # (one sort of (row, ordinal) keys and a binary search; a candidate may repeat in a row)
+        big = self.shards[shard].rows + 2
+        keys = np.arange(nq, dtype=np.int64)[:, None] * big + cand + 1
+        flat = keys.ravel()
+        order = np.argsort(flat, kind="stable")
+        sorted_keys = flat[order]
+        valid = ids >= 0
+        found = (np.arange(nq, dtype=np.int64)[:, None] * big + ids + 1)[valid]
+        left = np.searchsorted(sorted_keys, found, side="left")
+        right = np.searchsorted(sorted_keys, found, side="right")
+        vals = scores[valid]
+        # every occurrence of a (row, ordinal) in the candidates gets its score
+        reps = right - left
+        src = np.repeat(np.arange(len(found)), reps)
+        at = order[np.repeat(left, reps) + (np.arange(int(reps.sum())) - np.repeat(np.cumsum(reps) - reps, reps))]
+        r_, c_ = np.divmod(at, width)
+        out[offs[r_] + c_] = vals[src]
         return out
 
     @staticmethod

@@ -1,0 +1,119 @@
+"""Fusion fitting: the figures of the re-fusion in numpy equal a real search's (pytrec_eval), a
+fitted setting round-trips through the index and is used when no fusion is given, bad labels
+are refused naming the queries."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from retriever import CorpusError, Retriever
+from retriever.evaluation import evaluate, make_run
+from retriever.fusion import DEFAULT_FUSION, RRF, Linear, fusion_from_dict
+from retriever.fusion_fit import FitGrid, collect, evaluate_settings, fit_fusion, simplex_weights
+from tests.conftest import cli_error
+from tests.test_fusion_methods import syn  # noqa: F401  (the three-leg synthetic index fixture)
+
+
+def _labels(r, qs, qv, sv):
+    """Deterministic graded qrels: for each query, a few documents from the legs' lists."""
+    queries = {f"q{i}": q for i, q in enumerate(qs)}
+    qrels = {}
+    rng = np.random.default_rng(5)
+    for name in r.legs:
+        res = r.search_arrays(qs, k=40, mode=name, query_vectors=qv, sparse_vectors=sv)
+        for i in range(len(qs)):
+            found = res.ids[i, :res.n_found[i]]
+            for d in rng.choice(found, size=min(3, len(found)), replace=False) if len(found) else []:
+                qrels.setdefault(f"q{i}", {})[r.reader.doc_ids()[d]] = int(rng.integers(1, 3))
+    return queries, qrels
+
+
+def test_simplex_weights():
+    w = simplex_weights(3, 2)
+    assert w[0] == (1.0, 1.0, 1.0) and len(w) == 1 + 6 and all(abs(sum(x) - 1) < 1e-12 for x in w[1:])
+
+
+def test_refit_figures_equal_real_searches(syn):
+    """For settings across the grid, the per-query metric computed by re-fusing in numpy equals
+    pytrec_eval's on the engine's own search with that setting (k = 10 hits)."""
+    path, qs, qv, sv, n = syn
+    r = Retriever.open(path)
+    queries, qrels = _labels(r, qs, qv, sv)
+    qids = [q for q in queries if q in qrels]
+    rows = [int(q[1:]) for q in qids]
+    grid = FitGrid(rrf_k=(5.0, 60.0), norms=("minmax", "zscore", "dbsf", "tmm", "theoretical"), weight_steps=2,
+                   depths=(10, 20), full_score=(False, True))
+    data = collect(r, queries, qrels, qids, max_depth=100, k=10, cutoff=10, query_vectors=qv[rows],
+                   sparse_vectors=sv[rows])
+    for metric in ("ndcg@10", "recall@10", "mrr@10"):
+        settings, values = evaluate_settings(data, grid, metric, extra=[DEFAULT_FUSION])
+        assert values.shape == (len(settings), len(qids))
+        pick = list(range(0, len(settings), max(1, len(settings) // 23)))
+        name = {"ndcg@10": "nDCG@10", "recall@10": "R@10", "mrr@10": "RR@10"}[metric]
+        for i in pick:
+            f = settings[i]
+            res = r.search_arrays([queries[q] for q in qids], k=10, fusion=f, depth=100 if i == 0 else 10,
+                                  query_vectors=qv[rows], sparse_vectors=sv[rows])
+            ids = r.reader.doc_ids()
+            for j, q in enumerate(qids):
+                run = make_run([q], [ids[res.ids[j, :res.n_found[j]]].tolist()],
+                               [res.scores[j, :res.n_found[j]].tolist()])
+                ref = evaluate(run, {q: qrels[q]}, metrics={"m": name})["m"]
+                assert values[i, j] == pytest.approx(ref, abs=1e-12), (metric, f.to_dict(), q)
+
+
+def test_fit_round_trip_and_default(syn, tmp_path, capsys):
+    """A fitted setting is stored as a new generation (with the labels' hash and CV figures),
+    ``index info`` shows it, searches without fusion= use it, fusion= overrides it."""
+    import shutil
+
+    from retriever.cli import main
+
+    src, qs, qv, sv, n = syn
+    path = tmp_path / "ix"
+    shutil.copytree(src, path)
+    r = Retriever.open(path)
+    queries, qrels = _labels(r, qs, qv, sv)
+    qids = [q for q in queries if q in qrels]
+    rows = [int(q[1:]) for q in qids]
+    grid = FitGrid(rrf_k=(10.0,), norms=("minmax", "tmm"), weight_steps=2, depths=(100,), full_score=(False, True))
+    rep = fit_fusion(r, queries, qrels, folds=2, grid=grid, split="train", store=True,
+                     query_vectors=qv[rows], sparse_vectors=sv[rows])
+    assert rep.generation == r.reader.generation + 1
+    assert rep.cv["mean"] == pytest.approx(np.mean(rep.cv["folds"])) and len(rep.cv["folds"]) == 2
+    r2 = Retriever.open(path)
+    stored = r2.reader.fusion
+    assert stored["fitted"]["labels_sha256"] == rep.labels_sha256 and stored["fitted"]["split"] == "train"
+    assert stored["fitted"]["cv_mean"] == round(rep.cv["mean"], 6)
+    assert r2.default_fusion() == rep.setting == fusion_from_dict(stored)
+    a = r2.search_arrays(qs, k=10, query_vectors=qv, sparse_vectors=sv)
+    b = r2.search_arrays(qs, k=10, fusion=rep.setting, query_vectors=qv, sparse_vectors=sv)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
+    assert a.fusion["method"] == rep.setting.to_dict()["method"]
+    other = RRF(k=1.0, weights={"bm25": 0.0})
+    c = r2.search_arrays(qs, k=10, fusion=other, query_vectors=qv, sparse_vectors=sv)
+    d = Retriever.open(src).search_arrays(qs, k=10, fusion=other, query_vectors=qv, sparse_vectors=sv)
+    assert np.array_equal(c.ids, d.ids)  # an explicit fusion overrides the stored one
+    # the old generation (no stored setting) still searches with the library default
+    e = Retriever.open(src).search_arrays(qs, k=10, query_vectors=qv, sparse_vectors=sv)
+    f = Retriever.open(src).search_arrays(qs, k=10, fusion=DEFAULT_FUSION, query_vectors=qv, sparse_vectors=sv)
+    assert np.array_equal(e.ids, f.ids)
+    capsys.readouterr()
+    assert main(["index", "info", str(path)]) == 0
+    shown = json.loads(capsys.readouterr().out)["fusion"]
+    assert shown["fitted"]["labels_sha256"] == rep.labels_sha256 and shown["method"] == rep.setting.to_dict()["method"]
+    assert main(["fusion", "clear", str(path)]) == 0
+    assert Retriever.open(path).default_fusion() == DEFAULT_FUSION
+
+
+def test_fit_refuses_qrels_of_unknown_queries(bm25_index, tmp_path, capsys):
+    (tmp_path / "q.jsonl").write_text(json.dumps({"_id": "1", "text": "vitamin"}) + "\n")
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\n1\td1\t1\nmissing-7\td2\t1\nmissing-3\td3\t1\n")
+    msg = cli_error(capsys, ["fusion", "fit", str(bm25_index), "--queries", str(tmp_path / "q.jsonl"),
+                             "--qrels", str(tmp_path / "qrels.tsv")])
+    assert "'missing-3', 'missing-7'" in msg and "2 queries" in msg
+    with pytest.raises(CorpusError, match="missing-3"):
+        fit_fusion(Retriever.open(bm25_index), {"1": "vitamin"}, {"1": {"d1": 1}, "missing-3": {"d": 1}})
