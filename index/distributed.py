@@ -35,6 +35,11 @@ class RayExecutor:
             about equal document counts).
         runtime_env: passed to ``ray.init`` when this executor starts or joins a cluster (e.g.
             ``{"working_dir": ...}`` on a remote cluster whose nodes lack the package).
+        encoder_threads: torch threads of each build encoder actor. Default: the driver's
+            ``torch.get_num_threads()``, what a one-process build on the driver uses: torch's CPU
+            kernels round differently with other thread counts, so this keeps the vectors
+            bit-identical to a one-process build (at the cost of oversubscribing a node that runs
+            several actors); set it to trade exactness (last-bit differences) for less contention.
 
     Raises:
         ConfigError: a count or an assignment out of range (at construction or :meth:`assign`).
@@ -47,8 +52,12 @@ class RayExecutor:
     max_restarts: int = 1
     assignment: Sequence[Sequence[int]] | None = None
     runtime_env: dict[str, Any] | None = None
+    encoder_threads: int | None = None
 
     def __post_init__(self) -> None:
+        if self.encoder_threads is not None and (isinstance(self.encoder_threads, bool) or not isinstance(
+                self.encoder_threads, int) or self.encoder_threads < 1):
+            raise ConfigError(f"RayExecutor encoder_threads must be an integer >= 1 or None, got {self.encoder_threads!r}")
         for name, low in (("num_workers", 1), ("max_restarts", 0)):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < low:

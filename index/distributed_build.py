@@ -226,9 +226,13 @@ class ShardEncoder:
         device: encoder device (``cuda`` when the actor has a GPU).
         blocks: object references of the document blocks (nested in a list: not resolved).
         slices: per shard its ``(block, offset, length)`` slices.
+        threads: torch threads (see ``RayExecutor.encoder_threads``).
     """
 
-    def __init__(self, config: BuildConfig, device: str, blocks: list, slices: list) -> None:
+    def __init__(self, config: BuildConfig, device: str, blocks: list, slices: list, threads: int) -> None:
+        import torch
+
+        torch.set_num_threads(threads)  # the one-process build's count: same rounding, same vectors
         t0 = time.perf_counter()
         self.config, self.blocks, self.slices = config, blocks, slices
         self.dense = self.sparse = None
@@ -654,12 +658,18 @@ def _build(ray: Any, rd: Any, parts: list, writer: IndexWriter, config: BuildCon
         gpu = executor.num_gpus_per_worker > 0
         device = "cuda" if gpu and config.device == "cpu" else config.device
         shards_ds = rd.from_items([{"shard": j} for j in range(len(bounds))], override_num_blocks=len(bounds))
+        threads = executor.encoder_threads
+        if threads is None:
+            import torch
+
+            threads = torch.get_num_threads()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*ray_remote_args")
             enc_ds = shards_ds.map_batches(
                 ShardEncoder, batch_size=1, batch_format="pyarrow",
                 compute=rd.ActorPoolStrategy(size=min(executor.num_workers, len(bounds))),
-                fn_constructor_kwargs={"config": config, "device": device, "blocks": block_refs, "slices": slices},
+                fn_constructor_kwargs={"config": config, "device": device, "blocks": block_refs, "slices": slices,
+                                       "threads": threads},
                 num_gpus=executor.num_gpus_per_worker or None, num_cpus=executor.num_cpus_per_worker or None,
                 ray_remote_args_fn=lambda: {"max_restarts": retries, "max_task_retries": retries})
         try:
