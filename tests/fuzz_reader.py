@@ -104,6 +104,7 @@ def main() -> None:
     cases = sys.argv[4:]
     qv = np.random.default_rng(0).standard_normal(64).astype(np.float32)
     run_case(warmup, qv)
+    print("WARMUP OK", flush=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     resource.setrlimit(resource.RLIMIT_AS, (_vm_size() + extra, hard))
     sys.addaudithook(_audit(canary))

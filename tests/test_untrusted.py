@@ -323,6 +323,8 @@ def _run_children(canary: Path, warmup: Path, cases: list[tuple[Path, str]], per
         except subprocess.TimeoutExpired as e:
             out, code = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or ""), "timeout"
         done = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        if code not in (0, "timeout") and not done and "WARMUP OK" not in out:  # the harness, not a case
+            raise AssertionError(f"fuzz child failed before its first case: {r.stderr[-2000:]}")
         for res in done:
             res["mutation"] = names[res["case"]]
         results += done
