@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CACHE = Path(os.environ.get("RETRIEVER_CACHE", "/tmp/cache")) / "fusion_fit"
+CACHE = Path(os.environ.get("RETRIEVER_CACHE", Path.home() / ".cache" / "retriever")) / "fusion_fit"
 RESULTS = ROOT / "benchmarks" / "results"
 COLLECTIONS = ("scifact", "cranfield", "cisi", "medline")
 LEG_SETS = {"3leg": ("bm25", "dense", "sparse"), "2leg": ("bm25", "dense")}
