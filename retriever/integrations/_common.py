@@ -32,7 +32,7 @@ class SearchOptions:
     Attributes:
         k: hits to return (>= 1).
         mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
-        fusion: ``None`` (the index's default, RRF k = 60), a name such as ``"rrf"`` or
+        fusion: ``None`` (the engine's default: the index's stored fusion, else RRF k = 40), a name such as ``"rrf"`` or
             ``"linear:zscore"``, or an :class:`~retriever.RRF` / :class:`~retriever.Linear` object.
         filter: ``None`` or a metadata filter in the dict form (``{"year": {"$gte": 2020}}``) or a
             ``pyarrow.compute`` expression.

@@ -60,7 +60,7 @@ class LangChainRetriever(BaseRetriever):
         k: documents per call (default 4, LangChain's usual default).
         mode: ``"hybrid"`` (every leg the index has, fused by the engine), ``"bm25"``, ``"dense"``
             or ``"sparse"``.
-        fusion: ``None`` (RRF, k = 60), a name (``"rrf"``, ``"linear"``, ``"linear:zscore"``...) or
+        fusion: ``None``: the engine's default (the index's stored fusion, else RRF k = 40), a name (``"rrf"``, ``"linear"``, ``"linear:zscore"``...) or
             an :class:`~retriever.RRF` / :class:`~retriever.Linear` object.
         filter: ``None`` or a metadata filter (the dict form, e.g. ``{"year": {"$gte": 2020}}``).
         depth: candidates per leg before fusion (``None``: the engine's default, 100).
@@ -138,7 +138,7 @@ class LangChainVectorStore(VectorStore):
             and queries (the bundled MiniLM for a new index).
         mode: default search mode: ``"hybrid"`` (every leg the index has), ``"bm25"``,
             ``"dense"`` or ``"sparse"``.
-        fusion: default fusion of the hybrid mode (``None``: RRF, k = 60; a name or an
+        fusion: default fusion of the hybrid mode (``None``: the engine's default, the index's stored fusion or RRF k = 40; a name or an
             :class:`~retriever.RRF` / :class:`~retriever.Linear`).
         depth, leg_params: default search options, as :meth:`retriever.Retriever.search_arrays`.
         normalize: L2-normalise the embedding model's vectors (the dense leg's inner product is

@@ -65,7 +65,7 @@ class LlamaIndexRetriever(BaseRetriever):
         similarity_top_k: nodes per retrieval (default 2, LlamaIndex's default).
         mode: ``"hybrid"`` (every leg the index has, fused by the engine), ``"bm25"``, ``"dense"``
             or ``"sparse"``.
-        fusion: ``None`` (RRF, k = 60), a name (``"rrf"``, ``"linear"``, ...) or an
+        fusion: ``None``: the engine's default (the index's stored fusion, else RRF k = 40), a name (``"rrf"``, ``"linear"``, ...) or an
             :class:`~retriever.RRF` / :class:`~retriever.Linear` object.
         filter: ``None`` or a metadata filter (the dict form, e.g. ``{"lang": "en"}``).
         depth: candidates per leg before fusion (``None``: the engine's default).
@@ -175,7 +175,7 @@ class LlamaIndexVectorStore(BasePydanticVectorStore):
             models encode texts and queries (nodes' embeddings are ignored).
         sparse_leg: the leg LlamaIndex's ``sparse`` mode runs: ``"bm25"`` (default) or
             ``"sparse"`` (learned sparse; the index must have been built with it).
-        fusion: fusion of the ``hybrid`` mode (``None``: RRF, k = 60); a query's ``alpha`` instead
+        fusion: fusion of the ``hybrid`` mode (``None``: the engine's default, the index's stored fusion or RRF k = 40); a query's ``alpha`` instead
             fuses linearly (min-max) with weight ``alpha`` on the dense leg and ``1 - alpha`` on each
             other leg.
         normalize: L2-normalise the embeddings (the dense leg's inner product is then cosine).

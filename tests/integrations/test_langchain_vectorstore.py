@@ -87,9 +87,12 @@ def test_search_equals_the_engine(filled, kw):
 
 def test_relevance_scores_map_each_mode_into_unit_interval(filled):
     q = QUERIES[0]
+    # the engine's default fusion (no fusion=): the index's stored setting, else its DEFAULT_FUSION
+    default_k = filled.retriever.search_arrays([q], 1, query_vectors=_unit(EMB.embed_query(q))).fusion["k"]
     for kw, fn in [({"mode": "dense"}, lambda h, legs: (1 + h.score) / 2),
                    ({"mode": "bm25"}, lambda h, legs: h.score / (1 + h.score)),
-                   ({}, lambda h, legs: h.score / (len(legs) / 61)),
+                   ({}, lambda h, legs: h.score / (len(legs) / (default_k + 1))),
+                   ({"fusion": "rrf"}, lambda h, legs: h.score / (len(legs) / 61)),
                    ({"fusion": "linear"}, lambda h, legs: h.score / len(legs)),
                    ({"fusion": "linear:zscore"}, lambda h, legs: 1 / (1 + math.exp(-h.score)))]:
         hits = _engine(filled, q, 10, **kw)
