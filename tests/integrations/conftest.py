@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_data import rag_corpus
+from integrations.rag_data import rag_corpus
 
 
 @pytest.fixture(scope="session")

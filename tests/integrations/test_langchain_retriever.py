@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("langchain_core")
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
-from rag_data import QUERIES
+from integrations.rag_data import QUERIES
 from retriever import RRF, Linear, QueryError
 from retriever.integrations.langchain import LangChainRetriever
 

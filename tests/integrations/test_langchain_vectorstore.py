@@ -32,7 +32,7 @@ import math
 import numpy as np
 from langchain_core.embeddings import DeterministicFakeEmbedding
 
-from rag_data import QUERIES, rag_corpus
+from integrations.rag_data import QUERIES, rag_corpus
 from retriever import BuildConfig, CorpusError, QueryError, Retriever, build_index
 from retriever.index.config import DenseConfig
 from retriever.index.errors import ConfigError

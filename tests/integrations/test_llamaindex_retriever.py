@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("llama_index.core")
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle, TextNode
 
-from rag_data import QUERIES
+from integrations.rag_data import QUERIES
 from retriever import RRF, QueryError
 from retriever.integrations.llamaindex import LlamaIndexRetriever
 

@@ -15,7 +15,7 @@ from llama_index.core.schema import TextNode
 from llama_index.core.vector_stores.types import (FilterCondition, FilterOperator, MetadataFilter, MetadataFilters,
                                                   VectorStoreQuery, VectorStoreQueryMode)
 
-from rag_data import QUERIES, rag_corpus
+from integrations.rag_data import QUERIES, rag_corpus
 from retriever import QueryError
 from retriever.integrations._store import unit_rows
 from retriever.integrations.llamaindex import LlamaIndexVectorStore, translate_filters
