@@ -19,9 +19,12 @@ index-wide state the builder keeps (the BM25 vocabulary, the Matryoshka rotation
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, Sequence
 
 from .readers import Document
+
+if TYPE_CHECKING:
+    from .config import BuildConfig
 
 
 @dataclass(frozen=True)
@@ -108,3 +111,33 @@ class LegBuilder(Protocol):
 
     def close(self, *, raise_errors: bool = True) -> None:
         """Release threads and models (also on an error, with ``raise_errors=False``)."""
+
+
+def manifest_parts(config: "BuildConfig", n_docs: int, outputs: Mapping[str, IndexOutput],
+                    seconds: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Build config, corpus statistics, build information and extra manifest fields, assembled
+    in one place from the builders' outputs (one-process and Ray builds alike)."""
+    cfg = config.to_dict()
+    stats: dict[str, Any] = {"n_docs": n_docs}
+    build: dict[str, Any] = {"build_seconds": round(seconds, 3)}
+    models: dict[str, Any] = {}
+    extra: dict[str, Any] = {}
+    load_s, encode_s = 0.0, {}
+    for leg, out in outputs.items():
+        stats.update(out.stats)
+        b = dict(out.build)
+        load = b.pop("model_load_seconds", None)
+        enc = b.pop("encode_seconds", None)
+        if load is not None:
+            load_s += load
+        if enc is not None:
+            encode_s[leg] = round(enc, 3)
+        build.update(b)
+        if out.model is not None:
+            models[leg] = out.model
+        cfg[leg].update(out.config)
+        extra.update(out.extra)
+    if encode_s:  # model loading (checkpoint + tokenizer + weight hashes) and time inside the encoders
+        build["model_load_seconds"] = round(load_s, 3)
+        build["encode_seconds"] = encode_s
+    return cfg, stats, build, {"models": models, **extra}

@@ -50,7 +50,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
+from .builders import Batch, IndexOutput, ShardHandle, ShardOutput, manifest_parts
 from .config import BuildConfig
 from .distributed import RayExecutor
 from .errors import ConfigError, CorpusError, DistributedError, RetrieverError
@@ -613,8 +613,6 @@ def _get(ray: Any, refs: list, what: Sequence[str]) -> list:
 
 def _build(ray: Any, rd: Any, parts: list, writer: IndexWriter, config: BuildConfig, executor: RayExecutor,
            faults: FaultHook, pending: list, t0: float, corpus: Any, sparse_scale: float | None) -> dict[str, Any]:
-    from .pipeline import _manifest_parts
-
     retries = executor.max_restarts
     # --- read: one Ray Data task per part; blocks tagged (part, row)
     items = [{"part": i, "desc": pickle.dumps(p)} for i, p in enumerate(parts)]
@@ -766,7 +764,7 @@ def _build(ray: Any, rd: Any, parts: list, writer: IndexWriter, config: BuildCon
                        "sparse_doc_max_length": config.sparse.doc_max_length, "model_load_seconds": load_s,
                        "encode_seconds": sum(st.get("sparse_seconds", 0.0) for st in enc_stats.values())},
                 model=info["sparse"])
-    cfg, stats, build, extra = _manifest_parts(config, n_docs, outputs, time.perf_counter() - t0)
+    cfg, stats, build, extra = manifest_parts(config, n_docs, outputs, time.perf_counter() - t0)
     build["executor"] = {"kind": "ray", "workers": executor.num_workers, "gpus_per_worker": executor.num_gpus_per_worker,
                          "read_parts": len(parts)}
     return writer.commit(build_config=cfg, stats=stats, build=build, extra=extra)

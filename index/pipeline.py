@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from .builders import Batch, IndexOutput, LegBuilder, ShardOutput
+from .builders import Batch, LegBuilder, ShardOutput, manifest_parts
 from .config import BuildConfig, DenseConfig
 from .errors import ConfigError, CorpusError
 from .faults import FaultHook, no_faults
@@ -151,36 +151,6 @@ def _write_shard(writer: IndexWriter, shard: _ShardDocs, meta: MetadataColumns, 
     writer.end_shard(handle, outputs)
 
 
-def _manifest_parts(config: BuildConfig, n_docs: int, outputs: Mapping[str, IndexOutput],
-                    seconds: float) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
-    """Build config, corpus statistics, build information and extra manifest fields, assembled
-    in one place from the builders' outputs."""
-    cfg = config.to_dict()
-    stats: dict[str, Any] = {"n_docs": n_docs}
-    build: dict[str, Any] = {"build_seconds": round(seconds, 3)}
-    models: dict[str, Any] = {}
-    extra: dict[str, Any] = {}
-    load_s, encode_s = 0.0, {}
-    for leg, out in outputs.items():
-        stats.update(out.stats)
-        b = dict(out.build)
-        load = b.pop("model_load_seconds", None)
-        enc = b.pop("encode_seconds", None)
-        if load is not None:
-            load_s += load
-        if enc is not None:
-            encode_s[leg] = round(enc, 3)
-        build.update(b)
-        if out.model is not None:
-            models[leg] = out.model
-        cfg[leg].update(out.config)
-        extra.update(out.extra)
-    if encode_s:  # model loading (checkpoint + tokenizer + weight hashes) and time inside the encoders
-        build["model_load_seconds"] = round(load_s, 3)
-        build["encode_seconds"] = encode_s
-    return cfg, stats, build, {"models": models, **extra}
-
-
 def _run_build(documents: Iterator[Document], out: Path, config: BuildConfig, builders: Sequence[LegBuilder], *,
                overwrite: bool, faults: FaultHook, show_progress: bool, t0: float,
                corpus_path: Any = None) -> dict[str, Any]:
@@ -195,7 +165,7 @@ def _run_build(documents: Iterator[Document], out: Path, config: BuildConfig, bu
             if n_docs == 0:
                 raise CorpusError("corpus is empty (no documents)", path=corpus_path)
             outputs = {b.name: b.finish(writer, n_docs) for b in builders}
-            cfg, stats, build, extra = _manifest_parts(config, n_docs, outputs, time.perf_counter() - t0)
+            cfg, stats, build, extra = manifest_parts(config, n_docs, outputs, time.perf_counter() - t0)
             return writer.commit(build_config=cfg, stats=stats, build=build, extra=extra)
     except BaseException:
         for b in builders:  # stop worker threads; the error being raised wins

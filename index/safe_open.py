@@ -266,14 +266,14 @@ class IndexFiles:
         return h.hexdigest()
 
     def table(self, rel: str, *, full: bool = False) -> Any:
-        """``rel`` as a memory-mapped, validated Arrow table (:func:`retriever.index.format.table_from_map`)."""
-        from .format import table_from_map
+        """``rel`` as a memory-mapped, validated Arrow table (:func:`retriever.index.arrow_io.table_from_map`)."""
+        from .arrow_io import table_from_map
 
         path, buf = self.map(rel)
         return table_from_map(path, buf, full=full)
 
     def arrays(self, rel: str, expected: Mapping[str, Any]) -> dict[str, Any]:
-        """``rel`` as an array file (:func:`retriever.index.format.arrays_of_table`)."""
-        from .format import arrays_of_table
+        """``rel`` as an array file (:func:`retriever.index.arrow_io.arrays_of_table`)."""
+        from .arrow_io import arrays_of_table
 
         return arrays_of_table(self.path(rel), self.table(rel), expected)

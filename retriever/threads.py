@@ -79,8 +79,10 @@ class _BlasLimit:
     def enter(self, n: int) -> None:
         with self._lock:
             self._held.append(n)
-            if len(self._held) == 1 or n < min(self._held[:-1]):
-                self._limiters.append(self._apply(n))
+            # a new holder below the others, or a library loaded since the last limit (a limit
+            # held by another call does not cover it): (re)apply the smallest limit held
+            if len(self._held) == 1 or n < min(self._held[:-1]) or self._n_modules != len(sys.modules):
+                self._limiters.append(self._apply(min(self._held)))
 
     def exit(self, n: int) -> None:
         with self._lock:

@@ -360,3 +360,26 @@ print(json.dumps(held), after == own)
     held, restored = r.stdout.rsplit(" ", 1)
     assert all(n == 1 for n in json.loads(held)), held
     assert restored.strip() == "True"
+
+
+def test_blas_loaded_while_another_call_holds_a_limit_is_limited():
+    """A BLAS library loaded while another call holds a limit is limited by the next call too (a
+    held limit used to cover only the libraries known when it was first applied)."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("BLAS is only limited below the core count")
+    code = """
+import numpy, sys, json
+from threadpoolctl import threadpool_info
+from retriever.threads import thread_limits
+assert "scipy.linalg" not in sys.modules
+with thread_limits(1):          # another call's limit, held throughout
+    import scipy.linalg
+    with thread_limits(1):
+        held = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+print(json.dumps(held))
+"""
+    pytest.importorskip("scipy.linalg")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    held = json.loads(r.stdout)
+    assert len(held) >= 2 and all(n == 1 for n in held), held
