@@ -52,6 +52,22 @@ class omp_threads:
             _OMP_LOCAL.n = self.prev
 
 
+def _release_openblas_control() -> None:
+    """Let the calling thread set OpenBLAS's process-wide thread count, and leave no thread owning it.
+
+    threadpoolctl (≥ 3.6) lets only one thread, the first to set a limit, change a pthreads
+    OpenBLAS's thread count and makes every other thread's calls silent no-ops until that
+    ownership is released; it is released only by ``with threadpool_limits()``'s exit on the thread
+    that took it. This limiter applies and restores under its own lock from whichever thread
+    holds a limit (an engine pool thread that stays alive, then the main thread), so it releases
+    the ownership before and after each change; otherwise a limit set from one thread made every
+    later limit from another thread silently do nothing.
+    """
+    from threadpoolctl import OpenBLASController
+
+    OpenBLASController.clear_controlling_thread(force=True)
+
+
 class _BlasLimit:
     """Process-wide BLAS thread limit shared by concurrent calls: while any call holds a limit,
     every BLAS library runs with the smallest limit held; when the last one leaves, the
@@ -74,7 +90,11 @@ class _BlasLimit:
             from threadpoolctl import ThreadpoolController
             self._controller = ThreadpoolController()
             self._n_modules = len(sys.modules)
-        return self._controller.limit(limits=n, user_api="blas")
+        _release_openblas_control()
+        try:
+            return self._controller.limit(limits=n, user_api="blas")
+        finally:
+            _release_openblas_control()
 
     def enter(self, n: int) -> None:
         with self._lock:
@@ -90,8 +110,12 @@ class _BlasLimit:
             if not self._held:
                 # newest first: each limiter restores what it found, so the libraries end with
                 # their own settings (a library loaded while limits were held included)
-                for lim in reversed(self._limiters):
-                    lim.restore_original_limits()
+                _release_openblas_control()
+                try:
+                    for lim in reversed(self._limiters):
+                        lim.restore_original_limits()
+                finally:
+                    _release_openblas_control()
                 self._limiters.clear()
             elif n < min(self._held):
                 self._limiters.append(self._apply(min(self._held)))
@@ -119,3 +143,32 @@ def thread_limits(n: int, *, restore: bool = True) -> Iterator[None]:
             yield
         finally:
             _BLAS.exit(n)
+
+
+#: Intra-op threads torch runs query encoding on, whatever thread (or call budget) encodes:
+#: torch's float32 reductions split by thread count, so the same query encoded on 1 and on 2
+#: threads differed in the last digit of some weights. One thread keeps a query's vector
+#: independent of the caller's thread and of ``n_threads`` (and within any call's budget).
+QUERY_ENCODE_THREADS = 1
+
+
+@contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    """Run torch's intra-op work of the *calling* thread on ``n`` threads, restored afterwards.
+
+    torch's setting is per thread for its OpenMP and MKL pools, so concurrent callers do not
+    disturb each other. No-op when torch has not been imported.
+    """
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    prev = int(torch.get_num_threads())
+    if prev == n:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(prev)

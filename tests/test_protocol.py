@@ -200,9 +200,6 @@ def test_bm25_caches_under_concurrent_searches(bm25_index):
     assert len(ks["kth"]) <= leg.KTH_CACHE and len(leg._scoring_cache) <= leg.SCORING_CACHE
 
 
-# known issue: passes alone, fails in a full default run (a BLAS library reports 2 threads inside
-# an n_threads=1 dense search, even from a fresh limiter); kept out of the default suite until fixed
-@pytest.mark.slow
 def test_thread_budget_holds_for_faiss_and_blas(three_leg, monkeypatch):
     """``n_threads=1`` holds FAISS's OpenMP team and every BLAS library to one thread inside the
     dense leg's search, in a single-leg search and in a hybrid one (it used to run FAISS on every
@@ -223,11 +220,6 @@ def test_thread_budget_holds_for_faiss_and_blas(three_leg, monkeypatch):
         return orig(*a, **kw)
 
     monkeypatch.setattr(dense_mod._kernels, "rescore_topk", spy)
-    # isolate this check from the limiter state earlier tests left in the process (in a full run
-    # a BLAS stayed unlimited here; a known issue, see the two tests below for what is fixed)
-    import retriever.threads as threads_mod
-    monkeypatch.setattr(threads_mod._BLAS, "_controller", None)
-    monkeypatch.setattr(threads_mod._BLAS, "_n_modules", -1)
     before = faiss.omp_get_max_threads()
     for mode in ("dense", "hybrid"):
         for kw in ({}, {"leg_params": {"dense": {"dim": 6}}}):
@@ -391,3 +383,52 @@ print(json.dumps(held))
     assert r.returncode == 0, r.stderr[-2000:]
     held = json.loads(r.stdout)
     assert len(held) >= 2 and all(n == 1 for n in held), held
+
+
+def test_blas_limit_holds_after_a_limit_from_another_live_thread():
+    """threadpoolctl lets only the first thread that set a pthreads OpenBLAS's thread count change
+    it until that thread releases it: a limit taken on an engine pool thread that stays alive made
+    every later limit on the main thread a silent no-op (in a full test run, a BLAS ran with 2
+    threads inside an ``n_threads=1`` search), and a limit applied on one thread was not restored
+    from another. Both hold now, and the libraries end with their own settings."""
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("BLAS is only limited below the core count")
+    code = """
+import json, threading
+import numpy
+from concurrent.futures import ThreadPoolExecutor
+from threadpoolctl import threadpool_info
+from retriever.threads import thread_limits
+
+def pthreads_blas():
+    return [i["num_threads"] for i in threadpool_info()
+            if i["user_api"] == "blas" and i.get("threading_layer") == "pthreads"]
+
+own = pthreads_blas()
+pool = ThreadPoolExecutor(1)                     # a worker that stays alive, like the leg pool
+
+def on_worker():
+    with thread_limits(1):
+        return pthreads_blas()
+
+on_pool = pool.submit(on_worker).result()
+with thread_limits(1):
+    on_main = pthreads_blas()
+after_main = pthreads_blas()
+# applied on the main thread, restored by the worker when it is the last holder
+from retriever.threads import _BLAS
+_BLAS.enter(1)
+pool.submit(lambda: None).result()
+held_cross = pthreads_blas()
+pool.submit(_BLAS.exit, 1).result()
+after_cross = pthreads_blas()
+print(json.dumps([own, on_pool, on_main, after_main, held_cross, after_cross]))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0, r.stderr[-2000:]
+    own, on_pool, on_main, after_main, held_cross, after_cross = json.loads(r.stdout)
+    if not own:
+        pytest.skip("no pthreads OpenBLAS loaded")
+    assert all(n == 1 for n in on_pool + on_main + held_cross), (on_pool, on_main, held_cross)
+    assert after_main == own and after_cross == own, (own, after_main, after_cross)

@@ -981,3 +981,44 @@ def test_build_sparse_index_threads():
     for bad in (0, -1, 1.5, True, "2"):
         with pytest.raises(ValueError, match=f"n_threads must be .* got {bad!r}"):
             build_sparse_index(indptr, terms, weights, n_threads=bad, **kw)
+
+
+def test_query_encoding_does_not_depend_on_the_callers_torch_threads(tmp_path, data_dir):
+    """The same queries (one at a time) encoded by each leg from threads whose torch intra-op
+    counts differ (the main thread on 2, another on 1) give bit-identical SPLADE weights and dense
+    vectors: torch's float32 reductions
+    split by thread count (SciFact queries differed in the last digit of some SPLADE and dense
+    weights), so queries are encoded on a fixed thread count."""
+    import json
+    import threading
+
+    torch = pytest.importorskip("torch")
+    from retriever import Retriever, build_index
+    from tests.conftest import random_corpus
+
+    with open(data_dir / "scifact" / "queries.jsonl", encoding="utf-8") as f:
+        qs = [json.loads(line)["text"] for line in f][:64]
+    docs = random_corpus(30, seed=3, min_len=3)
+    build_index(docs, tmp_path / "ix", legs=("bm25", "sparse", "dense"), show_progress=False)
+
+    r = Retriever.open(tmp_path / "ix")
+    legs = r.engine.legs
+
+    def run(n: int) -> dict:
+        # each leg's own query encoding, on the calling thread (a search may run it on a pool thread)
+        torch.set_num_threads(n)
+        return {"sparse": np.concatenate([legs["sparse"].prepare([q]).batch[2] for q in qs]),
+                "dense": np.concatenate([legs["dense"].prepare([q]).q for q in qs])}
+
+    prev = torch.get_num_threads()
+    try:
+        a = run(2)
+        box: dict = {}
+        t = threading.Thread(target=lambda: box.setdefault("b", run(1)))
+        t.start()
+        t.join()
+    finally:
+        torch.set_num_threads(prev)
+        r.close()
+    for m in ("sparse", "dense"):
+        assert a[m].tobytes() == box["b"][m].tobytes(), m

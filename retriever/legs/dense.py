@@ -49,7 +49,7 @@ from ..int8scan import Int8Prefix, int8_scan, quantize_prefix
 from ..params import DenseSearchParams
 from ..segcache import SegmentCache, segment_key
 from ..shards import IndexReader
-from ..threads import thread_limits
+from ..threads import QUERY_ENCODE_THREADS, thread_limits, torch_threads
 from .base import SearchContext, ShardMask, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
 
 log = logging.getLogger(__name__)
@@ -288,8 +288,12 @@ class DenseLeg:
         return DensePrepared(q, qp, p, dim, use_own)
 
     def encode(self, queries: list[str]) -> np.ndarray:
-        """float32 (nq, dim) query vectors in the model's space."""
-        return self.encoder.encode([self.config.query_prefix + q for q in queries])
+        """float32 (nq, dim) query vectors in the model's space, encoded on
+        :data:`~retriever.threads.QUERY_ENCODE_THREADS` torch threads (so a query's vector does not
+        depend on the thread or the call's thread budget it is encoded under)."""
+        encoder = self.encoder
+        with torch_threads(QUERY_ENCODE_THREADS):
+            return encoder.encode([self.config.query_prefix + q for q in queries])
 
     def check_vectors(self, qv: np.ndarray) -> np.ndarray:
         """Validate user-supplied query vectors (model space, as the encoder produces them).

@@ -38,6 +38,7 @@ from .. import _kernels
 from ..params import DEFAULT_HEAP_FACTOR, DEFAULT_QUERY_CUT, SparseSearchParams
 from ..segcache import SegmentCache, segment_key
 from ..shards import IndexReader
+from ..threads import QUERY_ENCODE_THREADS, torch_threads
 from .base import SearchContext, TopK, check_candidates, empty_topk, search_each_shard, shard_mask
 
 SPARSE_INDEX_ARRAYS = {
@@ -292,8 +293,12 @@ class SparseLeg:
 
     def prepare(self, queries: Sequence[str], params: SparseSearchParams | None = None,
                 n_threads: int = 1) -> "SparsePrepared":
-        """Encode queries with the index's SPLADE model into a ragged batch (torch's own threads)."""
-        indptr, terms, weights = self.encoder.encode_queries(list(queries))
+        """Encode queries with the index's SPLADE model into a ragged batch, on
+        :data:`~retriever.threads.QUERY_ENCODE_THREADS` torch threads (identical weights whatever
+        thread or thread budget encodes them)."""
+        encoder = self.encoder
+        with torch_threads(QUERY_ENCODE_THREADS):
+            indptr, terms, weights = encoder.encode_queries(list(queries))
         batch = (indptr.astype(np.uint64), terms.astype(np.uint32), weights.astype(np.float32))
         return self._prepared(batch, params)
 
