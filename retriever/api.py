@@ -28,8 +28,9 @@ from .segcache import SegmentCache
 from .shards import FETCH_FIELDS, IndexReader
 
 DEFAULT_DEPTH = 100
-#: batches with at least this many hits are made with the cyclic garbage collector paused
-#: (see :func:`_gc_paused`); below it, re-enabling the collector costs more than the pause saves
+#: batches with room for at least this many hits (queries x k) are made with the cyclic garbage
+#: collector paused (see :func:`_gc_paused`); below it, re-enabling the collector costs more than
+#: the pause saves
 GC_PAUSE_HITS = 1024
 #: n_threads above this are capped (results do not depend on the thread count): the C++ kernels
 #: start one thread per query up to n_threads and FAISS's OpenMP team takes the value as is, so
@@ -557,7 +558,7 @@ class Retriever:
         pass (:meth:`IndexReader.fetch_columns`: per shard, each distinct document's strings
         decoded once from the memory-mapped buffers, typed metadata columns converted once) and
         the hits are built column-wise, a few hundred nanoseconds each."""
-        if int(result.n_found.sum()) < GC_PAUSE_HITS:  # a few hits: pausing costs more than it saves
+        if result.ids.size < GC_PAUSE_HITS:  # room for a few hits only: pausing costs more than it saves
             return self._hits(result)
         with _gc_paused():  # every object made here stays reachable: a collection would only cost
             return self._hits(result)
