@@ -575,7 +575,7 @@ class Retriever:
             positions: Any = range(1, n + 1)
         else:
             pick = np.arange(width)[None, :] < result.n_found[:, None]
-            positions = list(itertools.chain.from_iterable(map(range, itertools.repeat(1), [c + 1 for c in counts])))
+            positions = np.broadcast_to(np.arange(1, width + 1), pick.shape)[pick].tolist()
         ids, titles, texts, metas = self.reader.fetch_columns(result.ids[pick], FETCH_FIELDS)
         n = len(ids)
         legs = [(name, list(map(_new_tuple, itertools.repeat(LegHit), zip(la.scores[pick].tolist(), ranks))), ranks)
