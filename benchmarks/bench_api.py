@@ -147,12 +147,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--index", type=Path, default=None, help="a BM25 SciFact index (default: built in a temp folder)")
     ap.add_argument("--code-root", default=None, help="also time this checkout's retriever (alternating processes)")
     ap.add_argument("--ab-rounds", type=int, default=3, help="processes per checkout with --code-root")
+    ap.add_argument("--code-root-label", default="BEFORE",
+                    help="what the results file says for --code-root and --index (no local paths in it)")
     ap.add_argument("--out", default=None, help="write the JSON here (default: print only)")
     args = ap.parse_args(argv)
     from benchmarks.timing import machine
 
-    res: dict[str, Any] = {"machine": machine(), "command": "python -m benchmarks.bench_api " + " ".join(
-        argv if argv is not None else sys.argv[1:])}
+    given = list(argv if argv is not None else sys.argv[1:])
+    for i, a in enumerate(given[:-1]):  # the results file names no local paths
+        if a in ("--code-root", "--index"):
+            given[i + 1] = args.code_root_label if a == "--code-root" else "INDEX"
+    res: dict[str, Any] = {"machine": machine(), "command": "python -m benchmarks.bench_api " + " ".join(given)}
     with tempfile.TemporaryDirectory() as d:
         index = args.index
         if index is None:
@@ -172,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
                         "search_p50_us": _spread([x["single_query_us"]["search"]["p50"]["median"] for x in rs]),
                         "search_arrays_p50_us": _spread([x["single_query_us"]["search_arrays"]["p50"]["median"]
                                                          for x in rs])}
-            res["ab"] = {"other_root": "--code-root", "this": summary(runs["this"]), "other": summary(runs["other"]),
+            res["ab"] = {"other": args.code_root_label, "this_code": summary(runs["this"]),
+                         "other_code": summary(runs["other"]),
                          "runs": runs}
-            print(json.dumps({k: res["ab"][k] for k in ("this", "other")}, indent=1), flush=True)
+            print(json.dumps({k: res["ab"][k] for k in ("this_code", "other_code")}, indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
     return 0

@@ -55,7 +55,7 @@ class Shard:
     entry: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     deleted: np.ndarray | None = None
-    #: per string column, ``(offsets, data)`` views of its Arrow buffers (or None when the column
+    #: per string column, the :meth:`string_view` of its Arrow buffers (or None when the column
     #: has nulls or several chunks), made on first fetch
     string_views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
     #: ``(metadata column, metadata_nulls column or None when every row's is null, number of
@@ -261,10 +261,11 @@ class IndexReader:
                 for i, t, x, m in zip(b["id"], b["title"], b["text"], b["metadata"])]
 
     def fetch_batch(self, ordinals: np.ndarray, fields: Sequence[str] = FETCH_FIELDS) -> dict[str, list[Any]]:
-        """Stored fields of many documents at once: per shard, each distinct row's strings
-        decoded once straight from the memory-mapped column buffers, the metadata by one Arrow
-        ``take`` and one conversion per column (no JSON decoding except for JSON-typed metadata
-        columns, no per-row Arrow scalars).
+        """Stored fields of many documents at once: per shard, each distinct row's strings made
+        once (:meth:`Shard.strings`: slices of the memory-mapped buffers for a few rows, one Arrow
+        ``take`` and conversion per column for many), the metadata by one ``take`` and one
+        conversion per column (no JSON decoding except for JSON-typed metadata columns, no
+        per-row Arrow scalars).
 
         Args:
             ordinals: global document ordinals, any shape (flattened, C order); repeats allowed.
@@ -280,7 +281,8 @@ class IndexReader:
             IndexError: an ordinal outside ``[0, n_docs)``.
             IndexFormatError: a corrupted row (names the file).
         """
-        return dict(zip(fields, self.fetch_columns(ordinals, fields)))
+        keys = tuple(fields)
+        return dict(zip(keys, self.fetch_columns(ordinals, keys)))
 
     def fetch_columns(self, ordinals: np.ndarray, fields: Sequence[str] = FETCH_FIELDS) -> list[list[Any]]:
         """:meth:`fetch_batch` as a list of the ``fields`` lists, in the order of ``fields``.
@@ -322,10 +324,8 @@ class IndexReader:
     @staticmethod
     def _fetch_rows(shard: Shard, rows: np.ndarray, fields: Sequence[str]) -> list[list[Any]]:
         """The ``fields`` lists of ``rows`` of one shard. Each distinct row's strings are made
-        once (a row asked for several times shares them: str is immutable), by slicing the
-        memory-mapped column buffers (:meth:`Shard.string_view`; an Arrow ``take`` where a column
-        has nulls or several chunks); the metadata dicts are made once per position (new objects:
-        :meth:`Shard.metadata_rows`)."""
+        once (a row asked for several times shares them: str is immutable; :meth:`Shard.strings`);
+        the metadata dicts are made once per position (new objects: :meth:`Shard.metadata_rows`)."""
         n = len(rows)
         if n <= SMALL_FETCH and len(set(rows.tolist())) == n:  # the usual case: no repeats
             uniq, inv = rows, None
