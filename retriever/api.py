@@ -21,15 +21,16 @@ from retriever.index.format import read_current
 
 from .engine import Engine
 from .filters import compile_filter, filter_key
-from .fusion import RRF, Linear, parse_fusion
+from .fusion import DEFAULT_FUSION, RRF, Linear, fusion_from_dict, parse_fusion
 from .params import LegParams, parse_leg_params
 from .results import BatchResult, Hit, LegArrays, LegHit
 from .segcache import SegmentCache
-from .shards import IndexReader
+from .shards import FETCH_FIELDS, IndexReader
 
 DEFAULT_DEPTH = 100
-#: batches with at least this many hits are made with the cyclic garbage collector paused
-#: (see :func:`_gc_paused`); below it, re-enabling the collector costs more than the pause saves
+#: batches with room for at least this many hits (queries x k) are made with the cyclic garbage
+#: collector paused (see :func:`_gc_paused`); below it, re-enabling the collector costs more than
+#: the pause saves
 GC_PAUSE_HITS = 1024
 #: n_threads above this are capped (results do not depend on the thread count): the C++ kernels
 #: start one thread per query up to n_threads and FAISS's OpenMP team takes the value as is, so
@@ -52,6 +53,11 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+#: ``tuple.__new__(cls, values)``: a named tuple made from its values without a Python frame
+#: (what ``cls._make`` does, less its length check: the values come from zips of equal lists)
+_new_tuple = tuple.__new__
 
 
 def _encodes(qs: list[str]) -> bool:
@@ -243,8 +249,6 @@ class Retriever:
         Raises:
             QueryError: a stored setting that does not parse (names the manifest).
         """
-        from .fusion import DEFAULT_FUSION, fusion_from_dict
-
         stored = self.reader.fusion
         if stored is None:
             return DEFAULT_FUSION
@@ -551,22 +555,32 @@ class Retriever:
     def to_hits(self, result: BatchResult) -> list[list[Hit]]:
         """Turn a :class:`BatchResult` into per-query lists of :class:`Hit` (the only place
         per-hit Python objects are made). The documents of the whole batch are fetched in one
-        pass (:meth:`IndexReader.fetch_batch`: one Arrow ``take`` per shard and column) and the
-        hits are built column-wise, a few hundred nanoseconds each."""
-        if int(result.n_found.sum()) < GC_PAUSE_HITS:  # a few hits: pausing costs more than it saves
+        pass (:meth:`IndexReader.fetch_columns`: per shard, each distinct document's strings
+        decoded once from the memory-mapped buffers, typed metadata columns converted once) and
+        the hits are built column-wise, a few hundred nanoseconds each."""
+        if result.ids.size < GC_PAUSE_HITS:  # room for a few hits only: pausing costs more than it saves
             return self._hits(result)
         with _gc_paused():  # every object made here stays reachable: a collection would only cost
             return self._hits(result)
 
     def _hits(self, result: BatchResult) -> list[list[Hit]]:
-        """The body of :meth:`to_hits`."""
-        width = result.ids.shape[1]
-        found = np.arange(width)[None, :] < result.n_found[:, None]
-        docs = self.reader.fetch_batch(result.ids[found])
-        n = len(docs["id"])
+        """The body of :meth:`to_hits`: the hits of every query in one flat pass (row ``q``'s
+        first ``n_found[q]`` entries, in query order), the documents fetched once for the
+        batch, the tuples made by ``tuple.__new__`` in C (no Python frame per hit)."""
+        nq, width = result.ids.shape
+        counts = result.n_found.tolist()
+        if nq == 1:  # one query (search()): slices, no mask
+            n = counts[0]
+            pick: Any = (0, slice(0, n))
+            positions: Any = range(1, n + 1)
+        else:
+            pick = np.arange(width)[None, :] < result.n_found[:, None]
+            positions = np.broadcast_to(np.arange(1, width + 1), pick.shape)[pick].tolist()
+        ids, titles, texts, metas = self.reader.fetch_columns(result.ids[pick], FETCH_FIELDS)
+        n = len(ids)
+        legs = [(name, list(map(_new_tuple, itertools.repeat(LegHit), zip(la.scores[pick].tolist(), ranks))), ranks)
+                for name, la in result.legs.items() for ranks in (la.ranks[pick].tolist(),)]
         per_leg: list[dict[str, LegHit]]
-        legs = [(name, list(map(LegHit._make, zip(la.scores[found].tolist(), ranks))), ranks)
-                for name, la in result.legs.items() for ranks in (la.ranks[found].tolist(),)]
         if len(legs) == 1 and all(legs[0][2]):  # one leg: it returned every hit
             name, leg_hits, _ = legs[0]
             per_leg = [{name: h} for h in leg_hits]
@@ -575,11 +589,15 @@ class Retriever:
             for name, leg_hits, ranks in legs:
                 for i in itertools.compress(range(n), ranks):  # rank 0: the leg did not return it
                     per_leg[i][name] = leg_hits[i]
-        positions = (np.nonzero(found)[1] + 1).tolist()
-        flat = list(map(Hit._make, zip(docs["id"], result.scores[found].tolist(), positions, docs["title"],
-                                       docs["text"], docs["metadata"], per_leg)))
-        ends = np.cumsum(result.n_found).tolist()
-        return [flat[e - c:e] for e, c in zip(ends, result.n_found.tolist())]
+        flat = list(map(_new_tuple, itertools.repeat(Hit),
+                        zip(ids, result.scores[pick].tolist(), positions, titles, texts, metas, per_leg)))
+        if nq == 1:
+            return [flat]
+        out, end = [], 0
+        for c in counts:
+            out.append(flat[end:end + c])
+            end += c
+        return out
 
     def search_batch(self, queries: Sequence[str], k: int = 10, **kwargs: Any) -> list[list[Hit]]:
         """Search many queries; same arguments as :meth:`search_arrays`.

@@ -188,22 +188,24 @@ class Engine:
         """
         names = self.legs_for(mode)
         nq = len(queries)
+        blank: np.ndarray | None  # None: no blank query
         if all(map(str.strip, queries)):  # no blank query (the usual case): no per-query loop
-            blank = np.zeros(nq, dtype=bool)
+            blank = None
             live = queries if isinstance(queries, list) else list(queries)
         else:
             blank = np.array([not q.strip() for q in queries], dtype=bool)
             live = [q for q, b in zip(queries, blank) if not b]
         timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
-        leg_depth = k if len(names) == 1 else max(depth, k)
+        one_leg = len(names) == 1
+        leg_depth = k if one_leg else max(depth, k)
         # per-leg depths of the fusion (at least k); one leg: k
-        depth_of = {n: leg_depth if len(names) == 1 else max(int(fusion.depths.get(n, depth)), k) for n in names}
+        depth_of = {n: leg_depth if one_leg else max(int(fusion.depths.get(n, depth)), k) for n in names}
         per_leg: dict[str, TopK] = {}
         preps: dict[str, tuple[Any, bool]] = {}
         params = params or {}
-        masks = _and_masks(self.live, allow)
-        # no document passes (a filter that matches nothing): every leg returns no hits, unsearched
-        none_pass = masks is not None and all(m is not None and not m.any() for m in masks)
+        # the AND with the tombstones, and whether no document passes (a filter that matches
+        # nothing: every leg returns no hits, unsearched), made once per allow mask list
+        masks, none_pass = self.allow_masks(allow)
 
         def run_leg(name: str, threads: int) -> tuple[float, float]:
             leg = self.legs[name]
@@ -223,7 +225,7 @@ class Engine:
             ctx = SearchContext(depth=d, n_threads=threads, allow=masks)
             merged = empty_topk(rows, d) if prep is None else search_leg(leg, prep, ctx)
             t2 = time.perf_counter()
-            per_leg[name] = merged if given else _scatter(merged, blank, d)
+            per_leg[name] = merged if given or blank is None else _scatter(merged, blank, d)
             preps[name] = (prep, given)
             return (t1 - t0) * 1e3, (t2 - t1) * 1e3
 
@@ -252,22 +254,62 @@ class Engine:
             if len(names) > 1:
                 timings[f"leg:{name}"] = enc_ms + search_ms
         t3 = time.perf_counter()
-        if len(names) == 1:
+        if one_leg:
             name = names[0]
             ids, scores, n_found = per_leg[name]
             ranks = tie_ranks_rows(scores, n_found)
-            legs = {name: LegArrays(np.where(ids >= 0, scores, np.nan).astype(np.float32), ranks)}
+            leg_scores = scores.astype(np.float32)  # a copy: NaN where the leg returned nothing
+            if min(n_found.tolist(), default=leg_depth) < ids.shape[1]:  # padded rows (python min: no numpy reduction)
+                leg_scores[ids < 0] = np.nan
+            legs = {name: LegArrays(leg_scores, ranks)}
             fusion_cfg = None
         else:
             from .full_score import fusion_inputs  # full-score fusion and theoretical bounds
 
-            per_leg, bounds, full_ms = fusion_inputs(self, per_leg, preps, blank, fusion)
+            per_leg, bounds, full_ms = fusion_inputs(self, per_leg, preps,
+                                                     np.zeros(nq, dtype=bool) if blank is None else blank, fusion)
             if fusion.full_score:
                 timings["full_score"] = full_ms
             ids, scores, n_found, legs = fuse(per_leg, k, fusion, bounds)
             fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
         return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
+
+    #: allow mask lists whose AND with the tombstones is kept (:meth:`allow_masks`) ...
+    MASK_CACHE = 8
+    #: ... when their masks are read-only and hold at most this many bytes
+    MASK_CACHE_BYTES = 64 << 20
+
+    def allow_masks(self, allow: Sequence[np.ndarray | None] | None
+                    ) -> tuple[Sequence[np.ndarray | None] | None, bool]:
+        """The masks a search hands its legs: per held shard the AND of the live-documents mask
+        (:attr:`live`) and ``allow`` (:func:`_and_masks`), and whether no document passes at all.
+        Kept for the last :attr:`MASK_CACHE` allow lists by identity (the Retriever hands the
+        same list object, of read-only masks, for a cached filter), so a query does not pay an
+        O(rows) AND and scan per shard; a list with a writeable mask is never kept (its contents
+        could change under the same identity).
+
+        Raises:
+            QueryError: ``allow`` has another number of masks than the engine holds shards.
+        """
+        live = self.live
+        if allow is None and all(m is None for m in live):  # no tombstones, no filter: nothing to AND
+            return None, False
+        cache = self.__dict__.setdefault("_mask_cache", {})
+        key = (id(live), id(allow))
+        hit = cache.get(key)
+        if hit is not None and hit[0] is live and hit[1] is allow:
+            return hit[2], hit[3]
+        masks = _and_masks(live, allow)
+        none_pass = masks is not None and all(m is not None and not m.any() for m in masks)
+        given = [m for m in allow or () if m is not None]
+        if any(m.flags.writeable for m in given) or sum(m.nbytes for m in given) > self.MASK_CACHE_BYTES:
+            return masks, none_pass
+        with _POOL_LOCK:
+            if len(cache) >= self.MASK_CACHE:
+                cache.pop(next(iter(cache)))
+            cache[key] = (live, allow, masks, none_pass)
+        return masks, none_pass
 
     def _run_side_by_side(self, names: list[str], total: int,
                           run_leg: Callable[[str, int], tuple[float, float]]) -> list[tuple[float, float]]:

@@ -23,8 +23,10 @@ FETCH_FIELDS = ("id", "title", "text", "metadata")
 DELETES_ARRAYS = {"rows": np.uint32}
 
 
-#: fetches of at most this many distinct rows of a shard slice the string columns' buffers
-#: directly (no Arrow ``take``, whose fixed cost dominates a single query's ten hits)
+#: fetches of at most this many rows of a shard slice the string columns' buffers directly (no
+#: Arrow ``take``, whose fixed cost dominates a single query's ten hits) and look for repeated
+#: rows with a Python set; larger ones take and convert each column in one Arrow call, the
+#: distinct rows found by ``np.unique``
 SMALL_FETCH = 256
 
 @dataclass
@@ -53,14 +55,17 @@ class Shard:
     entry: dict[str, Any] = field(default_factory=dict)
     stats: dict[str, Any] = field(default_factory=dict)
     deleted: np.ndarray | None = None
-    #: per string column, ``(offsets, data)`` views of its Arrow buffers (or None when the column
+    #: per string column, the :meth:`string_view` of its Arrow buffers (or None when the column
     #: has nulls or several chunks), made on first fetch
     string_views: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: ``(metadata column, metadata_nulls column or None when every row's is null, number of
+    #: metadata fields)``, made on first fetch
+    meta_columns: tuple[Any, Any, int] | None = field(default=None, repr=False, compare=False)
 
-    def string_view(self, name: str) -> tuple[np.ndarray, memoryview] | None:
-        """``(offsets int64-compatible (rows + 1,), UTF-8 data)`` of string column ``name``, zero-copy
-        over the memory-mapped file; ``None`` where the column has nulls or several chunks (the
-        caller then takes the Arrow path)."""
+    def string_view(self, name: str) -> tuple[np.ndarray, memoryview, memoryview] | None:
+        """``(offsets int32 or int64 (rows + 1,), the same offsets as a memoryview, UTF-8 data)``
+        of string column ``name``, zero-copy over the memory-mapped file; ``None`` where the
+        column has nulls or several chunks (the caller then takes the Arrow path)."""
         if name not in self.string_views:
             col = self.docs.column(name)
             view = None
@@ -72,9 +77,41 @@ class Shard:
                     offsets = np.frombuffer(bufs[1], dtype=off_type, count=len(arr) + 1, offset=arr.offset *
                                             np.dtype(off_type).itemsize)
                     data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
-                    view = (offsets, data)
+                    view = (offsets, memoryview(offsets), data)
             self.string_views[name] = view
         return self.string_views[name]
+
+    def strings(self, name: str, rows: np.ndarray) -> list[str | None]:
+        """Values of string column ``name`` at ``rows`` (int64 shard rows). Up to
+        :data:`SMALL_FETCH` rows: slices of the column's buffer decoded one by one
+        (:meth:`string_view`: an Arrow ``take`` has a fixed cost of several µs per column, most
+        of a single query's fetch); more rows, or a column with nulls or several
+        chunks: one ``take`` and one conversion (Arrow's C++ loop makes short strings about 3x
+        faster than slicing; long texts cost their UTF-8 decoding either way).
+
+        Raises:
+            UnicodeDecodeError, ValueError, pyarrow.ArrowException: a corrupted column (the caller
+                names the file).
+        """
+        view = self.string_view(name) if len(rows) <= SMALL_FETCH else None
+        if view is None:
+            return self.docs.column(name).take(pa.array(rows, pa.int64())).to_pylist()
+        _, offsets, data = view
+        return [str(data[offsets[i]:offsets[i + 1]], "utf-8") for i in rows.tolist()]
+
+    def metadata_rows(self, rows: np.ndarray) -> list[dict[str, Any]]:
+        """The metadata dicts of ``rows`` (int64 shard rows), one new dict per position
+        (:func:`retriever.index.metadata.metadata_dicts`: one ``take`` per column, JSON decoded
+        only for the JSON column type)."""
+        if self.meta_columns is None:
+            meta = self.docs.column("metadata")
+            nulls = self.docs.column("metadata_nulls")
+            self.meta_columns = (meta, nulls if nulls.null_count != len(nulls) else None, meta.type.num_fields)
+        meta, nulls, n_fields = self.meta_columns
+        if n_fields == 0:  # no record has metadata (a field given only as None still has a column)
+            return [{} for _ in range(len(rows))]
+        idx = pa.array(rows, pa.int64())
+        return metadata_dicts(meta.take(idx), None if nulls is None else nulls.take(idx))
 
 
 def check_docs(path: Path, docs: pa.Table, rows: int) -> None:
@@ -224,9 +261,11 @@ class IndexReader:
                 for i, t, x, m in zip(b["id"], b["title"], b["text"], b["metadata"])]
 
     def fetch_batch(self, ordinals: np.ndarray, fields: Sequence[str] = FETCH_FIELDS) -> dict[str, list[Any]]:
-        """Stored fields of many documents at once: per shard, one Arrow ``take`` and one
-        conversion to Python objects per column (no JSON decoding except for JSON-typed
-        metadata columns, no per-row Arrow scalars).
+        """Stored fields of many documents at once: per shard, each distinct row's strings made
+        once (:meth:`Shard.strings`: slices of the memory-mapped buffers for a few rows, one Arrow
+        ``take`` and conversion per column for many), the metadata by one ``take`` and one
+        conversion per column (no JSON decoding except for JSON-typed metadata columns, no
+        per-row Arrow scalars).
 
         Args:
             ordinals: global document ordinals, any shape (flattened, C order); repeats allowed.
@@ -242,20 +281,32 @@ class IndexReader:
             IndexError: an ordinal outside ``[0, n_docs)``.
             IndexFormatError: a corrupted row (names the file).
         """
+        keys = tuple(fields)
+        return dict(zip(keys, self.fetch_columns(ordinals, keys)))
+
+    def fetch_columns(self, ordinals: np.ndarray, fields: Sequence[str] = FETCH_FIELDS) -> list[list[Any]]:
+        """:meth:`fetch_batch` as a list of the ``fields`` lists, in the order of ``fields``.
+
+        Raises:
+            IndexError, IndexFormatError: as :meth:`fetch_batch`.
+        """
         ords = np.asarray(ordinals).reshape(-1)
         if ords.dtype.kind not in "iu":
             raise TypeError(f"ordinals must be integers, got dtype {ords.dtype}")
         ords = ords.astype(np.int64, copy=False)
-        self._check_ordinals(ords)
         n = len(ords)
+        if n > SMALL_FETCH:
+            self._check_ordinals(ords)
+        elif n and (min(rl := ords.tolist()) < 0 or max(rl) >= self.n_docs):  # no numpy reductions
+            self._check_ordinals(ords)
         keys = tuple(fields)
         bad = [k for k in keys if k not in FETCH_FIELDS]
         if bad:
             raise ValueError(f"unknown fetch field(s) {bad}; valid: {list(FETCH_FIELDS)}")
         if n == 0:
-            return {k: [] for k in keys}
+            return [[] for _ in keys]
         if len(self.shards) == 1:
-            return dict(zip(keys, self._fetch_rows(self.shards[0], ords, keys)))
+            return self._fetch_rows(self.shards[0], ords, keys)
         sh, rows = self.locate(ords)
         order = np.argsort(sh, kind="stable")
         cuts = np.searchsorted(sh[order], np.arange(len(self.shards) + 1))
@@ -268,42 +319,29 @@ class IndexReader:
                 tmp = np.empty(len(vals), dtype=object)
                 tmp[:] = vals  # element-wise (a list of lists or dicts must not become a 2-d array)
                 out[pos] = tmp
-        return {k: out.tolist() for k, out in zip(keys, outs)}
+        return [out.tolist() for out in outs]
 
     @staticmethod
     def _fetch_rows(shard: Shard, rows: np.ndarray, fields: Sequence[str]) -> list[list[Any]]:
-        """The ``fields`` lists of ``rows`` of one shard: one take per column; the strings of a
-        row asked for several times are made once (shared: str is immutable), the metadata
-        dicts once per position (new objects)."""
-        docs = shard.docs
-        if len(rows) <= SMALL_FETCH and len(set(rows.tolist())) == len(rows):  # the usual case: no repeats
+        """The ``fields`` lists of ``rows`` of one shard. Each distinct row's strings are made
+        once (a row asked for several times shares them: str is immutable; :meth:`Shard.strings`);
+        the metadata dicts are made once per position (new objects: :meth:`Shard.metadata_rows`)."""
+        n = len(rows)
+        if n <= SMALL_FETCH and len(set(rows.tolist())) == n:  # the usual case: no repeats
             uniq, inv = rows, None
         else:
             uniq, inv = np.unique(rows, return_inverse=True)
-            if len(uniq) == len(rows):
+            if len(uniq) == n:
                 uniq, inv = rows, None
-        uidx = pa.array(uniq, pa.int64())
+        expand = None if inv is None else inv.tolist()
         out: list[list[Any]] = []
         try:
             for f in fields:
-                if f != "metadata":
-                    view = shard.string_view(f)
-                    if view is not None and len(uniq) <= SMALL_FETCH:  # a few rows: slices of the buffer
-                        offsets, data = view
-                        lo, hi = offsets[uniq].tolist(), offsets[uniq + 1].tolist()
-                        vals = [str(data[a:b], "utf-8") for a, b in zip(lo, hi)]
-                        out.append(vals if inv is None else [vals[i] for i in inv.tolist()])
-                        continue
-                    vals = docs.column(f).take(uidx).to_numpy(zero_copy_only=False)
-                    out.append((vals if inv is None else vals[inv]).tolist())
+                if f == "metadata":
+                    out.append(shard.metadata_rows(rows))
                     continue
-                meta = docs.column("metadata")
-                if meta.type.num_fields == 0:
-                    out.append([{} for _ in range(len(rows))])
-                    continue
-                idx = pa.array(rows, pa.int64())
-                nulls = docs.column("metadata_nulls")
-                out.append(metadata_dicts(meta.take(idx), nulls.take(idx) if nulls.null_count != len(nulls) else None))
+                vals = shard.strings(f, uniq)
+                out.append(vals if expand is None else list(map(vals.__getitem__, expand)))
         except (UnicodeDecodeError, ValueError, pa.ArrowException) as e:
             raise IndexFormatError(f"{shard.dir / 'docs.arrow'}: rows are corrupted ({e}); "
                                    f"run 'retriever index verify'") from None

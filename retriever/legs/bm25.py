@@ -12,7 +12,7 @@ otherwise the exact length. avgdl is always the exact mean length.
 from __future__ import annotations
 
 import threading
-from collections import Counter, OrderedDict
+from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Sequence
@@ -502,7 +502,10 @@ class BM25Leg:
             ids = list(map(get, qt))
             if None in ids:
                 ids = [self._token_id(t) if i is None else i for t, i in zip(qt, ids)]
-            for i, c in Counter(ids).items():  # first-occurrence order
+            counts: dict[int, int] = {}  # first-occurrence order (a Counter costs ~3 us more per query)
+            for i in ids:
+                counts[i] = counts.get(i, 0) + 1
+            for i, c in counts.items():
                 if i >= 0:
                     terms.append(i)
                     weights.append(c * idf[i])
