@@ -553,7 +553,8 @@ struct shard_arrays {
 topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& bases,
                                 const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
                                 const carray<float>& q_weights, int64_t k, int64_t n_terms, int n_threads,
-                                const std::string& algorithm) {
+                                const std::string& algorithm, const opt_carray<float>& term_kth,
+                                int64_t term_kth_depth) {
     const size_t n_shards = shards.size();
     require_eq(len1d(bases, "bases"), n_shards, "len(bases)", "len(shards)");
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
@@ -624,6 +625,15 @@ topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& b
         fail("n_terms = " + std::to_string(n_terms) + " is below a shard's vocabulary (" +
              std::to_string(max_terms) + " terms: len(offsets) - 1)");
     }
+    const float* union_kth = nullptr;
+    if (term_kth && need_ub) {  // exhaustive scoring has no use for it
+        require_eq(len1d(*term_kth, "term_kth"), static_cast<size_t>(n_terms), "len(term_kth)", "n_terms");
+        if (term_kth_depth != k) {
+            fail("term_kth_depth = " + std::to_string(term_kth_depth) + " must equal k = " + std::to_string(k) +
+                 " (term_kth must come from bm25_term_kth_shards with depth = k)");
+        }
+        union_kth = term_kth->data();
+    }
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     std::vector<bm25_shard_view> views(n_shards);
     {
@@ -665,9 +675,82 @@ topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& b
             }
             views[i] = sa.view;
         }
-        bm25_topk_shards(views, queries.nq, algo, n_threads, res.out);
+        bm25_topk_shards(views, queries, union_kth, algo, n_threads, res.out);
     }
     return res.result();
+}
+
+/// Python's bm25_term_kth_shards (retriever/_kernels.pyi): the bundles' postings, impacts and
+/// blocks; only the listed terms' ranges are checked (O(terms * shards), no O(n_terms) pass).
+carray<float> py_bm25_term_kth_shards(const py::list& shards, const carray<uint32_t>& terms, int64_t depth,
+                                      int n_threads) {
+    if (depth < 1) fail("depth must be >= 1, got " + std::to_string(depth));
+    const size_t n = len1d(terms, "terms");
+    const uint32_t* tp = terms.data();
+    std::vector<py::object> keep;
+    std::vector<bm25_shard_view> views(shards.size());
+    for (size_t i = 0; i < shards.size(); ++i) {
+        const shard_bundle sb(shards[i], i);
+        try {
+            const carray<uint64_t> offsets = sb.req<uint64_t>("offsets");
+            const carray<uint32_t> doc_ids = sb.req<uint32_t>("doc_ids");
+            const carray<uint32_t> tfs = sb.req<uint32_t>("tfs");
+            const carray<float> doc_norm = sb.req<float>("doc_norm");
+            const opt_carray<float> impacts = sb.opt<float>("impacts");
+            const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
+            const opt_carray<float> block_ub = sb.opt<float>("block_ub");
+            keep.insert(keep.end(), {offsets, doc_ids, tfs, doc_norm});
+            bm25_shard_view& v = views[i];
+            v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+            if (impacts) {
+                require_eq(len1d(*impacts, "impacts"), v.data.csr.nnz, "len(impacts)", "len(doc_ids)");
+                v.data.impacts = impacts->data();
+                keep.push_back(*impacts);
+            }
+            if (block_offsets.has_value() != block_ub.has_value()) {
+                fail("block_offsets and block_ub must be given together");
+            }
+            if (block_offsets) {
+                v.bounds.block_size = check_block_size(sb.integer("block_size", 128));
+                require_eq(len1d(*block_offsets, "block_offsets"), v.data.csr.n_terms + 1, "len(block_offsets)",
+                           "n_terms + 1");
+                v.bounds.block_offsets = block_offsets->data();
+                v.bounds.block_ub = block_ub->data();
+                v.bounds.n_blocks = len1d(*block_ub, "block_ub");
+                keep.push_back(*block_offsets), keep.push_back(*block_ub);
+            }
+            const csr_view& csr = v.data.csr;
+            for (size_t j = 0; j < n; ++j) {
+                const uint32_t t = tp[j];
+                if (t >= csr.n_terms) continue;  // no postings in this shard
+                const uint64_t b = csr.offsets[t], e = csr.offsets[t + 1];
+                if (b > e || e > csr.nnz) {
+                    fail("offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" + std::to_string(b) +
+                         ", " + std::to_string(e) + "] is not a range inside doc_ids (len " +
+                         std::to_string(csr.nnz) + "); validate the postings with check_csr");
+                }
+                if (v.bounds.block_offsets != nullptr) {
+                    const uint64_t bb = v.bounds.block_offsets[t], be = v.bounds.block_offsets[t + 1];
+                    if (bb > be || be > v.bounds.n_blocks || be - bb != (e - b + v.bounds.block_size - 1) /
+                                                                             v.bounds.block_size) {
+                        fail("block_offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" +
+                             std::to_string(bb) + ", " + std::to_string(be) + "] does not match the list's " +
+                             std::to_string(e - b) + " postings in blocks of " +
+                             std::to_string(v.bounds.block_size) + " (compute it with bm25_upper_bounds)");
+                    }
+                }
+            }
+        } catch (const std::invalid_argument& e) {
+            fail(sb.where() + ": " + e.what());
+        }
+    }
+    carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+    float* o = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_term_kth_shards(views, tp, n, static_cast<size_t>(depth), n_threads, o);
+    }
+    return out;
 }
 
 }  // namespace
@@ -750,6 +833,7 @@ void register_bm25(py::module_& m) {
     m.def("bm25_topk_shards", &py_bm25_topk_shards, py::arg("shards"), py::arg("bases").noconvert(),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
           py::arg("k"), py::arg("n_terms") = -1, py::arg("n_threads") = 0, py::arg("algorithm") = "maxscore",
+          py::arg("term_kth") = py::none(), py::arg("term_kth_depth") = 0,
           "Exact BM25 top-k over several shards of one index for a ragged batch of queries, in one\n"
           "call: equal (ids and scores bit for bit) to bm25_topk on each shard with its ordinals\n"
           "shifted by bases[i], merged by score descending then ordinal ascending. shards: per\n"
@@ -761,8 +845,20 @@ void register_bm25(py::module_& m) {
           "the index's vocabulary of n_terms terms (-1: the largest shard vocabulary); a term\n"
           "beyond a shard's len(offsets) - 1 is skipped for that shard. Each query runs through\n"
           "the shards in order on one thread with one top-k collector, each shard's pruning\n"
-          "starting from the k-th score collected so far. Returns (ids i64[nq, k] global\n"
-          "ordinals, scores f32[nq, k], n_found i32[nq]).");
+          "starting from the larger of the k-th score collected so far and one threshold found\n"
+          "for the whole index before the first shard (priming over every shard's short lists;\n"
+          "with term_kth f32[n_terms] from bm25_term_kth_shards with depth term_kth_depth = k,\n"
+          "no allow filter and no negative weight, also the best single-term k-th score).\n"
+          "Returns (ids i64[nq, k] global ordinals, scores f32[nq, k], n_found i32[nq]).");
+
+    m.def("bm25_term_kth_shards", &py_bm25_term_kth_shards, py::arg("shards"), py::arg("terms").noconvert(),
+          py::arg("depth"), py::arg("n_threads") = 0,
+          "Per term of terms (u32), the depth-th largest tf part over its postings in all shards\n"
+          "together (-inf when fewer than depth, or a value read is negative or NaN): the\n"
+          "term_kth of bm25_topk_shards, equal to bm25_term_kth on one shard holding the same\n"
+          "postings. shards: bm25_topk_shards bundles (offsets, doc_ids, tfs, doc_norm; impacts,\n"
+          "block_offsets, block_ub, block_size used when present; other keys ignored). A term id\n"
+          "beyond a shard's vocabulary has no postings there. Returns f32[len(terms)].");
 
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
 

@@ -191,6 +191,7 @@ class BM25Leg:
                 self._scoring_cache.move_to_end(key)
                 return hit
         out = []
+        union_kth: OrderedDict = OrderedDict()  # shared by the state's shards (see _union_kth)
         avg = self.avgdl if self.avgdl > 0 else 1.0
         for (s, a), dl, dense in zip(self.shards, self._dl, self._dense):
             norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
@@ -206,7 +207,7 @@ class BM25Leg:
                         "dense": dense, "rows": rows,
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
-                        "kth": OrderedDict(), "kth_ok": None, "bundle": bundle})
+                        "kth": OrderedDict(), "kth_ok": None, "union_kth": union_kth, "bundle": bundle})
         if getattr(self, "kernel_shards", None) is not None:
             with self._cache_lock:  # another thread may have built the same state meanwhile: keep one
                 out = self._scoring_cache.setdefault(key, out)
@@ -284,23 +285,19 @@ class BM25Leg:
         small_auto = algo == "auto" and sum(len(prepared.scoring[s]["doc_norm"]) for s in order
                                             ) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
         bundles = []
+        masked = False
         for s in order:
-            ks = prepared.scoring[s]
             allow = ctx.allow_for(s)
-            bundle = ks["bundle"]
-            if allow is not None or (algo != "exhaustive" and not small_auto and len(q_terms)):
-                bundle = dict(bundle)
-                if allow is not None:
-                    bundle["allow"] = allow
-                else:  # single-term thresholds of the shard's own terms (see _term_kth)
-                    terms = q_terms if ks["n_terms"] >= n_terms else q_terms[q_terms < ks["n_terms"]]
-                    kth = self._term_kth(ks, terms, depth, ctx.n_threads) if len(terms) else None
-                    if kth is not None:
-                        bundle["term_kth"], bundle["term_kth_depth"] = kth, depth
-            bundles.append(bundle)
+            bundle = prepared.scoring[s]["bundle"]
+            masked |= allow is not None
+            bundles.append(bundle if allow is None else {**bundle, "allow": allow})
+        kth = None  # single-term thresholds over the union of the shards (see _union_kth)
+        if algo != "exhaustive" and not small_auto and not masked and len(q_terms):
+            kth = self._union_kth(prepared.scoring, order, q_terms, depth, ctx.n_threads)
         bases = np.fromiter((prepared.scoring[s]["base"] for s in order), np.int64, len(order))
         return _kernels.bm25_topk_shards(bundles, bases, q_offsets, q_terms, q_weights, depth, n_terms=n_terms,
-                                         n_threads=ctx.n_threads, algorithm=algo)
+                                         n_threads=ctx.n_threads, algorithm=algo, term_kth=kth,
+                                         term_kth_depth=depth if kth is not None else 0)
 
     def score_docs(self, prepared: "BM25Prepared", shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
@@ -622,6 +619,42 @@ class BM25Leg:
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], need, depth,
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 block_size=128, n_threads=n_threads)
+        return arr
+
+    def _union_kth(self, scoring: list[dict], order: Sequence[int], terms: np.ndarray, depth: int,
+                   n_threads: int) -> np.ndarray | None:
+        """:meth:`_term_kth` over the union of the shard positions ``order``: f32[n_terms] whose
+        entry for each of ``terms`` is the ``depth``-th largest impact of the term's postings in
+        those shards together (what one shard holding them would give; -inf for fewer than
+        ``depth``; NaN = not computed yet), filled lazily by ``_kernels.bm25_term_kth_shards`` and
+        cached on the scoring state (one dict shared by its shards, keyed by the shards and the
+        depth; at most :attr:`KTH_CACHE` entries): 4 bytes per term and entry. ``bm25_topk_shards``
+        starts each query from the best single-term value over the union, so the first shards
+        prune from the threshold a one-shard index would start from. None when a shard's impacts
+        hold a NaN (see :meth:`_term_kth`)."""
+        for s in order:
+            ks = scoring[s]
+            if ks["kth_ok"] is None:
+                ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
+            if not ks["kth_ok"]:
+                return None
+        cache: OrderedDict = scoring[order[0]]["union_kth"]
+        key = (tuple(order), depth)
+        with self._cache_lock:
+            arr = cache.get(key)
+            if arr is None:
+                arr = np.full(len(self.idf), np.nan, dtype=np.float32)
+                cache[key] = arr
+                while len(cache) > self.KTH_CACHE:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+        # concurrent fills of one array write the same values (a term's threshold is deterministic)
+        need = terms[np.isnan(arr[terms])]
+        if len(need):
+            need = np.unique(need)
+            arr[need] = _kernels.bm25_term_kth_shards([scoring[s]["bundle"] for s in order], need, depth,
+                                                      n_threads=n_threads)
         return arr
 
 
