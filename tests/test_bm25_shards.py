@@ -167,6 +167,113 @@ def test_kernel_negative_weights():
         _assert_same(_kernels.bm25_topk_shards(bundles, bases, *batch, 6, n_terms=16, algorithm=algorithm), want)
 
 
+def _concatenated(bundles, bases) -> dict:
+    """One shard holding every shard's postings at its global ordinals (the gaps between shards
+    as documents without postings): what a one-shard index of the same documents holds."""
+    n_docs = int(bases[-1]) + len(bundles[-1]["doc_norm"]) if len(bundles) else 0
+    n_terms = max(len(b["offsets"]) - 1 for b in bundles)
+    doc_norm = np.full(n_docs, 0.7, np.float32)
+    for b, base in zip(bundles, bases):
+        doc_norm[base:base + len(b["doc_norm"])] = b["doc_norm"]
+    docs, tfs, offsets = [], [], [0]
+    for t in range(n_terms):
+        for b, base in zip(bundles, bases):
+            if t < len(b["offsets"]) - 1:
+                lo, hi = int(b["offsets"][t]), int(b["offsets"][t + 1])
+                docs.append(b["doc_ids"][lo:hi].astype(np.int64) + base)
+                tfs.append(b["tfs"][lo:hi])
+        offsets.append(sum(map(len, docs)))
+    offsets = np.asarray(offsets, np.uint64)
+    doc_ids = np.concatenate(docs).astype(np.uint32)
+    tfs = np.concatenate(tfs).astype(np.uint32)
+    term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm, block_size=8)
+    impacts = _kernels.bm25_impacts(offsets, doc_ids, tfs, doc_norm)
+    return {"offsets": offsets, "doc_ids": doc_ids, "tfs": tfs, "doc_norm": doc_norm, "impacts": impacts,
+            "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub, "block_size": 8}
+
+
+UNION_LAYOUTS = [[120, 60, 0, 200], [1, 0, 7, 130, 0, 64], [0, 90], [300]]
+
+
+@pytest.mark.parametrize("sizes", UNION_LAYOUTS)
+def test_term_kth_over_shards_equals_one_shard(sizes):
+    """bm25_term_kth_shards over the shards = bm25_term_kth of one shard holding their postings,
+    for every term (also those beyond a shard's vocabulary), with and without impacts and blocks,
+    at depths 1 to deeper than any list."""
+    rng = np.random.default_rng(sum(sizes) + len(sizes))
+    bundles, bases = _layout(rng, sizes, 20)
+    one = _concatenated(bundles, bases)
+    terms = np.arange(len(one["offsets"]) - 1, dtype=np.uint32)[::-1].copy()
+    for depth in (1, 4, 10, 400):
+        want = _kernels.bm25_term_kth(one["offsets"], one["doc_ids"], one["tfs"], one["doc_norm"], terms, depth,
+                                      impacts=one["impacts"])
+        for strip in ((), ("impacts",), ("block_offsets", "block_ub"), ("impacts", "block_offsets", "block_ub")):
+            shards = [{k: v for k, v in b.items() if k not in strip} for b in bundles]
+            got = _kernels.bm25_term_kth_shards(shards, terms, depth, n_threads=2)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        if depth == 4:
+            assert np.isfinite(want).any() and np.isinf(want).any()  # both kinds of answer occur
+    assert len(_kernels.bm25_term_kth_shards(bundles, np.zeros(0, np.uint32), 3)) == 0
+
+
+@pytest.mark.parametrize("sizes", UNION_LAYOUTS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_kernel_with_union_term_kth_equals_one_shard(sizes, algorithm):
+    """bm25_topk_shards with the union's single-term thresholds (term_kth from
+    bm25_term_kth_shards) = the per-shard top-k merged = bm25_topk on one shard holding every
+    posting (with its own term_kth), ids and scores bit for bit: every algorithm, depths beyond
+    a shard's size, empty shards, empty queries and queries of terms no shard has, with allow
+    masks (where the thresholds are not used)."""
+    rng = np.random.default_rng(5 * sum(sizes) + 1)
+    n_terms = 22
+    bundles, bases = _layout(rng, sizes, n_terms - 2)  # the last two terms: in no shard
+    one = _concatenated(bundles, bases)
+    q_offsets, q_terms, q_weights = _random_queries(rng, 70, n_terms)
+    batch = (q_offsets, q_terms, q_weights)
+    for depth in (1, 3, 10, 150):
+        kth = _kernels.bm25_term_kth_shards(bundles, np.arange(n_terms, dtype=np.uint32), depth)
+        want = _reference(bundles, bases, batch, depth, "exhaustive")
+        got = _kernels.bm25_topk_shards(bundles, bases, *batch, depth, n_terms=n_terms, algorithm=algorithm,
+                                        term_kth=kth, term_kth_depth=depth)
+        _assert_same(got, want)
+        keep = q_terms < len(one["offsets"]) - 1
+        offs, terms, weights = drop_terms(q_offsets, q_terms, q_weights, keep)
+        one_kth = kth[:len(one["offsets"]) - 1].copy()
+        kw = {k: v for k, v in one.items() if k not in ("offsets", "doc_ids", "tfs", "doc_norm")}
+        ids, scores, n_found = _kernels.bm25_topk(one["offsets"], one["doc_ids"], one["tfs"], one["doc_norm"], offs,
+                                                  terms, weights, depth, algorithm=algorithm, term_kth=one_kth,
+                                                  term_kth_depth=depth, **kw)
+        _assert_same(got, (ids, scores, n_found))
+        masks = [(rng.random(len(b["doc_norm"])) < 0.5).astype(np.uint8) if i % 2 == 0 else None
+                 for i, b in enumerate(bundles)]
+        masked = [b if m is None else {**b, "allow": m} for b, m in zip(bundles, masks)]
+        _assert_same(_kernels.bm25_topk_shards(masked, bases, *batch, depth, n_terms=n_terms, algorithm=algorithm,
+                                               term_kth=kth, term_kth_depth=depth),
+                     _reference(masked, bases, batch, depth, "exhaustive"))
+    assert want[2].max() > 0
+
+
+def test_union_term_kth_arguments():
+    rng = np.random.default_rng(2)
+    bundles, bases = _layout(rng, [30, 20], 10)
+    batch = _random_queries(rng, 5, 10)
+    kth = _kernels.bm25_term_kth_shards(bundles, np.arange(10, dtype=np.uint32), 5)
+    with pytest.raises(ValueError, match=r"term_kth_depth = 4 must equal k = 5"):
+        _kernels.bm25_topk_shards(bundles, bases, *batch, 5, n_terms=10, term_kth=kth, term_kth_depth=4)
+    with pytest.raises(ValueError, match=r"len\(term_kth\) = 9 must equal n_terms = 10"):
+        _kernels.bm25_topk_shards(bundles, bases, *batch, 5, n_terms=10, term_kth=kth[:9], term_kth_depth=5)
+    with pytest.raises(ValueError, match=r"depth must be >= 1, got 0"):
+        _kernels.bm25_term_kth_shards(bundles, np.arange(3, dtype=np.uint32), 0)
+    with pytest.raises(ValueError, match=r"shards\[1\]: len\(impacts\)"):
+        _kernels.bm25_term_kth_shards([bundles[0], {**bundles[1], "impacts": bundles[1]["impacts"][:-1]}],
+                                      np.arange(3, dtype=np.uint32), 2)
+    bad = bundles[0]["block_offsets"].copy()
+    bad[2:] += 1
+    with pytest.raises(ValueError, match=r"shards\[0\]: block_offsets\[1:3\]"):
+        _kernels.bm25_term_kth_shards([{**bundles[0], "block_offsets": bad}, bundles[1]],
+                                      np.arange(3, dtype=np.uint32), 2)
+
+
 # ---------------------------------------------------------------- kernel level: bad arguments
 def _small_call():
     rng = np.random.default_rng(11)
