@@ -274,6 +274,59 @@ def test_union_term_kth_arguments():
                                       np.arange(3, dtype=np.uint32), 2)
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_shard_set_equals_per_call_kernel(algorithm):
+    """BM25ShardSet.topk (shards parsed once) = bm25_topk_shards on the same bundles, with and
+    without per-call allow masks and union thresholds; BM25ShardSet.term_kth =
+    bm25_term_kth_shards."""
+    rng = np.random.default_rng(17)
+    n_terms = 20
+    bundles, bases = _layout(rng, [120, 0, 60, 200], n_terms)
+    batch = _random_queries(rng, 50, n_terms)
+    shard_set = _kernels.BM25ShardSet(bundles, bases, n_terms=n_terms)
+    assert (shard_set.n_shards, shard_set.n_terms) == (4, n_terms)
+    terms = np.arange(n_terms, dtype=np.uint32)
+    for depth in (1, 4, 300):
+        kth = shard_set.term_kth(terms, depth)
+        np.testing.assert_array_equal(kth, _kernels.bm25_term_kth_shards(bundles, terms, depth))
+        want = _reference(bundles, bases, batch, depth, "exhaustive")
+        _assert_same(shard_set.topk(*batch, depth, algorithm=algorithm), want)
+        _assert_same(shard_set.topk(*batch, depth, algorithm=algorithm, term_kth=kth, term_kth_depth=depth), want)
+        masks = [(rng.random(len(b["doc_norm"])) < 0.3).astype(np.uint8) if i != 2 else None
+                 for i, b in enumerate(bundles)]
+        masked = [b if m is None else {**b, "allow": m} for b, m in zip(bundles, masks)]
+        _assert_same(shard_set.topk(*batch, depth, n_threads=2, algorithm=algorithm, allow=masks),
+                     _reference(masked, bases, batch, depth, "exhaustive"))
+
+
+def test_shard_set_arguments():
+    rng = np.random.default_rng(4)
+    bundles, bases = _layout(rng, [30, 20], 10)
+    batch = _random_queries(rng, 5, 10)
+    shard_set = _kernels.BM25ShardSet(bundles, bases)
+    with pytest.raises(ValueError, match=r"len\(allow\) = 1 must equal the set's shards = 2"):
+        shard_set.topk(*batch, 5, allow=[None])
+    with pytest.raises(ValueError, match=r"allow\[1\]: len\(allow\) = 3"):
+        shard_set.topk(*batch, 5, allow=[None, np.ones(3, np.uint8)])
+    with pytest.raises(TypeError, match=r"allow\[0\] must be None or a C-contiguous numpy array of dtype uint8"):
+        shard_set.topk(*batch, 5, allow=[np.ones(30, np.int64), None])
+    with pytest.raises(ValueError, match=r"'allow' is not part of a shard set"):
+        _kernels.BM25ShardSet([{**bundles[0], "allow": np.ones(30, np.uint8)}, bundles[1]], bases)
+    with pytest.raises(ValueError, match=r"bases\[1\] = 10 must be >= bases\[0\] \+ n_docs"):
+        _kernels.BM25ShardSet(bundles, np.int64([0, 10]))
+    no_ub = _kernels.BM25ShardSet([bundles[0], {k: v for k, v in bundles[1].items() if k != "term_ub"}], bases)
+    no_ub.topk(*batch, 5, algorithm="exhaustive")
+    with pytest.raises(ValueError, match=r"shards\[1\]: algorithm 'maxscore' requires term_ub"):
+        no_ub.topk(*batch, 5, algorithm="maxscore")
+    no_blocks = _kernels.BM25ShardSet([{k: v for k, v in bundles[0].items() if k not in ("block_offsets", "block_ub")},
+                                       bundles[1]], bases)
+    no_blocks.topk(*batch, 5, algorithm="maxscore")
+    with pytest.raises(ValueError, match=r"shards\[0\]: algorithm 'bmw' requires block_offsets"):
+        no_blocks.topk(*batch, 5, algorithm="bmw")
+    with pytest.raises(ValueError, match=r"q_terms\[0\] = 10"):
+        shard_set.topk(batch[0], np.where(batch[1] == batch[1][0], 10, batch[1]).astype(np.uint32), batch[2], 5)
+
+
 # ---------------------------------------------------------------- kernel level: bad arguments
 def _small_call():
     rng = np.random.default_rng(11)
