@@ -13,7 +13,9 @@ Two questions (issue: architecture v2, items 8 and 9):
    ``search_batch`` >= 50,000 QPS; ``search()`` p50 <= 80 µs.
 
 Run:  python -m benchmarks.bench_layout [--rounds 7] [--n-docs 1000000] [--out benchmarks/results/layout.json]
-(``--skip-layout`` / ``--skip-api`` run one half). Medians are quoted with min-max spread.
+(``--skip-layout`` / ``--skip-api`` run one half; ``--cache-dir DIR`` builds the layout part's two
+indexes there once, a minute or two each at 1M, and reuses them in later runs). Medians are quoted
+with min-max spread.
 """
 
 from __future__ import annotations
@@ -49,14 +51,18 @@ def _interleaved(fns: dict[str, Callable[[], Any]], rounds: int, min_seconds: fl
     return out
 
 
-def layout(n_docs: int, rounds: int, tmp: Path, one_at_a_time: int) -> dict[str, Any]:
-    """Default shard layout vs one shard on the synthetic BM25 corpus."""
+def layout(n_docs: int, rounds: int, tmp: Path, one_at_a_time: int, reuse: bool = False) -> dict[str, Any]:
+    """Default shard layout vs one shard on the synthetic BM25 corpus (indexes under ``tmp``;
+    with ``reuse``, an index already there is searched instead of built again)."""
     from retriever import BuildConfig, Retriever, build_index
 
     col = synthetic_bm25(n_docs)
-    paths = {"default": tmp / "default", "one_shard": tmp / "one"}
-    build_s = {}
+    paths = {"default": tmp / f"synthetic-bm25-{n_docs}-default", "one_shard": tmp / f"synthetic-bm25-{n_docs}-one"}
+    build_s: dict[str, float | None] = {}
     for name, path in paths.items():
+        if reuse and (path / "CURRENT").exists():
+            build_s[name] = None  # built by an earlier run
+            continue
         t0 = time.perf_counter()
         build_index(col.docs(), path, legs=("bm25",), show_progress=False, overwrite=True,
                     shard_size=BuildConfig().shard_size if name == "default" else max(1, n_docs))
@@ -126,15 +132,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-layout", action="store_true")
     ap.add_argument("--skip-api", action="store_true")
     ap.add_argument("--out", default=None, help="write the JSON here (default: print only)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="build the layout part's two 1M indexes here once and reuse them in later runs "
+                         "(default: a temporary directory, built every run)")
     args = ap.parse_args(argv)
-    res: dict[str, Any] = {"machine": machine(), "command": "python -m benchmarks.bench_layout " + " ".join(
-        argv if argv is not None else sys.argv[1:])}
+    words = list(argv if argv is not None else sys.argv[1:])
+    for i, w in enumerate(words):  # the command as recorded: no local paths
+        if w == "--cache-dir" and i + 1 < len(words):
+            words[i + 1] = "DIR"
+        elif w.startswith("--cache-dir="):
+            words[i] = "--cache-dir=DIR"
+    res: dict[str, Any] = {"machine": machine(), "command": "python -m benchmarks.bench_layout " + " ".join(words)}
     if not args.skip_api:
         res["api"] = api_cost(args.rounds)
         print(json.dumps(res["api"], indent=1), flush=True)
     if not args.skip_layout:
-        with tempfile.TemporaryDirectory() as d:
-            res["layout"] = layout(args.n_docs, args.rounds, Path(d), args.one_at_a_time)
+        if args.cache_dir:
+            Path(args.cache_dir).mkdir(parents=True, exist_ok=True)
+            res["layout"] = layout(args.n_docs, args.rounds, Path(args.cache_dir), args.one_at_a_time, reuse=True)
+        else:
+            with tempfile.TemporaryDirectory() as d:
+                res["layout"] = layout(args.n_docs, args.rounds, Path(d), args.one_at_a_time)
         print(json.dumps(res["layout"], indent=1), flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(res, indent=1) + "\n")

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <iterator>
+#include <optional>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -538,72 +539,102 @@ class shard_bundle {
     py::dict m_dict;
 };
 
-/// The arrays one shard of bm25_topk_shards reads, held for the call (the bundles' dicts
-/// may change while the GIL is released), and its view.
-struct shard_arrays {
+/// The posting and block ranges of the listed terms in one shard lie inside its arrays (the
+/// O(listed terms) check of bm25_term_kth_shards; a term beyond the vocabulary has none).
+void check_kth_terms(const bm25_shard_view& v, const uint32_t* tp, size_t n) {
+    const csr_view& csr = v.data.csr;
+    for (size_t j = 0; j < n; ++j) {
+        const uint32_t t = tp[j];
+        if (t >= csr.n_terms) continue;  // no postings in this shard
+        const uint64_t b = csr.offsets[t], e = csr.offsets[t + 1];
+        if (b > e || e > csr.nnz) {
+            fail("offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" + std::to_string(b) +
+                 ", " + std::to_string(e) + "] is not a range inside doc_ids (len " +
+                 std::to_string(csr.nnz) + "); validate the postings with check_csr");
+        }
+        if (v.bounds.block_offsets != nullptr) {
+            const uint64_t bb = v.bounds.block_offsets[t], be = v.bounds.block_offsets[t + 1];
+            if (bb > be || be > v.bounds.n_blocks || be - bb != (e - b + v.bounds.block_size - 1) /
+                                                                     v.bounds.block_size) {
+                fail("block_offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" +
+                     std::to_string(bb) + ", " + std::to_string(be) + "] does not match the list's " +
+                     std::to_string(e - b) + " postings in blocks of " +
+                     std::to_string(v.bounds.block_size) + " (compute it with bm25_upper_bounds)");
+            }
+        }
+    }
+}
+
+/// One shard of a bm25_topk_shards call or of a BM25ShardSet: its arrays, held (the bundles'
+/// dicts may change while the GIL is released), and its view (queries and allow unset).
+struct shard_entry {
     std::vector<py::object> keep;
     bm25_shard_view view;
-    std::vector<uint64_t> q_offsets;  // the call's batch without the terms >= this shard's n_terms
-    std::vector<uint32_t> q_terms;
-    std::vector<float> q_weights;
-    bool own_batch = false;
+    bool has_ub = false;      // term_ub attached (with the dense bitmaps when given)
+    bool has_blocks = false;  // block_offsets / block_ub attached
 };
 
-/// Python's bm25_topk_shards (retriever/_kernels.pyi).
-topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& bases,
-                                const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
-                                const carray<float>& q_weights, int64_t k, int64_t n_terms, int n_threads,
-                                const std::string& algorithm) {
-    const size_t n_shards = shards.size();
-    require_eq(len1d(bases, "bases"), n_shards, "len(bases)", "len(shards)");
-    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
-    check_k(k);
-    const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
-    const bool need_ub = algo != bm25_algorithm::exhaustive;
-    const bool need_blocks = algo == bm25_algorithm::block_max_wand || algo == bm25_algorithm::block_max_maxscore;
-    std::vector<shard_arrays> arrs(n_shards);
+/// Bundle i, checked. With `algorithm` (bm25_topk_shards), what that algorithm needs is
+/// attached (an error names what is missing), term_kth and allow included; without
+/// (BM25ShardSet), whatever bounds the bundle holds, and term_kth / allow are refused (the
+/// set takes one threshold array and the filters per call).
+shard_entry parse_shard(const py::handle& obj, size_t i, const std::string* algorithm, int64_t k) {
+    const shard_bundle sb(obj, i);
+    shard_entry se;
+    try {
+        const carray<uint64_t> offsets = sb.req<uint64_t>("offsets");
+        const carray<uint32_t> doc_ids = sb.req<uint32_t>("doc_ids");
+        const carray<uint32_t> tfs = sb.req<uint32_t>("tfs");
+        const carray<float> doc_norm = sb.req<float>("doc_norm");
+        const opt_carray<float> impacts = sb.opt<float>("impacts"), impact_rows = sb.opt<float>("impact_rows");
+        const opt_carray<int32_t> impact_row_slot = sb.opt<int32_t>("impact_row_slot");
+        const opt_carray<float> term_ub = sb.opt<float>("term_ub"), term_kth = sb.opt<float>("term_kth");
+        const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
+        const opt_carray<float> block_ub = sb.opt<float>("block_ub");
+        const opt_carray<int32_t> dense_slot = sb.opt<int32_t>("dense_slot");
+        const opt_carray<uint64_t> dense_bits = sb.opt<uint64_t>("dense_bits");
+        const opt_carray<uint32_t> dense_rank = sb.opt<uint32_t>("dense_rank");
+        const opt_carray<uint8_t> allow = sb.opt<uint8_t>("allow");
+        if (algorithm == nullptr && (term_kth || allow)) {
+            fail(std::string("'") + (term_kth ? "term_kth" : "allow") +
+                 "' is not part of a shard set (pass term_kth and allow to topk)");
+        }
+        se.keep = {offsets, doc_ids, tfs, doc_norm};
+        const auto keep = [&se](const auto& a) {
+            if (a) se.keep.push_back(*a);
+        };
+        keep(impacts), keep(impact_rows), keep(impact_row_slot), keep(term_ub), keep(term_kth);
+        keep(block_offsets), keep(block_ub), keep(dense_slot), keep(dense_bits), keep(dense_rank), keep(allow);
+
+        bm25_shard_view& v = se.view;
+        v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+        attach_impacts(v.data, impacts, impact_rows, impact_row_slot);
+        v.allow = allow_ptr(allow, v.data.n_docs, true);
+        const bm25_algorithm algo = algorithm ? parse_bm25_algorithm(*algorithm) : bm25_algorithm::exhaustive;
+        const std::string name = algorithm ? *algorithm : std::string("?");
+        if (algorithm ? algo != bm25_algorithm::exhaustive : term_ub.has_value()) {
+            attach_term_bounds(v.bounds, v.data, name, k, term_ub, term_kth, sb.integer("term_kth_depth", 0));
+            attach_dense_bitmaps(v.bounds, v.data, dense_slot, dense_bits, dense_rank);
+            v.has_bounds = se.has_ub = true;
+        }
+        if (algorithm ? (algo == bm25_algorithm::block_max_wand || algo == bm25_algorithm::block_max_maxscore)
+                      : (block_offsets.has_value() || block_ub.has_value())) {
+            attach_blocks(v.bounds, v.data, name, block_offsets, block_ub, sb.integer("block_size", 128));
+            se.has_blocks = true;
+        }
+    } catch (const std::invalid_argument& e) {
+        fail(sb.where() + ": " + e.what());
+    }
+    return se;
+}
+
+/// Sets each shard's base from `bases` (ascending, not overlapping, within kMaxDocs); returns
+/// the largest shard vocabulary.
+size_t set_bases(std::vector<shard_entry>& shards, const carray<int64_t>& bases) {
+    require_eq(len1d(bases, "bases"), shards.size(), "len(bases)", "len(shards)");
     size_t max_terms = 0;
     uint64_t next_base = 0;
-    for (size_t i = 0; i < n_shards; ++i) {
-        const shard_bundle sb(shards[i], i);
-        shard_arrays& sa = arrs[i];
-        try {
-            const carray<uint64_t> offsets = sb.req<uint64_t>("offsets");
-            const carray<uint32_t> doc_ids = sb.req<uint32_t>("doc_ids");
-            const carray<uint32_t> tfs = sb.req<uint32_t>("tfs");
-            const carray<float> doc_norm = sb.req<float>("doc_norm");
-            const opt_carray<float> impacts = sb.opt<float>("impacts"), impact_rows = sb.opt<float>("impact_rows");
-            const opt_carray<int32_t> impact_row_slot = sb.opt<int32_t>("impact_row_slot");
-            const opt_carray<float> term_ub = sb.opt<float>("term_ub"), term_kth = sb.opt<float>("term_kth");
-            const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
-            const opt_carray<float> block_ub = sb.opt<float>("block_ub");
-            const opt_carray<int32_t> dense_slot = sb.opt<int32_t>("dense_slot");
-            const opt_carray<uint64_t> dense_bits = sb.opt<uint64_t>("dense_bits");
-            const opt_carray<uint32_t> dense_rank = sb.opt<uint32_t>("dense_rank");
-            const opt_carray<uint8_t> allow = sb.opt<uint8_t>("allow");
-            sa.keep = {offsets, doc_ids, tfs, doc_norm};
-            const auto keep = [&sa](const auto& a) {
-                if (a) sa.keep.push_back(*a);
-            };
-            keep(impacts), keep(impact_rows), keep(impact_row_slot), keep(term_ub), keep(term_kth);
-            keep(block_offsets), keep(block_ub), keep(dense_slot), keep(dense_bits), keep(dense_rank), keep(allow);
-
-            bm25_shard_view& v = sa.view;
-            v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
-            attach_impacts(v.data, impacts, impact_rows, impact_row_slot);
-            v.allow = allow_ptr(allow, v.data.n_docs, true);
-            if (need_ub) {
-                attach_term_bounds(v.bounds, v.data, algorithm, k, term_ub, term_kth,
-                                   sb.integer("term_kth_depth", 0));
-                attach_dense_bitmaps(v.bounds, v.data, dense_slot, dense_bits, dense_rank);
-                v.has_bounds = true;
-            }
-            if (need_blocks) {
-                attach_blocks(v.bounds, v.data, algorithm, block_offsets, block_ub, sb.integer("block_size", 128));
-            }
-        } catch (const std::invalid_argument& e) {
-            fail(sb.where() + ": " + e.what());
-        }
+    for (size_t i = 0; i < shards.size(); ++i) {
         const int64_t base = bases.data()[i];
         if (base < 0 || static_cast<uint64_t>(base) < next_base) {
             fail("bases[" + std::to_string(i) + "] = " + std::to_string(base) + " must be >= " +
@@ -611,63 +642,254 @@ topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& b
                                                  std::to_string(i - 1) + "] = " + std::to_string(next_base)) +
                  " (shards in ordinal order, not overlapping)");
         }
-        next_base = static_cast<uint64_t>(base) + sa.view.data.n_docs;
+        next_base = static_cast<uint64_t>(base) + shards[i].view.data.n_docs;
         if (next_base > kMaxDocs) {
             fail("bases[" + std::to_string(i) + "] + n_docs of shards[" + std::to_string(i) + "] = " +
                  std::to_string(next_base) + " exceeds the supported maximum ordinal " + std::to_string(kMaxDocs));
         }
-        sa.view.base = static_cast<uint64_t>(base);
-        max_terms = std::max(max_terms, sa.view.data.csr.n_terms);
+        shards[i].view.base = static_cast<uint64_t>(base);
+        max_terms = std::max(max_terms, shards[i].view.data.csr.n_terms);
     }
+    return max_terms;
+}
+
+/// The union threshold array of a call (null for exhaustive scoring, which has no use for it).
+const float* union_kth_ptr(const opt_carray<float>& term_kth, int64_t term_kth_depth, size_t n_terms, int64_t k,
+                           bool need_ub) {
+    if (!term_kth || !need_ub) return nullptr;
+    require_eq(len1d(*term_kth, "term_kth"), n_terms, "len(term_kth)", "n_terms");
+    if (term_kth_depth != k) {
+        fail("term_kth_depth = " + std::to_string(term_kth_depth) + " must equal k = " + std::to_string(k) +
+             " (term_kth must come from bm25_term_kth_shards with depth = k)");
+    }
+    return term_kth->data();
+}
+
+/// The checked part of a bm25_topk_shards call that needs no Python: each shard's batch
+/// restricted to its vocabulary, the per-query checks, the kernel (GIL released).
+topk_result run_shards(std::vector<bm25_shard_view>& views, const query_batch_view& queries, size_t n_terms,
+                       bm25_algorithm algo, const float* union_kth, int64_t k, int n_threads) {
+    const bool need_ub = algo != bm25_algorithm::exhaustive;
+    struct restricted {  // the call's batch without the terms >= a shard's n_terms
+        std::vector<uint64_t> q_offsets;
+        std::vector<uint32_t> q_terms;
+        std::vector<float> q_weights;
+    };
+    std::vector<restricted> own(views.size());
+    topk_arrays res(queries.nq, static_cast<size_t>(k));
+    {
+        py::gil_scoped_release nogil;
+        check_query_batch(queries, n_terms);
+        for (size_t i = 0; i < views.size(); ++i) {
+            bm25_shard_view& v = views[i];
+            const size_t st = v.data.csr.n_terms;
+            bool all_in = true;
+            for (size_t j = 0; j < queries.m && all_in; ++j) all_in = queries.q_terms[j] < st;
+            if (all_in) {
+                v.queries = queries;
+            } else {  // terms first seen in later shards: not in this one's vocabulary
+                restricted& r = own[i];
+                r.q_offsets.assign(queries.nq + 1, 0);
+                for (size_t q = 0; q < queries.nq; ++q) {
+                    for (uint64_t j = queries.q_offsets[q]; j < queries.q_offsets[q + 1]; ++j) {
+                        if (queries.q_terms[j] < st) {
+                            r.q_terms.push_back(queries.q_terms[j]);
+                            r.q_weights.push_back(queries.q_weights[j]);
+                        }
+                    }
+                    r.q_offsets[q + 1] = r.q_terms.size();
+                }
+                query_batch_view& qv = v.queries;
+                qv.q_offsets = r.q_offsets.data();
+                qv.nq = queries.nq;
+                qv.q_terms = r.q_terms.data();
+                qv.q_weights = r.q_weights.data();
+                qv.m = r.q_terms.size();
+            }
+            try {
+                check_query_term_ranges(v.data.csr, v.queries);
+                check_impact_row_slots(v.data, v.queries);
+                if (need_ub) check_bounds_for_queries(v.data.csr, v.bounds, v.queries);
+            } catch (const std::invalid_argument& e) {
+                fail("shards[" + std::to_string(i) + "]: " + e.what());
+            }
+        }
+        bm25_topk_shards(views, queries, union_kth, algo, n_threads, res.out);
+    }
+    return res.result();
+}
+
+/// Python's bm25_topk_shards (retriever/_kernels.pyi).
+topk_result py_bm25_topk_shards(const py::list& shards, const carray<int64_t>& bases,
+                                const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                                const carray<float>& q_weights, int64_t k, int64_t n_terms, int n_threads,
+                                const std::string& algorithm, const opt_carray<float>& term_kth,
+                                int64_t term_kth_depth) {
+    require_eq(len1d(bases, "bases"), shards.size(), "len(bases)", "len(shards)");
+    const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+    check_k(k);
+    const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
+    std::vector<shard_entry> entries;
+    entries.reserve(shards.size());
+    for (size_t i = 0; i < shards.size(); ++i) entries.push_back(parse_shard(shards[i], i, &algorithm, k));
+    const size_t max_terms = set_bases(entries, bases);
     if (n_terms < 0) n_terms = static_cast<int64_t>(max_terms);
     if (static_cast<size_t>(n_terms) < max_terms) {
         fail("n_terms = " + std::to_string(n_terms) + " is below a shard's vocabulary (" +
              std::to_string(max_terms) + " terms: len(offsets) - 1)");
     }
-    topk_arrays res(queries.nq, static_cast<size_t>(k));
-    std::vector<bm25_shard_view> views(n_shards);
-    {
-        py::gil_scoped_release nogil;
-        check_query_batch(queries, static_cast<size_t>(n_terms));
-        for (size_t i = 0; i < n_shards; ++i) {
-            shard_arrays& sa = arrs[i];
-            const size_t st = sa.view.data.csr.n_terms;
-            bool all_in = true;
-            for (size_t j = 0; j < queries.m && all_in; ++j) all_in = queries.q_terms[j] < st;
-            if (all_in) {
-                sa.view.queries = queries;
-            } else {  // terms first seen in later shards: not in this one's vocabulary
-                sa.q_offsets.assign(queries.nq + 1, 0);
-                sa.q_terms.clear();
-                sa.q_weights.clear();
-                for (size_t q = 0; q < queries.nq; ++q) {
-                    for (uint64_t j = queries.q_offsets[q]; j < queries.q_offsets[q + 1]; ++j) {
-                        if (queries.q_terms[j] < st) {
-                            sa.q_terms.push_back(queries.q_terms[j]);
-                            sa.q_weights.push_back(queries.q_weights[j]);
-                        }
-                    }
-                    sa.q_offsets[q + 1] = sa.q_terms.size();
-                }
-                query_batch_view& qv = sa.view.queries;
-                qv.q_offsets = sa.q_offsets.data();
-                qv.nq = queries.nq;
-                qv.q_terms = sa.q_terms.data();
-                qv.q_weights = sa.q_weights.data();
-                qv.m = sa.q_terms.size();
+    const float* union_kth = union_kth_ptr(term_kth, term_kth_depth, static_cast<size_t>(n_terms), k,
+                                           algo != bm25_algorithm::exhaustive);
+    std::vector<bm25_shard_view> views;
+    views.reserve(entries.size());
+    for (const shard_entry& e : entries) views.push_back(e.view);
+    return run_shards(views, queries, static_cast<size_t>(n_terms), algo, union_kth, k, n_threads);
+}
+
+/// The shards of bm25_topk_shards parsed and checked once (a leg opens one per scoring state),
+/// so that a call of one short query does not pay the per-shard argument checks (~5 us each).
+class bm25_shard_set {
+  public:
+    bm25_shard_set(const py::list& shards, const carray<int64_t>& bases, int64_t n_terms) {
+        m_entries.reserve(shards.size());
+        for (size_t i = 0; i < shards.size(); ++i) m_entries.push_back(parse_shard(shards[i], i, nullptr, 0));
+        const size_t max_terms = set_bases(m_entries, bases);
+        if (n_terms < 0) n_terms = static_cast<int64_t>(max_terms);
+        if (static_cast<size_t>(n_terms) < max_terms) {
+            fail("n_terms = " + std::to_string(n_terms) + " is below a shard's vocabulary (" +
+                 std::to_string(max_terms) + " terms: len(offsets) - 1)");
+        }
+        m_n_terms = static_cast<size_t>(n_terms);
+    }
+
+    size_t n_shards() const { return m_entries.size(); }
+    size_t n_terms() const { return m_n_terms; }
+
+    topk_result topk(const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
+                     const carray<float>& q_weights, int64_t k, int n_threads, const std::string& algorithm,
+                     const std::optional<py::list>& allow, const opt_carray<float>& term_kth,
+                     int64_t term_kth_depth) const {
+        const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
+        check_k(k);
+        const bm25_algorithm algo = parse_bm25_algorithm(algorithm);
+        const bool need_ub = algo != bm25_algorithm::exhaustive;
+        const bool need_blocks = algo == bm25_algorithm::block_max_wand || algo == bm25_algorithm::block_max_maxscore;
+        if (allow) require_eq(allow->size(), m_entries.size(), "len(allow)", "the set's shards");
+        std::vector<py::object> masks;  // held for the call
+        std::vector<bm25_shard_view> views;
+        views.reserve(m_entries.size());
+        for (size_t i = 0; i < m_entries.size(); ++i) {
+            const shard_entry& e = m_entries[i];
+            if (need_ub && !e.has_ub) {
+                fail("shards[" + std::to_string(i) + "]: algorithm '" + algorithm +
+                     "' requires term_ub (compute it once with bm25_upper_bounds)");
             }
+            if (need_blocks && !e.has_blocks) {
+                fail("shards[" + std::to_string(i) + "]: algorithm '" + algorithm +
+                     "' requires block_offsets and block_ub (compute them once with bm25_upper_bounds)");
+            }
+            views.push_back(e.view);
+            bm25_shard_view& v = views.back();
+            v.has_bounds = need_ub;  // as bm25_topk_shards attaches them
+            if (allow && !(*allow)[i].is_none()) {
+                const py::handle m = (*allow)[i];
+                if (!py::isinstance<carray<uint8_t>>(m)) {
+                    throw py::type_error("allow[" + std::to_string(i) + "] must be None or a C-contiguous numpy "
+                                         "array of dtype uint8");
+                }
+                const carray<uint8_t> a = py::reinterpret_borrow<carray<uint8_t>>(m);
+                try {
+                    v.allow = allow_ptr(a, v.data.n_docs, true);
+                } catch (const std::invalid_argument& err) {
+                    fail("allow[" + std::to_string(i) + "]: " + err.what());
+                }
+                masks.push_back(a);
+            }
+        }
+        const float* union_kth = union_kth_ptr(term_kth, term_kth_depth, m_n_terms, k, need_ub);
+        return run_shards(views, queries, m_n_terms, algo, union_kth, k, n_threads);
+    }
+
+    /// bm25_term_kth_shards over the set's shards.
+    carray<float> term_kth(const carray<uint32_t>& terms, int64_t depth, int n_threads) const {
+        if (depth < 1) fail("depth must be >= 1, got " + std::to_string(depth));
+        const size_t n = len1d(terms, "terms");
+        const uint32_t* tp = terms.data();
+        std::vector<bm25_shard_view> views;
+        views.reserve(m_entries.size());
+        for (size_t i = 0; i < m_entries.size(); ++i) {
+            views.push_back(m_entries[i].view);
             try {
-                check_query_term_ranges(sa.view.data.csr, sa.view.queries);
-                check_impact_row_slots(sa.view.data, sa.view.queries);
-                if (need_ub) check_bounds_for_queries(sa.view.data.csr, sa.view.bounds, sa.view.queries);
+                check_kth_terms(views.back(), tp, n);
             } catch (const std::invalid_argument& e) {
                 fail("shards[" + std::to_string(i) + "]: " + e.what());
             }
-            views[i] = sa.view;
         }
-        bm25_topk_shards(views, queries.nq, algo, n_threads, res.out);
+        carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+        float* o = out.mutable_data();
+        {
+            py::gil_scoped_release nogil;
+            bm25_term_kth_shards(views, tp, n, static_cast<size_t>(depth), n_threads, o);
+        }
+        return out;
     }
-    return res.result();
+
+  private:
+    std::vector<shard_entry> m_entries;
+    size_t m_n_terms = 0;
+};
+
+/// Python's bm25_term_kth_shards (retriever/_kernels.pyi): the bundles' postings, impacts and
+/// blocks; only the listed terms' ranges are checked (O(terms * shards), no O(n_terms) pass).
+carray<float> py_bm25_term_kth_shards(const py::list& shards, const carray<uint32_t>& terms, int64_t depth,
+                                      int n_threads) {
+    if (depth < 1) fail("depth must be >= 1, got " + std::to_string(depth));
+    const size_t n = len1d(terms, "terms");
+    const uint32_t* tp = terms.data();
+    std::vector<py::object> keep;
+    std::vector<bm25_shard_view> views(shards.size());
+    for (size_t i = 0; i < shards.size(); ++i) {
+        const shard_bundle sb(shards[i], i);
+        try {
+            const carray<uint64_t> offsets = sb.req<uint64_t>("offsets");
+            const carray<uint32_t> doc_ids = sb.req<uint32_t>("doc_ids");
+            const carray<uint32_t> tfs = sb.req<uint32_t>("tfs");
+            const carray<float> doc_norm = sb.req<float>("doc_norm");
+            const opt_carray<float> impacts = sb.opt<float>("impacts");
+            const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
+            const opt_carray<float> block_ub = sb.opt<float>("block_ub");
+            keep.insert(keep.end(), {offsets, doc_ids, tfs, doc_norm});
+            bm25_shard_view& v = views[i];
+            v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+            if (impacts) {
+                require_eq(len1d(*impacts, "impacts"), v.data.csr.nnz, "len(impacts)", "len(doc_ids)");
+                v.data.impacts = impacts->data();
+                keep.push_back(*impacts);
+            }
+            if (block_offsets.has_value() != block_ub.has_value()) {
+                fail("block_offsets and block_ub must be given together");
+            }
+            if (block_offsets) {
+                v.bounds.block_size = check_block_size(sb.integer("block_size", 128));
+                require_eq(len1d(*block_offsets, "block_offsets"), v.data.csr.n_terms + 1, "len(block_offsets)",
+                           "n_terms + 1");
+                v.bounds.block_offsets = block_offsets->data();
+                v.bounds.block_ub = block_ub->data();
+                v.bounds.n_blocks = len1d(*block_ub, "block_ub");
+                keep.push_back(*block_offsets), keep.push_back(*block_ub);
+            }
+            check_kth_terms(v, tp, n);
+        } catch (const std::invalid_argument& e) {
+            fail(sb.where() + ": " + e.what());
+        }
+    }
+    carray<float> out(std::vector<py::ssize_t>{static_cast<py::ssize_t>(n)});
+    float* o = out.mutable_data();
+    {
+        py::gil_scoped_release nogil;
+        bm25_term_kth_shards(views, tp, n, static_cast<size_t>(depth), n_threads, o);
+    }
+    return out;
 }
 
 }  // namespace
@@ -750,6 +972,7 @@ void register_bm25(py::module_& m) {
     m.def("bm25_topk_shards", &py_bm25_topk_shards, py::arg("shards"), py::arg("bases").noconvert(),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
           py::arg("k"), py::arg("n_terms") = -1, py::arg("n_threads") = 0, py::arg("algorithm") = "maxscore",
+          py::arg("term_kth") = py::none(), py::arg("term_kth_depth") = 0,
           "Exact BM25 top-k over several shards of one index for a ragged batch of queries, in one\n"
           "call: equal (ids and scores bit for bit) to bm25_topk on each shard with its ordinals\n"
           "shifted by bases[i], merged by score descending then ordinal ascending. shards: per\n"
@@ -761,8 +984,37 @@ void register_bm25(py::module_& m) {
           "the index's vocabulary of n_terms terms (-1: the largest shard vocabulary); a term\n"
           "beyond a shard's len(offsets) - 1 is skipped for that shard. Each query runs through\n"
           "the shards in order on one thread with one top-k collector, each shard's pruning\n"
-          "starting from the k-th score collected so far. Returns (ids i64[nq, k] global\n"
-          "ordinals, scores f32[nq, k], n_found i32[nq]).");
+          "starting from the larger of the k-th score collected so far and one threshold found\n"
+          "for the whole index before the first shard (priming over every shard's short lists;\n"
+          "with term_kth f32[n_terms] from bm25_term_kth_shards with depth term_kth_depth = k,\n"
+          "no allow filter and no negative weight, also the best single-term k-th score).\n"
+          "Returns (ids i64[nq, k] global ordinals, scores f32[nq, k], n_found i32[nq]).");
+
+    py::class_<bm25_shard_set>(m, "BM25ShardSet",
+                               "The shards of bm25_topk_shards parsed and checked once: BM25ShardSet(shards,\n"
+                               "bases, n_terms=-1) with bundles as bm25_topk_shards takes them, less term_kth /\n"
+                               "term_kth_depth / allow (given per call to topk). The set holds its arrays.")
+        .def(py::init<const py::list&, const carray<int64_t>&, int64_t>(), py::arg("shards"),
+             py::arg("bases").noconvert(), py::arg("n_terms") = -1)
+        .def_property_readonly("n_shards", &bm25_shard_set::n_shards)
+        .def_property_readonly("n_terms", &bm25_shard_set::n_terms)
+        .def("topk", &bm25_shard_set::topk, py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(),
+             py::arg("q_weights").noconvert(), py::arg("k"), py::arg("n_threads") = 0,
+             py::arg("algorithm") = "maxscore", py::arg("allow") = py::none(), py::arg("term_kth") = py::none(),
+             py::arg("term_kth_depth") = 0,
+             "bm25_topk_shards over the set's shards (identical results): allow None or a list with,\n"
+             "per shard, None or a uint8 mask of its documents; term_kth / term_kth_depth as there.")
+        .def("term_kth", &bm25_shard_set::term_kth, py::arg("terms").noconvert(), py::arg("depth"),
+             py::arg("n_threads") = 0, "bm25_term_kth_shards over the set's shards (identical results).");
+
+    m.def("bm25_term_kth_shards", &py_bm25_term_kth_shards, py::arg("shards"), py::arg("terms").noconvert(),
+          py::arg("depth"), py::arg("n_threads") = 0,
+          "Per term of terms (u32), the depth-th largest tf part over its postings in all shards\n"
+          "together (-inf when fewer than depth, or a value read is negative or NaN): the\n"
+          "term_kth of bm25_topk_shards, equal to bm25_term_kth on one shard holding the same\n"
+          "postings. shards: bm25_topk_shards bundles (offsets, doc_ids, tfs, doc_norm; impacts,\n"
+          "block_offsets, block_ub, block_size used when present; other keys ignored). A term id\n"
+          "beyond a shard's vocabulary has no postings there. Returns f32[len(terms)].");
 
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
 

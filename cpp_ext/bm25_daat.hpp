@@ -24,6 +24,15 @@ inline void prefetch_norm(const posting_cursor& c, const float* doc_norm) {
 }
 
 class daat_query {
+  public:
+    /// Re-reads the context's per-shard constants after bm25_query::rebind (one worker
+    /// serving every shard of bm25_topk_shards in turn); drops the tf pass table.
+    void rebind() {
+        m_imp = m_ctx.imp, m_tfs = m_ctx.data.tfs, m_doc_norm = m_ctx.data.doc_norm;
+        m_n_docs = m_ctx.data.n_docs, m_allow = m_ctx.allow;
+        m_pass_thr = std::numeric_limits<float>::quiet_NaN();  // never equal: recomputed on next use
+    }
+
   protected:
     explicit daat_query(bm25_query& ctx)
         : m_ctx(ctx), m_imp(ctx.imp), m_tfs(ctx.data.tfs), m_doc_norm(ctx.data.doc_norm), m_n_docs(ctx.data.n_docs),
@@ -123,6 +132,7 @@ class daat_query {
     /// Call after open_cursors().
     float prime_threshold() {
         m_ctx.theta0 = m_ctx.theta_ext;  // safe lower bound too (single_term_threshold)
+        if (!m_ctx.prime) return m_ctx.threshold();  // the caller primed theta_ext already
         const size_t n = m_cursors.size();
         const size_t k = m_ctx.out.k;
         m_prime_order.resize(n);
@@ -282,11 +292,11 @@ class daat_query {
     }
 
     bm25_query& m_ctx;
-    const float* const m_imp;  // precomputed impacts or null
-    const uint32_t* const m_tfs;
-    const float* const m_doc_norm;
-    const size_t m_n_docs;
-    const uint8_t* const m_allow;
+    const float* m_imp;  // precomputed impacts or null
+    const uint32_t* m_tfs;
+    const float* m_doc_norm;
+    size_t m_n_docs;
+    const uint8_t* m_allow;
     std::vector<posting_cursor> m_cursors;
     std::vector<posting_cursor*> m_sorted;
     std::vector<float> m_contrib;

@@ -63,6 +63,16 @@ struct bm25_query {
 
     bool allowed(uint32_t d) const { return allow == nullptr || allow[d] != 0; }
 
+    /// Points the context at another shard: `data` and `q` refer to objects the caller has
+    /// just reassigned (bm25_topk_shards: one worker per thread serves every shard in turn,
+    /// so its scratch memory is allocated once per call, not once per shard); the values
+    /// the constructor derived from them are set again here.
+    void rebind(const bm25_bounds_view* bounds_, const uint8_t* allow_, bm25_algorithm algo_, float norm_min_,
+                bool prime_) {
+        bounds = bounds_, allow = allow_, algo = algo_, imp = data.impacts, prime = prime_;
+        norm_min = imp != nullptr ? -1.0f : norm_min_;
+    }
+
     void check_doc(uint32_t d) const {
         if (d >= data.n_docs) {
             fail("doc_ids contains doc id " + std::to_string(d) + " >= n_docs = " +
@@ -124,6 +134,9 @@ struct bm25_query {
     topk_heap heap;
     float theta0 = -std::numeric_limits<float>::infinity();     // primed threshold
     float theta_ext = -std::numeric_limits<float>::infinity();  // single_term_threshold
+    /// false: the pruning algorithms start from theta_ext without priming from the query's
+    /// short lists (bm25_topk_shards primes once over all shards instead).
+    bool prime = true;
 };
 
 }  // namespace

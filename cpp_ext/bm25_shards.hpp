@@ -23,18 +23,37 @@ struct bm25_shard_view {
     query_batch_view queries;
 };
 
-/// Exact BM25 top-k over the union of `shards` for a batch of nq queries: equal, ids and
-/// scores bit for bit, to bm25_topk on each shard (ids + base) merged by score descending,
-/// then global ordinal ascending. Each query runs through the shards in order on one
-/// thread with one top-k collector of global ordinals; each shard's pruning starts from
-/// the k-th score collected so far (Lucene's shared minimum competitive score), which is
-/// exact because a document scoring below it cannot enter, and one scoring equal to it
-/// ranks after the k earlier hits (shards are in ordinal order, ties go to the smaller
-/// ordinal) while pruning discards only bounds strictly below it.
+/// Exact BM25 top-k over the union of `shards` for the batch `queries` (term ids of the
+/// index's vocabulary; each shard's view holds the same batch restricted to its own
+/// vocabulary): equal, ids and scores bit for bit, to bm25_topk on each shard (ids + base)
+/// merged by score descending, then global ordinal ascending. Each query runs through the
+/// shards in order on one thread, one bm25_worker rebound to each shard in turn (its scratch
+/// memory allocated once per call), with one top-k collector of global ordinals. A pruning
+/// query first gets one threshold for the whole index, as one shard holding every document
+/// would: max over its terms of fl(w * union_kth[t]) (when union_kth is given, no shard has
+/// an allow filter and no weight is negative; union_kth[t] = the k-th largest tf part of t's
+/// postings over all shards, from bm25_term_kth_shards with depth = k, -inf / NaN = none),
+/// raised by priming from the query's short high-bound lists over all shards; the shards
+/// then skip their own priming. Each shard's pruning starts from the larger of that and the
+/// k-th score collected so far (Lucene's shared minimum competitive score). Exact because a
+/// document scoring below either cannot enter, and one scoring equal to it is still offered
+/// (pruning discards only bounds strictly below it) and ranked by the collector (score, then
+/// smaller ordinal; shards are in ordinal order).
 /// Preconditions (checked by the binding): every shard's views as bm25_topk requires;
 /// bases ascending with base + n_docs <= the next base and <= kMaxDocs; every shard's
-/// queries hold nq queries.
-void bm25_topk_shards(const std::vector<bm25_shard_view>& shards, size_t nq, bm25_algorithm algorithm,
-                      int n_threads, const topk_out& out);
+/// queries hold queries.nq queries; union_kth null or indexable by every query term.
+void bm25_topk_shards(const std::vector<bm25_shard_view>& shards, const query_batch_view& queries,
+                      const float* union_kth, bm25_algorithm algorithm, int n_threads, const topk_out& out);
+
+/// out[i] = the depth-th largest bm25_tf_part over the postings of term terms[i] in all of
+/// `shards` together (from each shard's impacts when set; a term id at or beyond a shard's
+/// vocabulary has no postings there), or -inf when they number fewer than depth or one of
+/// the values read is negative or NaN: the union_kth of bm25_topk_shards, equal to what
+/// bm25_term_kth returns for one shard holding the same postings. Blocks whose bound
+/// (bounds.block_offsets / block_ub, when set) is not above the running depth-th value are
+/// skipped. Parallel over terms. Preconditions (checked by the binding): every term's range
+/// in each shard's offsets lies inside its doc_ids, and its blocks inside block_ub.
+void bm25_term_kth_shards(const std::vector<bm25_shard_view>& shards, const uint32_t* terms, size_t n,
+                          size_t depth, int n_threads, float* out);
 
 }  // namespace retriever

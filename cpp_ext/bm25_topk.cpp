@@ -70,6 +70,16 @@ class bm25_worker {
 
     void operator()(size_t qi) { run(qi, m_ctx.q.q_offsets[qi], m_ctx.q.q_offsets[qi + 1]); }
 
+    /// Serves another shard: the caller has reassigned the bm25_view and query_batch_view
+    /// this worker was built over (see bm25_query::rebind).
+    void rebind(const bm25_bounds_view* bounds, const uint8_t* allow, bm25_algorithm algo, float norm_min,
+                bool prime) {
+        m_ctx.rebind(bounds, allow, algo, norm_min, prime);
+        m_maxscore.rebind();
+        m_block_max.rebind();
+        m_auto_limit = m_ctx.imp != nullptr ? kAutoExhaustivePostings : kAutoExhaustivePostings / 4;
+    }
+
     /// Scores the query whose terms are m_ctx.q.q_terms[b .. e) into output row qi.
     /// floor: a score the caller already holds k better-ranked hits for (the shared
     /// threshold of bm25_topk_shards, -inf otherwise): the pruning algorithms start

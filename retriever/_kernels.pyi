@@ -412,6 +412,8 @@ def bm25_topk_shards(
     n_terms: int = -1,
     n_threads: int = 0,
     algorithm: Literal["auto", "exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
+    term_kth: _F32 | None = None,
+    term_kth_depth: int = 0,
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over several shards of one index in one call: equal (ids
     identical, scores bit for bit) to :func:`bm25_topk` on each shard, ids shifted by
@@ -433,10 +435,16 @@ def bm25_topk_shards(
 
     Each query goes through the shards in order on one thread (queries are split over
     ``n_threads`` threads, the GIL released) with one top-k heap of global ordinals;
-    each shard's pruning starts from the k-th score collected so far (Lucene's shared
-    minimum competitive score). Exact: a document scoring below that score cannot
-    enter, one scoring equal ranks after the k earlier hits (smaller ordinals win
-    ties), and pruning discards only bounds strictly below it.
+    each shard's pruning starts from the larger of the k-th score collected so far
+    (Lucene's shared minimum competitive score) and one threshold found for the whole
+    index before the first shard, as one shard holding every document would find it:
+    priming over every shard's short high-bound lists together and, with ``term_kth``
+    (float32 ``(n_terms,)`` from :func:`bm25_term_kth_shards` with ``depth`` =
+    ``term_kth_depth`` = ``k``; not used with an ``allow`` mask or a negative weight),
+    the best single-term k-th score over the union. Exact: a document scoring below
+    either cannot enter, one scoring equal is still offered and ranked by (score,
+    smaller ordinal), and pruning discards only bounds strictly below it. One worker
+    per thread serves every shard in turn (scratch memory allocated once per call).
     ``"auto"`` picks per query over the union of the shards (exhaustive when the
     query's lists in all shards total at most 16,384 postings or the shards hold at
     most 65,536 documents in all, else MaxScore), as one shard holding them would.
@@ -444,6 +452,59 @@ def bm25_topk_shards(
     Returns ``(ids int64 (nq, k) global ordinals, scores float32 (nq, k), n_found
     int32 (nq,))``, rows padded with -1 / -inf.
     """
+
+def bm25_term_kth_shards(
+    shards: Sequence[Mapping[str, _U64 | _U32 | _F32 | _I32 | _U8 | int | None]],
+    terms: _U32,
+    depth: int,
+    n_threads: int = 0,
+) -> _F32:
+    """:func:`bm25_term_kth` over several shards together: ``out[i]`` = the
+    ``depth``-th largest tf part of term ``terms[i]``'s postings in all ``shards``
+    (bundles as :func:`bm25_topk_shards` takes them; ``offsets``, ``doc_ids``, ``tfs``,
+    ``doc_norm`` and, when present, ``impacts``, ``block_offsets`` / ``block_ub`` /
+    ``block_size`` are read), ``-inf`` when they number fewer than ``depth`` or a value
+    read is negative or NaN; a term beyond a shard's vocabulary has no postings there.
+    Equal to :func:`bm25_term_kth` of one shard holding the same postings. Only the
+    listed terms' ranges are checked (no O(n_terms) pass). GIL released, parallel over
+    terms.
+
+    Raises:
+        ValueError: ``depth < 1``; a listed term's posting or block range outside its
+            shard's arrays, ``impacts`` of the wrong length (``shards[i]:``).
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+
+class BM25ShardSet:
+    """The shards of :func:`bm25_topk_shards` parsed and checked once (a BM25 leg keeps
+    one per scoring state), so that a call pays no per-shard argument checks.
+    ``BM25ShardSet(shards, bases, n_terms=-1)``: bundles and bases as
+    :func:`bm25_topk_shards` takes them, without ``term_kth`` / ``term_kth_depth`` /
+    ``allow`` (given per call). Holds references to the arrays.
+
+    Raises:
+        ValueError: as :func:`bm25_topk_shards` (``shards[i]:``), or a bundle with
+            ``term_kth`` or ``allow``.
+    """
+
+    def __init__(self, shards: Sequence[Mapping[str, _U64 | _U32 | _F32 | _I32 | int | None]], bases: _I64,
+                 n_terms: int = -1) -> None: ...
+    @property
+    def n_shards(self) -> int: ...
+    @property
+    def n_terms(self) -> int: ...
+    def topk(self, q_offsets: _U64, q_terms: _U32, q_weights: _F32, k: int, n_threads: int = 0,
+             algorithm: Literal["auto", "exhaustive", "maxscore", "bmw", "bmm"] = "maxscore",
+             allow: Sequence[_U8 | None] | None = None, term_kth: _F32 | None = None,
+             term_kth_depth: int = 0) -> tuple[_I64, _F32, _I32]:
+        """:func:`bm25_topk_shards` over the set's shards (identical results); ``allow``:
+        None or, per shard, None or a uint8 mask of its documents. A pruning algorithm
+        needs ``term_ub`` (and ``bmw`` / ``bmm`` the blocks) in every bundle of the set
+        (``ValueError`` naming the shard otherwise)."""
+    def term_kth(self, terms: _U32, depth: int, n_threads: int = 0) -> _F32:
+        """:func:`bm25_term_kth_shards` over the set's shards (identical results)."""
+
 
 def bm25_term_kth(
     offsets: _U64,

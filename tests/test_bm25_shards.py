@@ -167,6 +167,166 @@ def test_kernel_negative_weights():
         _assert_same(_kernels.bm25_topk_shards(bundles, bases, *batch, 6, n_terms=16, algorithm=algorithm), want)
 
 
+def _concatenated(bundles, bases) -> dict:
+    """One shard holding every shard's postings at its global ordinals (the gaps between shards
+    as documents without postings): what a one-shard index of the same documents holds."""
+    n_docs = int(bases[-1]) + len(bundles[-1]["doc_norm"]) if len(bundles) else 0
+    n_terms = max(len(b["offsets"]) - 1 for b in bundles)
+    doc_norm = np.full(n_docs, 0.7, np.float32)
+    for b, base in zip(bundles, bases):
+        doc_norm[base:base + len(b["doc_norm"])] = b["doc_norm"]
+    docs, tfs, offsets = [], [], [0]
+    for t in range(n_terms):
+        for b, base in zip(bundles, bases):
+            if t < len(b["offsets"]) - 1:
+                lo, hi = int(b["offsets"][t]), int(b["offsets"][t + 1])
+                docs.append(b["doc_ids"][lo:hi].astype(np.int64) + base)
+                tfs.append(b["tfs"][lo:hi])
+        offsets.append(sum(map(len, docs)))
+    offsets = np.asarray(offsets, np.uint64)
+    doc_ids = np.concatenate(docs).astype(np.uint32)
+    tfs = np.concatenate(tfs).astype(np.uint32)
+    term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm, block_size=8)
+    impacts = _kernels.bm25_impacts(offsets, doc_ids, tfs, doc_norm)
+    return {"offsets": offsets, "doc_ids": doc_ids, "tfs": tfs, "doc_norm": doc_norm, "impacts": impacts,
+            "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub, "block_size": 8}
+
+
+UNION_LAYOUTS = [[120, 60, 0, 200], [1, 0, 7, 130, 0, 64], [0, 90], [300]]
+
+
+@pytest.mark.parametrize("sizes", UNION_LAYOUTS)
+def test_term_kth_over_shards_equals_one_shard(sizes):
+    """bm25_term_kth_shards over the shards = bm25_term_kth of one shard holding their postings,
+    for every term (also those beyond a shard's vocabulary), with and without impacts and blocks,
+    at depths 1 to deeper than any list."""
+    rng = np.random.default_rng(sum(sizes) + len(sizes))
+    bundles, bases = _layout(rng, sizes, 20)
+    one = _concatenated(bundles, bases)
+    terms = np.arange(len(one["offsets"]) - 1, dtype=np.uint32)[::-1].copy()
+    for depth in (1, 4, 10, 400):
+        want = _kernels.bm25_term_kth(one["offsets"], one["doc_ids"], one["tfs"], one["doc_norm"], terms, depth,
+                                      impacts=one["impacts"])
+        for strip in ((), ("impacts",), ("block_offsets", "block_ub"), ("impacts", "block_offsets", "block_ub")):
+            shards = [{k: v for k, v in b.items() if k not in strip} for b in bundles]
+            got = _kernels.bm25_term_kth_shards(shards, terms, depth, n_threads=2)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+        if depth == 4:
+            assert np.isfinite(want).any() and np.isinf(want).any()  # both kinds of answer occur
+    assert len(_kernels.bm25_term_kth_shards(bundles, np.zeros(0, np.uint32), 3)) == 0
+
+
+@pytest.mark.parametrize("sizes", UNION_LAYOUTS)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_kernel_with_union_term_kth_equals_one_shard(sizes, algorithm):
+    """bm25_topk_shards with the union's single-term thresholds (term_kth from
+    bm25_term_kth_shards) = the per-shard top-k merged = bm25_topk on one shard holding every
+    posting (with its own term_kth), ids and scores bit for bit: every algorithm, depths beyond
+    a shard's size, empty shards, empty queries and queries of terms no shard has, with allow
+    masks (where the thresholds are not used)."""
+    rng = np.random.default_rng(5 * sum(sizes) + 1)
+    n_terms = 22
+    bundles, bases = _layout(rng, sizes, n_terms - 2)  # the last two terms: in no shard
+    one = _concatenated(bundles, bases)
+    q_offsets, q_terms, q_weights = _random_queries(rng, 70, n_terms)
+    batch = (q_offsets, q_terms, q_weights)
+    for depth in (1, 3, 10, 150):
+        kth = _kernels.bm25_term_kth_shards(bundles, np.arange(n_terms, dtype=np.uint32), depth)
+        want = _reference(bundles, bases, batch, depth, "exhaustive")
+        got = _kernels.bm25_topk_shards(bundles, bases, *batch, depth, n_terms=n_terms, algorithm=algorithm,
+                                        term_kth=kth, term_kth_depth=depth)
+        _assert_same(got, want)
+        keep = q_terms < len(one["offsets"]) - 1
+        offs, terms, weights = drop_terms(q_offsets, q_terms, q_weights, keep)
+        one_kth = kth[:len(one["offsets"]) - 1].copy()
+        kw = {k: v for k, v in one.items() if k not in ("offsets", "doc_ids", "tfs", "doc_norm")}
+        ids, scores, n_found = _kernels.bm25_topk(one["offsets"], one["doc_ids"], one["tfs"], one["doc_norm"], offs,
+                                                  terms, weights, depth, algorithm=algorithm, term_kth=one_kth,
+                                                  term_kth_depth=depth, **kw)
+        _assert_same(got, (ids, scores, n_found))
+        masks = [(rng.random(len(b["doc_norm"])) < 0.5).astype(np.uint8) if i % 2 == 0 else None
+                 for i, b in enumerate(bundles)]
+        masked = [b if m is None else {**b, "allow": m} for b, m in zip(bundles, masks)]
+        _assert_same(_kernels.bm25_topk_shards(masked, bases, *batch, depth, n_terms=n_terms, algorithm=algorithm,
+                                               term_kth=kth, term_kth_depth=depth),
+                     _reference(masked, bases, batch, depth, "exhaustive"))
+    assert want[2].max() > 0
+
+
+def test_union_term_kth_arguments():
+    rng = np.random.default_rng(2)
+    bundles, bases = _layout(rng, [30, 20], 10)
+    batch = _random_queries(rng, 5, 10)
+    kth = _kernels.bm25_term_kth_shards(bundles, np.arange(10, dtype=np.uint32), 5)
+    with pytest.raises(ValueError, match=r"term_kth_depth = 4 must equal k = 5"):
+        _kernels.bm25_topk_shards(bundles, bases, *batch, 5, n_terms=10, term_kth=kth, term_kth_depth=4)
+    with pytest.raises(ValueError, match=r"len\(term_kth\) = 9 must equal n_terms = 10"):
+        _kernels.bm25_topk_shards(bundles, bases, *batch, 5, n_terms=10, term_kth=kth[:9], term_kth_depth=5)
+    with pytest.raises(ValueError, match=r"depth must be >= 1, got 0"):
+        _kernels.bm25_term_kth_shards(bundles, np.arange(3, dtype=np.uint32), 0)
+    with pytest.raises(ValueError, match=r"shards\[1\]: len\(impacts\)"):
+        _kernels.bm25_term_kth_shards([bundles[0], {**bundles[1], "impacts": bundles[1]["impacts"][:-1]}],
+                                      np.arange(3, dtype=np.uint32), 2)
+    bad = bundles[0]["block_offsets"].copy()
+    bad[2:] += 1
+    with pytest.raises(ValueError, match=r"shards\[0\]: block_offsets\[1:3\]"):
+        _kernels.bm25_term_kth_shards([{**bundles[0], "block_offsets": bad}, bundles[1]],
+                                      np.arange(3, dtype=np.uint32), 2)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_shard_set_equals_per_call_kernel(algorithm):
+    """BM25ShardSet.topk (shards parsed once) = bm25_topk_shards on the same bundles, with and
+    without per-call allow masks and union thresholds; BM25ShardSet.term_kth =
+    bm25_term_kth_shards."""
+    rng = np.random.default_rng(17)
+    n_terms = 20
+    bundles, bases = _layout(rng, [120, 0, 60, 200], n_terms)
+    batch = _random_queries(rng, 50, n_terms)
+    shard_set = _kernels.BM25ShardSet(bundles, bases, n_terms=n_terms)
+    assert (shard_set.n_shards, shard_set.n_terms) == (4, n_terms)
+    terms = np.arange(n_terms, dtype=np.uint32)
+    for depth in (1, 4, 300):
+        kth = shard_set.term_kth(terms, depth)
+        np.testing.assert_array_equal(kth, _kernels.bm25_term_kth_shards(bundles, terms, depth))
+        want = _reference(bundles, bases, batch, depth, "exhaustive")
+        _assert_same(shard_set.topk(*batch, depth, algorithm=algorithm), want)
+        _assert_same(shard_set.topk(*batch, depth, algorithm=algorithm, term_kth=kth, term_kth_depth=depth), want)
+        masks = [(rng.random(len(b["doc_norm"])) < 0.3).astype(np.uint8) if i != 2 else None
+                 for i, b in enumerate(bundles)]
+        masked = [b if m is None else {**b, "allow": m} for b, m in zip(bundles, masks)]
+        _assert_same(shard_set.topk(*batch, depth, n_threads=2, algorithm=algorithm, allow=masks),
+                     _reference(masked, bases, batch, depth, "exhaustive"))
+
+
+def test_shard_set_arguments():
+    rng = np.random.default_rng(4)
+    bundles, bases = _layout(rng, [30, 20], 10)
+    batch = _random_queries(rng, 5, 10)
+    shard_set = _kernels.BM25ShardSet(bundles, bases)
+    with pytest.raises(ValueError, match=r"len\(allow\) = 1 must equal the set's shards = 2"):
+        shard_set.topk(*batch, 5, allow=[None])
+    with pytest.raises(ValueError, match=r"allow\[1\]: len\(allow\) = 3"):
+        shard_set.topk(*batch, 5, allow=[None, np.ones(3, np.uint8)])
+    with pytest.raises(TypeError, match=r"allow\[0\] must be None or a C-contiguous numpy array of dtype uint8"):
+        shard_set.topk(*batch, 5, allow=[np.ones(30, np.int64), None])
+    with pytest.raises(ValueError, match=r"'allow' is not part of a shard set"):
+        _kernels.BM25ShardSet([{**bundles[0], "allow": np.ones(30, np.uint8)}, bundles[1]], bases)
+    with pytest.raises(ValueError, match=r"bases\[1\] = 10 must be >= bases\[0\] \+ n_docs"):
+        _kernels.BM25ShardSet(bundles, np.int64([0, 10]))
+    no_ub = _kernels.BM25ShardSet([bundles[0], {k: v for k, v in bundles[1].items() if k != "term_ub"}], bases)
+    no_ub.topk(*batch, 5, algorithm="exhaustive")
+    with pytest.raises(ValueError, match=r"shards\[1\]: algorithm 'maxscore' requires term_ub"):
+        no_ub.topk(*batch, 5, algorithm="maxscore")
+    no_blocks = _kernels.BM25ShardSet([{k: v for k, v in bundles[0].items() if k not in ("block_offsets", "block_ub")},
+                                       bundles[1]], bases)
+    no_blocks.topk(*batch, 5, algorithm="maxscore")
+    with pytest.raises(ValueError, match=r"shards\[0\]: algorithm 'bmw' requires block_offsets"):
+        no_blocks.topk(*batch, 5, algorithm="bmw")
+    with pytest.raises(ValueError, match=r"q_terms\[0\] = 10"):
+        shard_set.topk(batch[0], np.where(batch[1] == batch[1][0], 10, batch[1]).astype(np.uint32), batch[2], 5)
+
+
 # ---------------------------------------------------------------- kernel level: bad arguments
 def _small_call():
     rng = np.random.default_rng(11)

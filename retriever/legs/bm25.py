@@ -191,6 +191,8 @@ class BM25Leg:
                 self._scoring_cache.move_to_end(key)
                 return hit
         out = []
+        # shared by the state's shards: union thresholds (see _union_kth) and shard sets (_shard_set)
+        shared: dict = {"union_kth": OrderedDict(), "sets": {}}
         avg = self.avgdl if self.avgdl > 0 else 1.0
         for (s, a), dl, dense in zip(self.shards, self._dl, self._dense):
             norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
@@ -206,7 +208,7 @@ class BM25Leg:
                         "dense": dense, "rows": rows,
                         "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
                         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
-                        "kth": OrderedDict(), "kth_ok": None, "bundle": bundle})
+                        "kth": OrderedDict(), "kth_ok": None, "shared": shared, "bundle": bundle})
         if getattr(self, "kernel_shards", None) is not None:
             with self._cache_lock:  # another thread may have built the same state meanwhile: keep one
                 out = self._scoring_cache.setdefault(key, out)
@@ -265,10 +267,14 @@ class BM25Leg:
     def search_shards(self, prepared: "BM25Prepared", shards: Sequence[int], ctx: SearchContext) -> TopK:
         """Top-``ctx.depth`` of the union of shard positions ``shards``, merged (global ordinals):
         equal, ids and scores bit for bit, to :meth:`search_shard` on each merged by
-        :func:`retriever.topk.merge_topk`, in one compiled call (``_kernels.bm25_topk_shards``)
-        where each query goes through the shards in ordinal order with one top-k heap, so a
-        later shard prunes from the k-th score the earlier ones reached (Lucene's shared minimum
-        competitive score). One shard: :meth:`search_shard` (the fused pass where it applies).
+        :func:`retriever.topk.merge_topk`, in one compiled call (``_kernels.BM25ShardSet.topk``,
+        i.e. ``bm25_topk_shards`` over shards parsed once) where each query goes through the
+        shards in ordinal order with one top-k heap, so a later shard prunes from the k-th score
+        the earlier ones reached (Lucene's shared minimum competitive score), and every shard
+        from one threshold found for the whole index first (the union's best single-term k-th
+        score, :meth:`_union_kth`, and priming over every shard's short lists): the first shards
+        prune as well as a one-shard index does. One shard: :meth:`search_shard` (the fused pass
+        where it applies).
 
         Raises:
             QueryError: from the kernel's argument checks (names the shard, array and value).
@@ -279,28 +285,30 @@ class BM25Leg:
                                                                                        ctx.depth)
         q_offsets, q_terms, q_weights = self.batch_of(prepared, ctx.n_threads)
         algo, depth = prepared.algorithm, ctx.depth
-        n_terms = len(self.idf)
         # "auto" decides per query over the union of the shards (exhaustive on few documents)
         small_auto = algo == "auto" and sum(len(prepared.scoring[s]["doc_norm"]) for s in order
                                             ) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS
-        bundles = []
-        for s in order:
-            ks = prepared.scoring[s]
-            allow = ctx.allow_for(s)
-            bundle = ks["bundle"]
-            if allow is not None or (algo != "exhaustive" and not small_auto and len(q_terms)):
-                bundle = dict(bundle)
-                if allow is not None:
-                    bundle["allow"] = allow
-                else:  # single-term thresholds of the shard's own terms (see _term_kth)
-                    terms = q_terms if ks["n_terms"] >= n_terms else q_terms[q_terms < ks["n_terms"]]
-                    kth = self._term_kth(ks, terms, depth, ctx.n_threads) if len(terms) else None
-                    if kth is not None:
-                        bundle["term_kth"], bundle["term_kth_depth"] = kth, depth
-            bundles.append(bundle)
-        bases = np.fromiter((prepared.scoring[s]["base"] for s in order), np.int64, len(order))
-        return _kernels.bm25_topk_shards(bundles, bases, q_offsets, q_terms, q_weights, depth, n_terms=n_terms,
-                                         n_threads=ctx.n_threads, algorithm=algo)
+        allow = [ctx.allow_for(s) for s in order]
+        masked = any(a is not None for a in allow)
+        kth = None  # single-term thresholds over the union of the shards (see _union_kth)
+        if algo != "exhaustive" and not small_auto and not masked and len(q_terms):
+            kth = self._union_kth(prepared.scoring, order, q_terms, depth, ctx.n_threads)
+        return self._shard_set(prepared.scoring, order).topk(
+            q_offsets, q_terms, q_weights, depth, n_threads=ctx.n_threads, algorithm=algo,
+            allow=allow if masked else None, term_kth=kth, term_kth_depth=depth if kth is not None else 0)
+
+    def _shard_set(self, scoring: list[dict], order: Sequence[int]) -> Any:
+        """The ``_kernels.BM25ShardSet`` of the shard positions ``order`` (ordinal order) for a
+        scoring state: their kernel arrays parsed and checked once, cached on the state (a call
+        then pays no per-shard argument checks: ~5 us a shard, as much as a short query costs)."""
+        sets: dict = scoring[order[0]]["shared"]["sets"]
+        key = tuple(order)
+        got = sets.get(key)
+        if got is None:
+            bases = np.fromiter((scoring[s]["base"] for s in order), np.int64, len(order))
+            got = sets.setdefault(key, _kernels.BM25ShardSet([scoring[s]["bundle"] for s in order], bases,
+                                                             n_terms=len(self.idf)))
+        return got
 
     def score_docs(self, prepared: "BM25Prepared", shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
@@ -625,6 +633,41 @@ class BM25Leg:
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], need, depth,
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
                 block_size=128, n_threads=n_threads)
+        return arr
+
+    def _union_kth(self, scoring: list[dict], order: Sequence[int], terms: np.ndarray, depth: int,
+                   n_threads: int) -> np.ndarray | None:
+        """:meth:`_term_kth` over the union of the shard positions ``order``: f32[n_terms] whose
+        entry for each of ``terms`` is the ``depth``-th largest impact of the term's postings in
+        those shards together (what one shard holding them would give; -inf for fewer than
+        ``depth``; NaN = not computed yet), filled lazily by ``BM25ShardSet.term_kth`` (``_kernels.bm25_term_kth_shards``) and
+        cached on the scoring state (one dict shared by its shards, keyed by the shards and the
+        depth; at most :attr:`KTH_CACHE` entries): 4 bytes per term and entry. ``bm25_topk_shards``
+        starts each query from the best single-term value over the union, so the first shards
+        prune from the threshold a one-shard index would start from. None when a shard's impacts
+        hold a NaN (see :meth:`_term_kth`)."""
+        for s in order:
+            ks = scoring[s]
+            if ks["kth_ok"] is None:
+                ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
+            if not ks["kth_ok"]:
+                return None
+        cache: OrderedDict = scoring[order[0]]["shared"]["union_kth"]
+        key = (tuple(order), depth)
+        with self._cache_lock:
+            arr = cache.get(key)
+            if arr is None:
+                arr = np.full(len(self.idf), np.nan, dtype=np.float32)
+                cache[key] = arr
+                while len(cache) > self.KTH_CACHE:
+                    cache.popitem(last=False)
+            else:
+                cache.move_to_end(key)
+        # concurrent fills of one array write the same values (a term's threshold is deterministic)
+        need = terms[np.isnan(arr[terms])]
+        if len(need):
+            need = np.unique(need)
+            arr[need] = self._shard_set(scoring, order).term_kth(need, depth, n_threads=n_threads)
         return arr
 
 
