@@ -46,7 +46,9 @@ SPECTRUM_DECAY = 0.97
 
 def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed: int = 42) -> dict[str, Any]:
     """Build the 3-leg index of ``n_docs`` synthetic documents with typed fields; returns the
-    queries and the raw vectors (for the FAISS and LanceDB peers)."""
+    queries and the raw vectors (for the FAISS and LanceDB peers). An index already at ``out``
+    (a complete earlier build: ``out/BUILD_OK`` holds its settings) is reused; the data are
+    regenerated from the seed (identical), only the index build is skipped (``build_s`` 0)."""
     from retriever import build_index
     from retriever.index.config import DenseConfig
 
@@ -79,10 +81,24 @@ def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed:
                    "ts": dt.datetime.fromtimestamp(int(ts[i]), dt.timezone.utc)}
 
     t0 = time.perf_counter()
-    build_index(docs(), out, legs=("bm25", "dense", "sparse"), dense_vectors=vecs, show_progress=False,
-                sparse_vectors=(ptr, np.concatenate(ids_l).astype(np.uint32), np.concatenate(w_l).astype(np.float32)),
-                dense=DenseConfig(dtype="float32", faiss_factory=f"IVF{nlist},Flat"), shard_size=max(n_docs, 1))
-    return {"build_s": time.perf_counter() - t0, "queries": text.queries, "qv": np.ascontiguousarray(qv),
+    stamp = out / "BUILD_OK"
+    settings = json.dumps({"docs": n_docs, "dim": dim, "nlist": nlist, "queries": n_queries, "seed": seed})
+    if stamp.is_file() and stamp.read_text() == settings:
+        for _ in docs():  # the texts, for LanceDB
+            pass
+        build_s, cached = float((out / "BUILD_S").read_text()), True
+    else:
+        if out.exists():
+            import shutil
+            shutil.rmtree(out)
+        build_index(docs(), out, legs=("bm25", "dense", "sparse"), dense_vectors=vecs, show_progress=False,
+                    sparse_vectors=(ptr, np.concatenate(ids_l).astype(np.uint32),
+                                    np.concatenate(w_l).astype(np.float32)),
+                    dense=DenseConfig(dtype="float32", faiss_factory=f"IVF{nlist},Flat"), shard_size=max(n_docs, 1))
+        build_s, cached = time.perf_counter() - t0, False
+        (out / "BUILD_S").write_text(str(build_s))
+        stamp.write_text(settings)
+    return {"build_s": build_s, "cached": cached, "queries": text.queries, "qv": np.ascontiguousarray(qv),
             "qsv": sparse.queries, "vecs": vecs, "num": num, "texts": texts}
 
 
@@ -120,9 +136,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from retriever.fusion import RRF
     from retriever.params import parse_leg_params
 
-    work = Path(tempfile.mkdtemp(prefix="bench_filters_"))
+    work = args.work if args.work is not None else Path(tempfile.mkdtemp(prefix="bench_filters_"))
+    work.mkdir(parents=True, exist_ok=True)
     data = build(args.docs, work / "ix", dim=args.dim, nlist=args.nlist, n_queries=args.queries)
-    print(f"built {args.docs} docs in {data['build_s']:.1f}s", flush=True)
+    print(f"built {args.docs} docs in {data['build_s']:.1f}s (cached: {data['cached']})", flush=True)
     r = Retriever.open(work / "ix", n_threads=args.threads)
     qs, qv, qsv, vecs = data["queries"], data["qv"], data["qsv"], data["vecs"]
     nq = len(qs)
@@ -152,10 +169,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "dense-flat": ("dense", {"dense": {"exhaustive": True}}),
                 "hybrid": ("hybrid", {"dense": {"exhaustive": True}})}
     # peers: one FAISS IVF index over the same vectors, and LanceDB
-    quant = faiss.IndexFlatIP(args.dim)
-    fivf = faiss.IndexIVFFlat(quant, args.dim, args.nlist, faiss.METRIC_INNER_PRODUCT)
-    fivf.train(vecs[np.random.default_rng(1).choice(len(vecs), min(len(vecs), 100 * args.nlist), replace=False)])
-    fivf.add(vecs)
+    fpath = work / f"faiss_ivf{args.nlist}_{args.docs}.index"
+    if fpath.is_file() and data["cached"]:  # cached with the index it was built beside
+        fivf = faiss.read_index(str(fpath))
+    else:
+        quant = faiss.IndexFlatIP(args.dim)
+        fivf = faiss.IndexIVFFlat(quant, args.dim, args.nlist, faiss.METRIC_INNER_PRODUCT)
+        fivf.train(vecs[np.random.default_rng(1).choice(len(vecs), min(len(vecs), 100 * args.nlist),
+                                                        replace=False)])
+        fivf.add(vecs)
+        faiss.write_index(fivf, str(fpath))
     fflat = faiss.IndexFlatIP(args.dim)
     fflat.add(vecs)
     lance = None
@@ -164,15 +187,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         db = lancedb.connect(str(work / "lance"))
         t0 = time.perf_counter()
-        tbl = db.create_table("docs", pa.table({
-            "id": pa.array(np.arange(args.docs)), "num": pa.array(data["num"]), "text": pa.array(data["texts"]),
-            "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), args.dim)}))
-        tbl.create_fts_index("text")
-        lance = {"table": tbl, "build_s": time.perf_counter() - t0}
+        name = f"docs_{args.docs}"
+        lstamp = work / f"lance_{name}_OK"
+        if lstamp.is_file() and data["cached"]:
+            tbl = db.open_table(name)
+            lance = {"table": tbl, "build_s": float(lstamp.read_text())}
+        else:
+            tbl = db.create_table(name, pa.table({
+                "id": pa.array(np.arange(args.docs)), "num": pa.array(data["num"]), "text": pa.array(data["texts"]),
+                "vector": pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), args.dim)}), mode="overwrite")
+            tbl.create_fts_index("text", replace=True)
+            lance = {"table": tbl, "build_s": time.perf_counter() - t0}
+            lstamp.write_text(str(lance["build_s"]))
+    if args.build_only:
+        return {"build_s": data["build_s"], "cached": data["cached"]}
     faiss.omp_set_num_threads(args.threads)
 
     result: dict[str, Any] = {"docs": args.docs, "queries": nq, "dim": args.dim, "nlist": args.nlist,
                               "nprobe": args.nprobe, "threads": args.threads, "build_s": data["build_s"],
+                              "build_cached": data["cached"],
                               "machine": machine(), "selectivities": {}}
     # unfiltered reference (every mode without a mask: QPS and recall; filtered QPS of BM25 and
     # sparse are compared with it)
@@ -238,8 +271,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 break
         row["faiss-ivf-idselector"] = peer
         prm = faiss.SearchParameters(sel=fsel)
-        runs = timed_runs(lambda: fflat.search(qv, K, params=prm), repeats=args.repeats, min_seconds=MIN_S)
-        row["faiss-flat-idselector"] = {**qps(nq, runs), "recall@10": 1.0}
+        nf = min(nq, args.flat_queries)  # FAISS's selector path over every row is slow at 1M
+        runs = timed_runs(lambda: fflat.search(qv[:nf], K, params=prm), repeats=args.repeats, min_seconds=MIN_S)
+        row["faiss-flat-idselector"] = {**qps(nf, runs), "recall@10": 1.0, "queries": nf}
         # post-filtering: search k' = K / selectivity (capped), keep the passing ids
         kp = int(min(len(allow), max(K, math.ceil(2 * K / sel))))
         prm = faiss.SearchParametersIVF(nprobe=args.nprobe)
@@ -305,7 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--lance-queries", type=int, default=50, help="queries sent to LanceDB (one call each)")
     ap.add_argument("--no-lancedb", action="store_true")
+    ap.add_argument("--flat-queries", type=int, default=200, help="queries sent to FAISS flat + IDSelector")
     ap.add_argument("--out", type=Path, default=None, help="write the JSON result here")
+    ap.add_argument("--work", type=Path, default=None,
+                    help="scratch folder for the index, the FAISS index and the LanceDB table, reused by a "
+                         "later run with the same settings (default: a new temporary folder)")
+    ap.add_argument("--build-only", action="store_true", help="build (or check) the cached index and stop")
     args = ap.parse_args(argv)
     res = run(args)
     res["command"] = "python -m benchmarks.bench_filter_legs " + " ".join(

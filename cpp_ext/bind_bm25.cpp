@@ -198,7 +198,7 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
                          int64_t term_kth_depth, const opt_carray<int32_t>& dense_slot,
                          const opt_carray<uint64_t>& dense_bits, const opt_carray<uint32_t>& dense_rank,
                          const opt_carray<float>& impact_rows, const opt_carray<int32_t>& impact_row_slot,
-                         const std::string& impl) {
+                         const std::string& impl, const std::string& filter_plan) {
     bm25_view data = make_bm25(offsets, doc_ids, tfs, doc_norm);
     attach_impacts(data, impacts, impact_rows, impact_row_slot);
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
@@ -209,13 +209,16 @@ topk_result py_bm25_topk(const carray<uint64_t>& offsets, const carray<uint32_t>
     params.algorithm = parse_bm25_algorithm(algorithm);
     params.n_threads = n_threads;
     params.scatter = parse_bm25_scatter(impl);
+    params.filter_plan = parse_bm25_filter_plan(filter_plan);
     bm25_bounds_view bounds;
     const bool need_ub = params.algorithm != bm25_algorithm::exhaustive;
     if (need_ub) {
         attach_term_bounds(bounds, data, algorithm, k, term_ub, term_kth, term_kth_depth);
         attach_dense_bitmaps(bounds, data, dense_slot, dense_bits, dense_rank);
     }
-    if (params.algorithm == bm25_algorithm::block_max_wand || params.algorithm == bm25_algorithm::block_max_maxscore) {
+    if (params.algorithm == bm25_algorithm::block_max_wand || params.algorithm == bm25_algorithm::block_max_maxscore ||
+        (need_ub && params.allow != nullptr && bounds.term_kth != nullptr && block_offsets && block_ub)) {
+        // (with allow and term_kth, the filtered single-term threshold reads the block bounds too)
         attach_blocks(bounds, data, algorithm, block_offsets, block_ub, block_size);
     }
     topk_arrays res(queries.nq, static_cast<size_t>(k));
@@ -922,6 +925,7 @@ void register_bm25(py::module_& m) {
           py::arg("dense_slot").noconvert() = py::none(), py::arg("dense_bits").noconvert() = py::none(),
           py::arg("dense_rank").noconvert() = py::none(), py::arg("impact_rows").noconvert() = py::none(),
           py::arg("impact_row_slot").noconvert() = py::none(), py::arg("impl") = "auto",
+          py::arg("filter_plan") = "auto",
           "Exact BM25 top-k over one shard's CSR postings for a ragged batch of queries.\n"
           "score(q, d) = sum over the query's terms, in order, of\n"
           "q_weights[i] * (tf / (tf + doc_norm[d])) in float32. algorithm: 'exhaustive',\n"
@@ -937,7 +941,9 @@ void register_bm25(py::module_& m) {
           "bm25_impact_rows (same impacts): exhaustive scoring adds such a list as one vector\n"
           "pass over the accumulator; results are identical. impl: scatter of the dense exhaustive\n"
           "path with impacts, 'auto' (chosen once per process from the CPU), 'scalar', 'avx2' or\n"
-          "'avx512' (bit-identical results).\n"
+          "'avx512' (bit-identical results). filter_plan (with allow): 'auto' (per query by\n"
+          "a cost model), 'postings' (the algorithm's walk, the filter tested per candidate)\n"
+          "or 'passing' (only the passing documents scored); results are identical.\n"
           "Returns (ids, scores, n_found).");
 
     m.def("bm25_score_docs", &py_bm25_score_docs, py::arg("offsets").noconvert(),

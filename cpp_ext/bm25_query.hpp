@@ -12,9 +12,14 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 #include "postings_topk.hpp"
 #include "topk.hpp"
@@ -71,6 +76,66 @@ struct bm25_query {
                 bool prime_) {
         bounds = bounds_, allow = allow_, algo = algo_, imp = data.impacts, prime = prime_;
         norm_min = imp != nullptr ? -1.0f : norm_min_;
+        m_pass_count = kUnknown;  // the filter's passing set is the new shard's
+        m_pass_ready = false;
+    }
+
+    /// Number of documents the allow filter passes (n_docs without one); counted once per
+    /// worker, on first use.
+    size_t pass_count() {
+        if (m_pass_count == kUnknown) {
+            if (allow == nullptr) {
+                m_pass_count = data.n_docs;
+            } else {
+                const size_t n = data.n_docs;
+                size_t c = 0, d = 0;
+#if defined(__SSE2__)
+                // 16 bytes at a time: nonzero bytes -> 1, summed by psadbw (a 1M-document mask
+                // in tens of microseconds)
+                const __m128i zero = _mm_setzero_si128();
+                const __m128i one = _mm_set1_epi8(1);
+                __m128i sum = zero;
+                for (; d + 16 <= n; d += 16) {
+                    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(allow + d));
+                    const __m128i nz = _mm_andnot_si128(_mm_cmpeq_epi8(v, zero), one);
+                    sum = _mm_add_epi64(sum, _mm_sad_epu8(nz, zero));
+                }
+                alignas(16) uint64_t lanes[2];
+                _mm_store_si128(reinterpret_cast<__m128i*>(lanes), sum);
+                c = static_cast<size_t>(lanes[0] + lanes[1]);
+#endif
+                for (; d < n; ++d) c += allow[d] != 0;
+                m_pass_count = c;
+            }
+        }
+        return m_pass_count;
+    }
+
+    /// The passing doc ids in increasing order (pass_count() of them; allow must be set),
+    /// collected once per worker, on first use (16 mask bytes per vector compare).
+    const uint32_t* pass_ids() {
+        if (!m_pass_ready) {
+            m_pass.clear();
+            m_pass.reserve(pass_count());
+            const size_t n = data.n_docs;
+            size_t d = 0;
+#if defined(__SSE2__)
+            const __m128i zero = _mm_setzero_si128();
+            for (; d + 16 <= n; d += 16) {
+                const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(allow + d));
+                unsigned m = ~static_cast<unsigned>(_mm_movemask_epi8(_mm_cmpeq_epi8(v, zero))) & 0xFFFFu;
+                while (m != 0) {
+                    m_pass.push_back(static_cast<uint32_t>(d + static_cast<size_t>(__builtin_ctz(m))));
+                    m &= m - 1;
+                }
+            }
+#endif
+            for (; d < n; ++d) {
+                if (allow[d] != 0) m_pass.push_back(static_cast<uint32_t>(d));
+            }
+            m_pass_ready = true;
+        }
+        return m_pass.data();
     }
 
     void check_doc(uint32_t d) const {
@@ -137,6 +202,13 @@ struct bm25_query {
     /// false: the pruning algorithms start from theta_ext without priming from the query's
     /// short lists (bm25_topk_shards primes once over all shards instead).
     bool prime = true;
+    bm25_filter_plan filter_plan = bm25_filter_plan::automatic;
+
+  private:
+    static constexpr size_t kUnknown = ~size_t{0};
+    size_t m_pass_count = kUnknown;
+    bool m_pass_ready = false;
+    std::vector<uint32_t> m_pass;
 };
 
 }  // namespace

@@ -16,6 +16,10 @@
 //               whole blocks and pre-check candidates with per-block bounds;
 //               block maxima after Ding & Suel 2011 / Chakrabarti et al. 2011);
 //               both in bm25_block_max.hpp
+// With an allow filter a query is either evaluated by its algorithm (the
+// postings walked, the filter tested per candidate) or, when the filter passes
+// few documents, filter-driven: only the passing documents are scored
+// (bm25_filtered.hpp), chosen per query by a cost model (bm25_worker::run).
 // All pruning algorithms first prime the threshold from the query's short,
 // high-bound lists (prime_threshold, bm25_daat.hpp) and, when the caller passes term_kth, from
 // the best single-term k-th score (single_term_threshold), and check
@@ -43,6 +47,7 @@
 
 #include "bm25_block_max.hpp"
 #include "bm25_exhaustive.hpp"
+#include "bm25_filtered.hpp"
 #include "bm25_maxscore.hpp"
 #include "bm25_query.hpp"
 #include "bm25_simd.hpp"
@@ -59,14 +64,17 @@ namespace {
 class bm25_worker {
   public:
     bm25_worker(const bm25_view& data, const bm25_bounds_view* bounds, const query_batch_view& q,
-                const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min, bm25_scatter scatter)
+                const uint8_t* allow, bm25_algorithm algo, const topk_out& out, float norm_min, bm25_scatter scatter,
+                bm25_filter_plan filter_plan = bm25_filter_plan::automatic)
         : m_ctx(data, bounds, q, allow, algo, out, norm_min, scatter), m_exhaustive(m_ctx), m_maxscore(m_ctx),
-          m_block_max(m_ctx) {}
+          m_block_max(m_ctx), m_filtered(m_ctx) {
+        m_ctx.filter_plan = filter_plan;
+    }
     bm25_worker(const bm25_worker&) = delete;
     bm25_worker& operator=(const bm25_worker&) = delete;
     bm25_worker(bm25_worker&& o) noexcept
         : bm25_worker(o.m_ctx.data, o.m_ctx.bounds, o.m_ctx.q, o.m_ctx.allow, o.m_ctx.algo, o.m_ctx.out,
-                      o.m_ctx.norm_min, o.m_ctx.scatter) {}
+                      o.m_ctx.norm_min, o.m_ctx.scatter, o.m_ctx.filter_plan) {}
 
     void operator()(size_t qi) { run(qi, m_ctx.q.q_offsets[qi], m_ctx.q.q_offsets[qi + 1]); }
 
@@ -102,9 +110,17 @@ class bm25_worker {
                            : bm25_algorithm::maxscore;
             }
             m_ctx.theta_ext = floor;
+            if (m_ctx.allow != nullptr && filter_driven(b, e)) {
+                m_filtered.run(b, e);
+                m_ctx.out.n_found[qi] =
+                    m_ctx.heap.finalize(m_ctx.out.ids + qi * m_ctx.out.k, m_ctx.out.scores + qi * m_ctx.out.k);
+                return;
+            }
             if (!negative && m_ctx.allow == nullptr && m_ctx.bounds != nullptr &&
                 m_ctx.bounds->term_kth != nullptr) {
                 m_ctx.theta_ext = std::max(floor, m_ctx.single_term_threshold(b, e));
+            } else if (!negative && m_ctx.allow != nullptr && algo != bm25_algorithm::exhaustive) {
+                m_ctx.theta_ext = std::max(floor, m_filtered.passing_single_term_threshold(b, e));
             }
             if (algo == bm25_algorithm::exhaustive || negative || m_ctx.bounds == nullptr) {
                 m_exhaustive.exhaustive(b, e);
@@ -120,10 +136,24 @@ class bm25_worker {
     }
 
   private:
+    /// Filter-driven plan for query terms [b, e)? "auto": when the modelled cost of scoring
+    /// only the passing documents (filtered_query::costs: per term the cheaper of walking its
+    /// list and probing it once per passing document) times kFilterPlanBase +
+    /// kFilterPlanSlope * (passing fraction) is below the query's posting total.
+    bool filter_driven(uint64_t b, uint64_t e) {
+        if (m_ctx.filter_plan == bm25_filter_plan::postings) return false;
+        if (m_ctx.filter_plan == bm25_filter_plan::passing) return true;
+        const auto [cost, total] = m_filtered.costs(b, e);
+        const double fraction = m_ctx.data.n_docs ? static_cast<double>(m_ctx.pass_count()) /
+                                                        static_cast<double>(m_ctx.data.n_docs) : 1.0;
+        return cost * (kFilterPlanBase + kFilterPlanSlope * fraction) < static_cast<double>(total);
+    }
+
     bm25_query m_ctx;
     exhaustive_query m_exhaustive;
     maxscore_query m_maxscore;
     block_max_query m_block_max;
+    filtered_query m_filtered;
     // "auto": exhaustive up to this many postings per query; with computed
     // (not precomputed) contributions the crossover is lower.
     uint64_t m_auto_limit = m_ctx.imp != nullptr ? kAutoExhaustivePostings : kAutoExhaustivePostings / 4;
@@ -146,6 +176,13 @@ bm25_scatter bm25_scatter_for_cpu() {
         return bm25_scatter::scalar;
     }();
     return best;
+}
+
+bm25_filter_plan parse_bm25_filter_plan(const std::string& name) {
+    if (name == "auto") return bm25_filter_plan::automatic;
+    if (name == "postings") return bm25_filter_plan::postings;
+    if (name == "passing") return bm25_filter_plan::passing;
+    fail("filter_plan must be one of 'auto', 'postings', 'passing'; got '" + name + "'");
 }
 
 bm25_scatter parse_bm25_scatter(const std::string& name) {
@@ -194,7 +231,7 @@ void bm25_topk(const bm25_view& data, const bm25_bounds_view* bounds, const quer
         if (ok && std::isfinite(mn)) norm_min = mn;
     }
     parallel_for_items(queries.nq, n_threads, query_chunk(queries.nq, n_threads), [&]() {
-        return bm25_worker(data, bounds, queries, params.allow, algorithm, out, norm_min, scatter);
+        return bm25_worker(data, bounds, queries, params.allow, algorithm, out, norm_min, scatter, params.filter_plan);
     });
 }
 
@@ -211,10 +248,10 @@ void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const 
     // scores them at once (the query's terms are still in cache).
     struct fused_worker {
         fused_worker(const query_texts_view& t, const bm25_view& data, const uint8_t* allow, bm25_scatter scatter,
-                     const topk_out& out, uint8_t* status, const std::function<void(const query_batch_view&)>& check)
+                     bm25_filter_plan plan, const topk_out& out, uint8_t* status, const std::function<void(const query_batch_view&)>& check)
             : analyzer(t.text, t.offsets, t.table, t.chars, t.idf, t.n_idf),
               view(std::make_unique<query_batch_view>()),
-              scorer(data, nullptr, *view, allow, bm25_algorithm::exhaustive, out, -1.0f, scatter),
+              scorer(data, nullptr, *view, allow, bm25_algorithm::exhaustive, out, -1.0f, scatter, plan),
               status(status), check(check) {}
 
         void operator()(size_t q) {
@@ -242,7 +279,7 @@ void bm25_topk_text(const query_texts_view& texts, const bm25_view& data, const 
     const bm25_scatter scatter =
         params.scatter == bm25_scatter::automatic ? bm25_scatter_for_cpu() : params.scatter;
     parallel_for_items(nq, params.n_threads, query_chunk(nq, params.n_threads), [&]() {
-        return fused_worker(texts, data, params.allow, scatter, out, status, check);
+        return fused_worker(texts, data, params.allow, scatter, params.filter_plan, out, status, check);
     });
 }
 

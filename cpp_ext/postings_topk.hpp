@@ -219,8 +219,20 @@ bm25_scatter parse_bm25_scatter(const std::string& name);
 
 /// Per-call settings of bm25_topk / bm25_topk_text (the search parameters of a
 /// call, as FAISS's SearchParameters; the data and the bounds are views).
+/// How a query with an allow filter is evaluated (bm25_filtered.hpp): automatic picks per
+/// query by the cost model (filter-driven when scoring only the passing documents is
+/// cheaper than walking the query's postings); postings: the algorithm's own walk over the
+/// posting lists, the filter tested per candidate; passing: score only the passing
+/// documents. Results are identical.
+enum class bm25_filter_plan { automatic, postings, passing };
+
+/// Parses "auto" | "postings" | "passing"; throws otherwise.
+bm25_filter_plan parse_bm25_filter_plan(const std::string& name);
+
 struct bm25_search_params {
     bm25_algorithm algorithm = bm25_algorithm::maxscore;
+    /// Plan of filtered queries (ignored without allow).
+    bm25_filter_plan filter_plan = bm25_filter_plan::automatic;
     /// n_docs bytes, nonzero = allowed; null = every document.
     const uint8_t* allow = nullptr;
     /// Worker threads; <= 0: std::thread::hardware_concurrency().

@@ -292,6 +292,7 @@ def bm25_topk(
     impact_rows: _F32 | None = None,
     impact_row_slot: _I32 | None = None,
     impl: Literal["auto", "scalar", "avx2", "avx512"] = "auto",
+    filter_plan: Literal["auto", "postings", "passing"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact BM25 top-k over one shard's postings for a ragged batch of queries.
 
@@ -374,11 +375,31 @@ def bm25_topk(
     documents behind that single-term value all score at least as much (scores
     are sums of non-negative float32 contributions), so the k-th score can only
     be higher; documents scoring exactly the threshold are still evaluated, so
-    ties resolve as in exhaustive scoring. Not used with ``allow`` or a negative
-    weight. Results are identical with or without it; inconsistent values give
-    wrong results, never a memory error. The proof also needs every tf part to be
-    a number (no NaN; :func:`bm25_impacts` gives NaN only for ``tf = 0`` with
-    ``doc_norm = 0``); the BM25 leg skips ``term_kth`` when its impacts hold a NaN.
+    ties resolve as in exhaustive scoring. Not used with a negative weight. With
+    ``allow`` it is not a threshold itself (its documents may not pass): the pruning
+    algorithms start from the filtered analogue instead, the largest over the query's
+    terms of the k-th largest ``q_weights[i] * tf part`` among the term's PASSING
+    postings, found per query by one pass over the term's blocks (``block_offsets`` /
+    ``block_ub``, then required) that skips blocks whose bound cannot beat it, terms
+    taken in decreasing ``q_weights[i] * term_kth[t]`` (an upper bound of the filtered
+    value) until none can raise it. Results are identical with or without it;
+    inconsistent values give wrong results, never a memory error. The proof also needs
+    every tf part to be a number (no NaN; :func:`bm25_impacts` gives NaN only for
+    ``tf = 0`` with ``doc_norm = 0``); the BM25 leg skips ``term_kth`` when its impacts
+    hold a NaN.
+
+    ``filter_plan`` (with ``allow``): ``"postings"`` runs ``algorithm`` over the posting
+    lists, the filter tested per candidate; ``"passing"`` scores only the passing
+    documents (filter-driven, like Lucene's conjunction led by a filter iterator): each
+    query term's list is walked with the filter tested per posting, or probed once per
+    passing document (a membership-bitmap test where ``dense_*`` has a row for it, else a
+    galloping seek), whichever the cost model finds cheaper, term-at-a-time in query
+    order; ``"auto"`` picks per query: ``"passing"`` when ``C * (2 + 100 * f) < L``, with
+    ``L`` the query's posting total, ``f`` the passing fraction and ``C`` the modelled
+    cost of the passing plan, the sum over the terms of ``min(len, P * c)`` (``P``
+    passing documents; ``c`` = 1 for a bitmap probe, ``1 + log2(1 + len / P)`` for a
+    seek). The passing documents are counted (and, for the passing plan, listed) once
+    per call and thread, O(n_docs). Every plan returns identical results.
 
     The bounds come from :func:`bm25_upper_bounds` (same ``doc_norm`` and
     ``block_size``). Pruning is safe: a document is discarded only when an upper

@@ -584,7 +584,7 @@ class BM25Leg:
         if algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
             algo = "exhaustive"  # what "auto" picks for every query there; skips the bounds' checks
         kth = None
-        if algo != "exhaustive" and allow is None and len(terms):
+        if algo != "exhaustive" and len(terms):  # with allow: the bound of the filtered one (see the kernel)
             kth = self._term_kth(ks, terms, depth, n_threads)
         ids, scores, n_found = _kernels.bm25_topk(
             ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], offs, terms, weights, depth,

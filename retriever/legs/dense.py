@@ -63,6 +63,13 @@ SHORTLIST_MIN = 100
 CHUNK_BYTES = 256 << 20
 #: largest k FAISS GPU indexes accept; larger shortlists use the CPU copy.
 GPU_MAX_K = 2048
+#: filter planner: on an IVF index a mask passing at least this fraction of the shard is
+#: searched by post-filtering (the unfiltered search, ``nprobe`` as given, of
+#: ``ceil(2 · k' / fraction)`` candidates, the first k' passing kept, short rows completed by an
+#: exact scan) instead of an ``IDSelectorBitmap`` with ``nprobe / fraction``: FAISS's selector
+#: path tests each visited vector one at a time, and with most documents passing the filter
+#: removes too little work to pay for it (``benchmarks/bench_filter_legs.py``: docs/FILTERS.md).
+IVF_POSTFILTER_ABOVE = 0.3
 
 
 def load_vectors(path, rows: int, dim: int, table: Any = None) -> np.ndarray:
@@ -530,8 +537,10 @@ class DenseLeg:
         (:meth:`_scan_passing`): the exact filtered top-k, whatever the algorithm. Otherwise every generator takes the mask before its top-k': the exact
         scans (float32 blocks, int8) through their kernels' ``allow``; FAISS through an
         ``IDSelectorBitmap`` in the search parameters (IVF ``nprobe`` and HNSW ``efSearch``
-        divided by the fraction, capped), or, for index types without selector support (flat
-        ``IndexPQ``), by searching ``2 · k' / fraction`` candidates and filtering them. Every id
+        divided by the fraction, capped), or, for an IVF index with at least
+        :data:`IVF_POSTFILTER_ABOVE` of the rows passing and for index types without selector
+        support (flat ``IndexPQ``), by searching ``2 · k' / fraction`` candidates without the
+        mask (IVF: ``nprobe`` as given) and filtering them. Every id
         FAISS returns is checked against the shard's rows and the mask; a query left with fewer
         than ``min(depth, passing)`` candidates is completed by an exact scan of the passing
         documents, so exactly that many hits come back. Then re-scoring as without a mask.
@@ -631,7 +640,9 @@ class DenseLeg:
         if ivf is None:
             return False
         nlist = int(ivf.nlist)
-        nprobe = min(nlist, math.ceil((DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe) / mask.fraction))
+        base = DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe
+        # the post-filtered search (see IVF_POSTFILTER_ABOVE) visits nprobe lists as given
+        nprobe = min(nlist, base if mask.fraction >= IVF_POSTFILTER_ABOVE else math.ceil(base / mask.fraction))
         return nprobe / nlist * mask.rows >= mask.n_pass
 
     def _faiss_search_filtered(self, cpu: Any, q: np.ndarray, k: int, fp: FunnelParams, mask: ShardMask
@@ -640,27 +651,31 @@ class DenseLeg:
         :meth:`_search_filtered`); ``(D float32, I int64)`` (nq, k), -1 where nothing was found."""
         import faiss
 
-        bits = np.packbits(mask.allow, bitorder="little")  # FAISS's bitmap: bit i of byte i // 8
-        sel = faiss.IDSelectorBitmap(mask.rows, faiss.swig_ptr(bits))
         frac = mask.fraction
-        nprobe = math.ceil((DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe) / frac)
+        base_nprobe = DEFAULT_NPROBE if fp.nprobe is None else fp.nprobe
         inner = faiss.downcast_index(cpu)
         if isinstance(inner, faiss.IndexPreTransform):
             inner = faiss.downcast_index(inner.index)
+        ivf = faiss.try_extract_index_ivf(inner) if hasattr(faiss, "try_extract_index_ivf") else None
+        postfilter = ivf is not None and frac >= IVF_POSTFILTER_ABOVE
+        nprobe = base_nprobe if postfilter else math.ceil(base_nprobe / frac)
         ef = int(inner.hnsw.efSearch) if fp.ef_search is None and isinstance(inner, faiss.IndexHNSW) else fp.ef_search
         ef = None if ef is None else min(max(mask.n_pass, k), math.ceil(max(ef, k) / frac))
-        params = self._search_params(cpu, nprobe, ef, k, sel=sel)
         nq = q.shape[0]
         step = fp.batch_size or max(1, min(nq, CHUNK_BYTES // max(1, k * 12 + q.shape[1] * 4)))
         D = np.empty((nq, k), np.float32)
         I = np.empty((nq, k), np.int64)
-        try:
-            for a in range(0, nq, step):
-                b = min(nq, a + step)
-                D[a:b], I[a:b] = cpu.search(q[a:b], k, params=params)
-            return D, I
-        except RuntimeError:  # an index type without selector support (IndexPQ): post-filter
-            pass
+        if not postfilter:
+            bits = np.packbits(mask.allow, bitorder="little")  # FAISS's bitmap: bit i of byte i // 8
+            sel = faiss.IDSelectorBitmap(mask.rows, faiss.swig_ptr(bits))
+            params = self._search_params(cpu, nprobe, ef, k, sel=sel)
+            try:
+                for a in range(0, nq, step):
+                    b = min(nq, a + step)
+                    D[a:b], I[a:b] = cpu.search(q[a:b], k, params=params)
+                return D, I
+            except RuntimeError:  # an index type without selector support (IndexPQ): post-filter
+                pass
         k2 = int(min(mask.rows, math.ceil(2 * k / frac)))
         plain = self._search_params(cpu, nprobe, ef, k2)
         for a in range(0, nq, step):
