@@ -1148,8 +1148,13 @@ def test_stub_matches_extension():
              if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     assert {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"} <= set(funcs)
     # every kernel is typed, the learned-sparse ones included, and nothing falls back to __getattr__
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")}
     public = {n for n in dir(K) if not n.startswith("_") and callable(getattr(K, n))}
-    assert public == set(funcs), public ^ set(funcs)
+    assert public == set(funcs) | set(classes), public ^ (set(funcs) | set(classes))
+    for name, node in classes.items():  # a typed class: every public method of the extension's
+        methods = {m.name for m in node.body if isinstance(m, ast.FunctionDef) and not m.name.startswith("_")}
+        assert methods == {m for m in dir(getattr(K, name)) if not m.startswith("_")}, name
+        assert ast.get_docstring(node)
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
     for name, node in funcs.items():
         first = getattr(K, name).__doc__.splitlines()[0]
