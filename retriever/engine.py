@@ -267,7 +267,7 @@ class Engine:
             ids, scores, n_found, legs = fuse(per_leg, k, fusion, bounds)
             fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
-        return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
+        return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings, self.reader.generation)
 
     def _run_side_by_side(self, names: list[str], total: int,
                           run_leg: Callable[[str, int], tuple[float, float]]) -> list[tuple[float, float]]:
