@@ -211,7 +211,7 @@ class Retriever:
                 return False
             cache = getattr(self, "_segments", None) or SegmentCache()
             options = getattr(self, "_engine_options", None) or {}
-            reader = IndexReader(self.reader.path)
+            reader = self.reader.reopen()  # unchanged segments' documents are not checked again
             old = self.engine
             reopen = getattr(old, "reopen", None)
             if reopen is not None:  # a distributed engine: the same actors, new segments assigned
