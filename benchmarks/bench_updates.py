@@ -343,6 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn-rate", type=int, default=1000, help="documents/s the writer adds + deletes")
     ap.add_argument("--churn-seconds", type=float, default=20.0, help="seconds of each kind of query window, in all")
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--skip-living", action="store_true", help="only the peers (and --encoder-docs): a run of its own")
     ap.add_argument("--cache", default=None, help="directory (outside the repository) keeping the built index and "
                                                   "its build / add figures for later runs")
     ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
@@ -354,9 +355,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
                                "machine": machine(), "docs": args.docs}
-        rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
-                                  None if args.cache is None else Path(args.cache))
-        print(json.dumps(rep["retriever"], indent=1), flush=True)
+        if not args.skip_living:
+            rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
+                                      None if args.cache is None else Path(args.cache))
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
         if args.encoder_docs:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
             print(json.dumps(rep["encoders"], indent=1), flush=True)
