@@ -13,7 +13,13 @@ are the non-model rates), legs BM25 + dense flat:
 - BM25 query latency (one query at a time, k = 10) p50 / p99 on a static index and while a
   writer process adds and deletes ``--churn-rate`` documents/s (commit every second);
 - LanceDB (embedded): add and delete 1,000 rows, full-text (its FTS index) and vector search QPS
-  before and after ``optimize``; bm25s: the rebuild that is its only way to change an index.
+  before and after ``optimize``; bm25s: the rebuild that is its only way to change an index;
+- with ``--encoder-docs N``: the add rate with the bundled encoders (dense MiniLM + SPLADE) on N
+  documents added to a small index, against the raw encoders on the same texts (interleaved).
+
+``--cache DIR`` keeps the fresh-build and add figures and the half-built-then-added index in DIR
+(outside the repository) and reuses them in a later run of the same ``--docs`` / ``--batch``
+(copied, so the cached index stays as built); the JSON says which figures came from the cache.
 
 Run:  flock <lock> python -m benchmarks.bench_updates [--docs 200000] [--out benchmarks/results/updates.json]
 """
@@ -89,13 +95,22 @@ def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, ac
             time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
 
 
-def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path) -> dict[str, Any]:
-    from retriever import IndexUpdater, Retriever, build_index
+def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Path, cache: Path | None
+           ) -> tuple[Path, dict[str, Any]]:
+    """The fresh-build and add figures and the half-built-then-added index (from ``cache`` when it
+    holds them for these arguments; stored there otherwise)."""
+    from retriever import IndexUpdater, build_index
 
-    col = synthetic_bm25(n_docs, n_queries=500)
-    docs = list(col.docs())
-    vecs = _vectors(n_docs, 0)
-    out: dict[str, Any] = {}
+    path = tmp / "live"
+    key = {"docs": n_docs, "batch": batch}
+    meta = None if cache is None else cache / f"built-{n_docs}-{batch}.json"
+    if meta is not None and meta.exists() and (cache / f"live-{n_docs}-{batch}").exists():
+        out = json.loads(meta.read_text())
+        if out.get("key") == key:
+            shutil.copytree(cache / f"live-{n_docs}-{batch}", path)
+            out["from_cache"] = True
+            return path, out
+    out: dict[str, Any] = {"key": key}
     # fresh build of everything (the non-model rate)
     t0 = time.perf_counter()
     build_index(docs, tmp / "fresh", legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
@@ -104,7 +119,6 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     shutil.rmtree(tmp / "fresh")
     # half built, half added
     half = n_docs // 2
-    path = tmp / "live"
     build_index(docs[:half], path, legs=("bm25", "dense"), dense_vectors=vecs[:half], show_progress=False)
     add_s = commit_s = 0.0
     with IndexUpdater.open(path) as u:
@@ -120,6 +134,25 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["add"] = {"docs": n_add, "batch": batch, "add_seconds": add_s, "commit_seconds": commit_s,
                   "docs_per_s": n_add / (add_s + commit_s),
                   "ratio_to_fresh_build": (n_add / (add_s + commit_s)) / (n_docs / fresh_s)}
+    if meta is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(cache / f"live-{n_docs}-{batch}", ignore_errors=True)
+        shutil.copytree(path, cache / f"live-{n_docs}-{batch}")
+        meta.write_text(json.dumps(out))
+    out["from_cache"] = False
+    return path, out
+
+
+def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path,
+           cache: Path | None = None) -> dict[str, Any]:
+    from retriever import IndexUpdater, Retriever
+
+    col = synthetic_bm25(n_docs, n_queries=500)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    half = n_docs // 2
+    path, built = _built(n_docs, batch, docs, vecs, tmp, cache)
+    out: dict[str, Any] = {k: built[k] for k in ("fresh_build", "add", "from_cache")}
     # commit latency of 1,000 added docs, delete throughput, refresh
     r = Retriever.open(path)
     adds, commits, dels, del_commits, refresh_s, open_s = [], [], [], [], [], []
@@ -267,6 +300,41 @@ def bm25s_peer(n_docs: int) -> dict[str, Any]:
     return {"version": bm25s.__version__, "rebuild_s": s, "note": "bm25s has no add or delete: any change is a rebuild"}
 
 
+def encoder_add(n_add: int, rounds: int, tmp: Path) -> dict[str, Any]:
+    """Add rate with the bundled encoders (legs bm25 + dense + sparse: the dense MiniLM and the
+    SPLADE models run on the added texts) against the raw encoders on the same texts: ``n_add``
+    documents added (one commit) to an index of ``n_add`` documents, ``rounds`` interleaved rounds
+    of (raw dense + raw sparse encode, add + commit); medians."""
+    from retriever import IndexUpdater, build_index
+    from retriever.index.encoders.dense import DenseEncoder
+    from retriever.index.encoders.sparse import SparseEncoder
+
+    col = synthetic_bm25(n_add * (rounds + 1), n_queries=10)
+    docs = list(col.docs())
+    path = tmp / "enc"
+    build_index(docs[:n_add], path, legs=("bm25", "dense", "sparse"), show_progress=False)
+    dense, sparse = DenseEncoder(), SparseEncoder()
+    raw, add = [], []
+    for k in range(rounds):
+        part = docs[(k + 1) * n_add:(k + 2) * n_add]
+        texts = [d["text"] for d in part]  # the legs' input: "title text", and these have no title
+        t0 = time.perf_counter()
+        dense.encode(texts)
+        sparse.encode(texts)
+        raw.append(time.perf_counter() - t0)
+        with IndexUpdater.open(path) as u:
+            t0 = time.perf_counter()
+            u.add(part)
+            u.commit()
+            add.append(time.perf_counter() - t0)
+    r, a = statistics.median(raw), statistics.median(add)
+    return {"docs_per_round": n_add, "rounds": rounds, "raw_encoders_s": _spread(raw), "add_commit_s": _spread(add),
+            "raw_docs_per_s": n_add / r, "add_docs_per_s": n_add / a, "add_rate_vs_raw_encoders": r / a,
+            "note": "legs bm25 + dense (bundled MiniLM) + sparse (bundled SPLADE), CPU; raw = DenseEncoder.encode "
+                    "+ SparseEncoder.encode of the same texts; add = IndexUpdater.add + commit (updater open "
+                    "not timed)"}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=200_000)
@@ -275,14 +343,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn-rate", type=int, default=1000, help="documents/s the writer adds + deletes")
     ap.add_argument("--churn-seconds", type=float, default=20.0, help="seconds of each kind of query window, in all")
     ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--skip-living", action="store_true", help="only the peers (and --encoder-docs): a run of its own")
+    ap.add_argument("--cache", default=None, help="directory (outside the repository) keeping the built index and "
+                                                  "its build / add figures for later runs")
+    ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
+                                                                "(0: skip)")
+    ap.add_argument("--encoder-rounds", type=int, default=3)
     ap.add_argument("--out", default="benchmarks/results/updates.json")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
                                "machine": machine(), "docs": args.docs}
-        rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp)
-        print(json.dumps(rep["retriever"], indent=1), flush=True)
+        if not args.skip_living:
+            rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
+                                      None if args.cache is None else Path(args.cache))
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
+        if args.encoder_docs:
+            rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
+            print(json.dumps(rep["encoders"], indent=1), flush=True)
         if not args.skip_peers:
             rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
             rep["bm25s"] = bm25s_peer(args.docs)

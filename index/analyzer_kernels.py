@@ -423,6 +423,13 @@ class TokenTable:
             self.value = grown
         self.value[lo:hi] = values
 
+    def copy(self) -> "TokenTable":
+        """An independent copy (same entries and values)."""
+        out = TokenTable.__new__(TokenTable)
+        out.slots, out.off, out.blob, out.value = self.slots.copy(), self.off.copy(), self.blob.copy(), self.value.copy()
+        out.n = self.n
+        return out
+
     def tokens(self, lo: int, hi: int) -> list[str]:
         """Entries ``lo..hi-1`` as strings."""
         if hi <= lo:

@@ -99,7 +99,7 @@ def _scatter_results(parts: list[tuple[np.ndarray, BatchResult]], nq: int) -> Ba
             legs[name].scores[rows], legs[name].ranks[rows] = la.scores, la.ranks
         for t, v in res.timings_ms.items():
             timings[t] = timings.get(t, 0.0) + v
-    return BatchResult(ids, scores, n_found, legs, first.mode, first.fusion, timings)
+    return BatchResult(ids, scores, n_found, legs, first.mode, first.fusion, timings, first.generation)
 
 
 class Retriever:
@@ -118,10 +118,12 @@ class Retriever:
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
                                       or n_threads < 1):
             raise QueryError(f"n_threads must be an integer >= 1 or None, got {n_threads!r}")
-        self.reader = reader
+        #: the generation this Retriever holds: (reader, engine), replaced as one by :meth:`refresh`
+        #: (one attribute store, so a thread never sees the reader of one generation with the
+        #: engine of another); every call reads it once and works on that snapshot
+        self._snap: tuple[IndexReader, Engine | None] = (reader, engine)
         #: (reader, {live id: ordinal}) of the last generation :meth:`get` looked ids up in
         self._live_map: tuple[IndexReader, dict[str, int]] | None = None
-        self.engine = engine
         self.n_threads = min(int(n_threads or os.cpu_count() or 1), MAX_THREADS)
         self._refresh_lock = threading.Lock()
         #: compiled filter masks by (canonical filter, generation), least recently used first
@@ -182,6 +184,16 @@ class Retriever:
         r._segments, r._engine_options = cache, options
         return r
 
+    @property
+    def reader(self) -> IndexReader:
+        """The :class:`IndexReader` of the generation this Retriever holds now."""
+        return self._snap[0]
+
+    @property
+    def engine(self) -> Engine:
+        """The search engine of the generation this Retriever holds now (None once closed)."""
+        return self._snap[1]  # type: ignore[return-value]
+
     def refresh(self) -> bool:
         """Move to the generation that is current now (after an :class:`retriever.IndexUpdater`
         commit), if it is newer than the one this Retriever holds.
@@ -189,9 +201,10 @@ class Retriever:
         Per-segment state (checked postings and bitmaps, FAISS indexes, sparse arrays, the
         vocabulary) of segments the two generations share is reused; only new segments are
         loaded, and what depends on corpus-wide statistics (BM25 impacts and bounds) is
-        recomputed. A search that started before the switch finishes on the old snapshot; start
-        hits from :meth:`search_arrays` results with the same snapshot (:meth:`search` and
-        :meth:`search_batch` do).
+        recomputed. Safe while other threads search: every search runs on the snapshot (reader and
+        engine) it started with, :meth:`search` and :meth:`search_batch` included (their hits are
+        made from that snapshot's documents); :meth:`to_hits` of a result from an older
+        generation is an error.
 
         Returns:
             True when a newer generation was opened.
@@ -204,7 +217,7 @@ class Retriever:
                 return False
             cache = getattr(self, "_segments", None) or SegmentCache()
             options = getattr(self, "_engine_options", None) or {}
-            reader = IndexReader(self.reader.path)
+            reader = self.reader.reopen()  # unchanged segments' documents are not checked again
             old = self.engine
             reopen = getattr(old, "reopen", None)
             if reopen is not None:  # a distributed engine: the same actors, new segments assigned
@@ -214,7 +227,7 @@ class Retriever:
                 engine = Engine(reader, cache=cache, **options)
                 cache.retain()
             self._segments, self._engine_options = cache, options
-            self.reader, self.engine = reader, engine
+            self._snap = (reader, engine)  # one store: readers see the old pair or the new one
             if reopen is not None:
                 old.forget()  # the actors drop the older generation once no search is started on it
             return True
@@ -227,8 +240,9 @@ class Retriever:
 
     def close(self) -> None:
         """Drop references to the memory-mapped shards (and stop a distributed engine's actors)."""
-        stop = getattr(self.engine, "close", None)
-        self.engine = None  # type: ignore[assignment]
+        reader, engine = self._snap
+        stop = getattr(engine, "close", None)
+        self._snap = (reader, None)
         if stop is not None:
             stop()
 
@@ -241,7 +255,7 @@ class Retriever:
         """Index summary (see :meth:`IndexReader.info`)."""
         return self.reader.info()
 
-    def default_fusion(self) -> "RRF | Linear":
+    def default_fusion(self, reader: IndexReader | None = None) -> "RRF | Linear":
         """The fusion of a search without ``fusion=``: the setting stored in the index generation
         this Retriever holds (``reader.fusion``, written by :func:`retriever.fusion_fit.fit_fusion`),
         else :data:`retriever.fusion.DEFAULT_FUSION`.
@@ -249,7 +263,8 @@ class Retriever:
         Raises:
             QueryError: a stored setting that does not parse (names the manifest).
         """
-        stored = self.reader.fusion
+        reader = reader if reader is not None else self.reader
+        stored = reader.fusion
         if stored is None:
             return DEFAULT_FUSION
         cached = getattr(self, "_stored_fusion", None)
@@ -258,12 +273,12 @@ class Retriever:
         try:
             fz = fusion_from_dict(stored)
         except QueryError as e:
-            raise QueryError(f"{self.reader.manifest_path}: stored fusion setting: {e}") from None
+            raise QueryError(f"{reader.manifest_path}: stored fusion setting: {e}") from None
         self._stored_fusion = (stored, fz)
         return fz
 
-    def _check(self, queries: Sequence[str], k: int, depth: int | None, n_threads: int | None
-               ) -> tuple[list[str], int, int]:
+    def _check(self, engine: Engine | None, queries: Sequence[str], k: int, depth: int | None,
+               n_threads: int | None) -> tuple[list[str], int, int]:
         if isinstance(queries, str):
             raise QueryError("queries must be a list of strings, not one string (use search())")
         if type(queries) is not list and (isinstance(queries, (bytes, Mapping)) or not isinstance(queries, Iterable)):
@@ -292,12 +307,13 @@ class Retriever:
         if n_threads is not None and (isinstance(n_threads, bool) or not isinstance(n_threads, (int, np.integer))
                                       or n_threads < 1):
             raise QueryError(f"n_threads must be an integer >= 1, got {n_threads!r}")
-        if self.engine is None:
+        if engine is None:
             raise QueryError("this Retriever is closed")
-        k = int(min(k, max(self.reader.n_docs, 1)))
+        n_docs = engine.reader.n_docs
+        k = int(min(k, max(n_docs, 1)))
         # a depth beyond the corpus size means "every document"; clamping it keeps the per-leg
         # (nq, depth) arrays bounded (depth=10**9 used to allocate until the process was killed)
-        depth = int(min(depth, max(self.reader.n_docs, 1)))
+        depth = int(min(depth, max(n_docs, 1)))
         return qs, k, depth
 
     def _check_options(self, fusion: "RRF | Linear", leg_params: Any) -> dict[str, LegParams]:
@@ -355,13 +371,23 @@ class Retriever:
             QueryError: bad k, depth, mode, fusion, leg_params, query vectors or filter (an unknown
                 field, a value of another type than its column, an unknown operator).
         """
-        qs, k, depth = self._check(queries, k, depth, n_threads)
+        return self._search_arrays(self.engine, queries, k, mode=mode, fusion=fusion, depth=depth,
+                                   n_threads=n_threads, query_vectors=query_vectors, leg_params=leg_params,
+                                   sparse_vectors=sparse_vectors, concurrent_legs=concurrent_legs, filter=filter)
+
+    def _search_arrays(self, engine: Engine | None, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
+                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
+                       n_threads: int | None = None, query_vectors: np.ndarray | None = None,
+                       leg_params: Mapping[str, Any] | None = None, sparse_vectors: Any = None,
+                       concurrent_legs: bool | None = None, filter: Any = None) -> BatchResult:
+        """:meth:`search_arrays` on ``engine`` (one generation's snapshot, read once by the caller:
+        :meth:`refresh` may switch generations meanwhile)."""
+        qs, k, depth = self._check(engine, queries, k, depth, n_threads)
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
             raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
-        fz = self.default_fusion() if fusion is None else parse_fusion(fusion)
+        fz = self.default_fusion(engine.reader) if fusion is None else parse_fusion(fusion)
         params = self._check_options(fz, leg_params)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
-        engine = self.engine  # one snapshot for the whole call (refresh() may switch generations)
         if isinstance(filter, (list, tuple)):
             return self._search_per_filter(engine, qs, list(filter), k, mode, fz, depth, threads, params,
                                            query_vectors, sparse_vectors, concurrent_legs)
@@ -479,10 +505,11 @@ class Retriever:
                 total -= sum(0 if m is None else m.nbytes for m in old)
         return masks
 
-    def _live_ordinals(self) -> dict[str, int]:
-        """``{id: global ordinal}`` of the live documents of this Retriever's generation (a
-        replaced document's older, deleted rows are left out); built once per generation."""
-        reader = self.reader
+    def _live_ordinals(self, reader: IndexReader | None = None) -> dict[str, int]:
+        """``{id: global ordinal}`` of the live documents of ``reader``'s generation (default: the
+        one this Retriever holds; a replaced document's older, deleted rows are left out); built
+        once per generation."""
+        reader = reader if reader is not None else self.reader
         cached = self._live_map
         if cached is not None and cached[0] is reader:
             return cached[1]
@@ -520,9 +547,10 @@ class Retriever:
         for i in want:
             if not isinstance(i, str):
                 raise QueryError(f"document ids are strings, got {i!r} ({type(i).__name__})")
-        live = self._live_ordinals()
+        reader = self.reader  # one generation for the lookup and the fetch
+        live = self._live_ordinals(reader)
         ords = [live[i] for i in want if i in live]
-        return self.reader.fetch(ords) if ords else []
+        return reader.fetch(ords) if ords else []
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.
@@ -541,11 +569,12 @@ class Retriever:
         if ords.size and not np.issubdtype(ords.dtype, np.integer):
             raise QueryError(f"ordinals must be integers, got dtype {ords.dtype}")
         ords = ords.astype(np.int64, copy=False)
-        n = self.reader.n_docs
+        reader = self.reader  # one generation for the check and the lookup
+        n = reader.n_docs
         if ords.size and (ords.min() < -1 or ords.max() >= n):
             bad = int(ords.min()) if ords.min() < -1 else int(ords.max())
             raise QueryError(f"ordinal {bad} is outside [0, {n}) (-1 is the padding past n_found)")
-        ids = self.reader.doc_ids()
+        ids = reader.doc_ids()
         if not ords.size or ords.min() >= 0:
             return ids[ords]
         out = ids[np.maximum(ords, 0)]
@@ -557,13 +586,29 @@ class Retriever:
         per-hit Python objects are made). The documents of the whole batch are fetched in one
         pass (:meth:`IndexReader.fetch_columns`: per shard, each distinct document's strings
         decoded once from the memory-mapped buffers, typed metadata columns converted once) and
-        the hits are built column-wise, a few hundred nanoseconds each."""
-        if result.ids.size < GC_PAUSE_HITS:  # room for a few hits only: pausing costs more than it saves
-            return self._hits(result)
-        with _gc_paused():  # every object made here stays reachable: a collection would only cost
-            return self._hits(result)
+        the hits are built column-wise, a few hundred nanoseconds each.
 
-    def _hits(self, result: BatchResult) -> list[list[Hit]]:
+        Raises:
+            QueryError: ``result`` comes from another generation than the one this Retriever
+                holds now (a :meth:`refresh` in between; :meth:`search_batch` makes its hits from
+                its own snapshot).
+        """
+        reader = self.reader
+        gen = result.generation
+        if gen is not None and gen != reader.generation:
+            raise QueryError(f"this result is of index generation {gen}, the Retriever holds generation "
+                             f"{reader.generation} since a refresh(): its ordinals name other documents "
+                             f"(use search_batch(), which makes hits from the generation it searched)")
+        return self._to_hits(result, reader)
+
+    def _to_hits(self, result: BatchResult, reader: IndexReader) -> list[list[Hit]]:
+        """:meth:`to_hits` from ``reader``'s documents (the generation ``result`` was searched on)."""
+        if result.ids.size < GC_PAUSE_HITS:  # a few hits: pausing costs more than it saves
+            return self._hits(result, reader)
+        with _gc_paused():  # every object made here stays reachable: a collection would only cost
+            return self._hits(result, reader)
+
+    def _hits(self, result: BatchResult, reader: IndexReader) -> list[list[Hit]]:
         """The body of :meth:`to_hits`: the hits of every query in one flat pass (row ``q``'s
         first ``n_found[q]`` entries, in query order), the documents fetched once for the
         batch, the tuples made by ``tuple.__new__`` in C (no Python frame per hit)."""
@@ -576,7 +621,7 @@ class Retriever:
         else:
             pick = np.arange(width)[None, :] < result.n_found[:, None]
             positions = np.broadcast_to(np.arange(1, width + 1), pick.shape)[pick].tolist()
-        ids, titles, texts, metas = self.reader.fetch_columns(result.ids[pick], FETCH_FIELDS)
+        ids, titles, texts, metas = reader.fetch_columns(result.ids[pick], FETCH_FIELDS)
         n = len(ids)
         legs = [(name, list(map(_new_tuple, itertools.repeat(LegHit), zip(la.scores[pick].tolist(), ranks))), ranks)
                 for name, la in result.legs.items() for ranks in (la.ranks[pick].tolist(),)]
@@ -605,7 +650,9 @@ class Retriever:
         Returns:
             one list of :class:`Hit` per query, best first.
         """
-        return self.to_hits(self.search_arrays(queries, k, **kwargs))
+        engine = self.engine  # one snapshot for the search and the hits (refresh() may switch)
+        res = self._search_arrays(engine, queries, k, **kwargs)
+        return self._to_hits(res, engine.reader)
 
     def search(self, query: str, k: int = 10, **kwargs: Any) -> list[Hit]:
         """Search one query; same arguments as :meth:`search_arrays`.

@@ -273,7 +273,7 @@ class Engine:
             ids, scores, n_found, legs = fuse(per_leg, k, fusion, bounds)
             fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
-        return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings)
+        return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings, self.reader.generation)
 
     #: allow mask lists whose AND with the tombstones is kept (:meth:`allow_masks`) ...
     MASK_CACHE = 8

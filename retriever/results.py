@@ -72,6 +72,8 @@ class BatchResult:
             analysis counts as ``search`` where it runs in one compiled pass with the scoring
             (``BM25Leg.prepare`` plans it for a batch of 16 or more queries on a one-shard index scored
             exhaustively).
+        generation: the index generation searched (its ordinals name that generation's
+            documents; :meth:`retriever.Retriever.to_hits` checks it), or ``None``.
     """
 
     ids: np.ndarray
@@ -81,3 +83,4 @@ class BatchResult:
     mode: str
     fusion: Mapping[str, Any] | None = None
     timings_ms: Mapping[str, float] = field(default_factory=dict)
+    generation: int | None = None

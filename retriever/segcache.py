@@ -28,8 +28,10 @@ class SegmentCache:
 
     :meth:`get` returns the cached value or builds it; :meth:`retain` drops every key not used
     since the last :meth:`mark` (what the previous generation needed and the current one does
-    not). A cache is owned by one :class:`retriever.Retriever`; the legs only read their values
-    (never modify them), so an older snapshot sharing them keeps working.
+    not). A cache is owned by one :class:`retriever.Retriever`; what a value holds for a
+    generation is never modified once made (a value may keep, behind its own lock, a record of
+    the newest state derived from it, as :class:`retriever.legs.bm25_carry.SegmentState` does),
+    so an older snapshot sharing them keeps working.
     """
 
     def __init__(self) -> None:
@@ -58,6 +60,13 @@ class SegmentCache:
             self._used.add(key)
             self.built += 1
         return value
+
+    def put(self, key: Hashable, value: Any) -> None:
+        """Set the value of ``key`` (replacing any; marks it used): a running value that each
+        generation derives from the previous one's, such as combined statistics."""
+        with self._lock:
+            self._values[key] = value
+            self._used.add(key)
 
     def mark(self) -> None:
         """Start counting uses (before a generation's legs are loaded)."""

@@ -168,7 +168,8 @@ class IndexReader:
             version 1 (the message names ``retriever index upgrade DIR``).
     """
 
-    def __init__(self, path: str | Path, *, verify: bool = False, generation: int | None = None) -> None:
+    def __init__(self, path: str | Path, *, verify: bool = False, generation: int | None = None,
+                 previous: "IndexReader | None" = None) -> None:
         self.path = Path(path)
         self.manifest = read_manifest(self.path, generation)
         self.generation: int = self.manifest["generation"]
@@ -186,13 +187,20 @@ class IndexReader:
         #: opens every file this reader reads: confined to the index, no symlinks, regular files
         #: listed in the manifest with their listed sizes (:mod:`retriever.index.safe_open`)
         self.files = IndexFiles(self.path, self.manifest["files"], str(mname))
+        # a segment the previous reader (of an earlier generation) opened with the same files:
+        # its checked document table and statistics are reused (segments are immutable)
+        known = {} if previous is None or previous.path != self.path else {s.entry["dir"]: s for s in previous.shards}
         for entry in self.manifest["shards"]:
             sdir = safe_join(self.path, entry["dir"], str(mname))
             docs_rel = f"{entry['dir']}/docs.arrow"
-            docs = self.files.table(docs_rel)
-            check_docs(sdir / "docs.arrow", docs, entry["rows"])
-            stats = read_shard_stats(self.files.path(entry["stats"]), entry["rows"],
-                                     self.files.read_bytes(entry["stats"], max_bytes=MAX_STATS_BYTES))
+            old = known.get(entry["dir"])
+            if old is not None and not verify and self._same_files(previous, old.entry, entry, docs_rel):
+                docs, stats = old.docs, old.stats
+            else:
+                docs = self.files.table(docs_rel)
+                check_docs(sdir / "docs.arrow", docs, entry["rows"])
+                stats = read_shard_stats(self.files.path(entry["stats"]), entry["rows"],
+                                         self.files.read_bytes(entry["stats"], max_bytes=MAX_STATS_BYTES))
             deleted = None
             if entry.get("deletes") is not None:
                 dpath = self.files.path(entry["deletes"])
@@ -209,8 +217,17 @@ class IndexReader:
         self._ids: np.ndarray | None = None
 
     def reopen(self) -> "IndexReader":
-        """A new reader of the generation that is current now (this one is unchanged)."""
-        return IndexReader(self.path)
+        """A new reader of the generation that is current now (this one is unchanged); the
+        segments both generations list with the same files are not opened and checked again."""
+        return IndexReader(self.path, previous=self)
+
+    def _same_files(self, previous: "IndexReader", old: dict[str, Any], new: dict[str, Any], docs_rel: str) -> bool:
+        """Whether a shard entry of ``previous`` and one of this generation name the same
+        document table and statistics (same rows, files and SHA-256)."""
+        if old.get("rows") != new.get("rows") or old.get("stats") != new.get("stats"):
+            return False
+        mine, theirs = self.manifest["files"], previous.manifest["files"]
+        return all(mine.get(f) is not None and mine.get(f) == theirs.get(f) for f in (docs_rel, new.get("stats")))
 
     @property
     def fusion(self) -> dict[str, Any] | None:

@@ -423,6 +423,50 @@ def test_readers_in_threads_keep_their_snapshot_while_a_writer_commits_and_compa
     assert r.reader.generation == 1 and r.refresh() and r.reader.generation == 6
 
 
+def test_refresh_in_another_thread_while_a_search_runs_keeps_its_snapshot(tmp_path):
+    """A refresh() that switches generations while a search on the same Retriever is under way
+    (forced here: the search waits inside the engine until the other thread's refresh is done)
+    leaves that search on the generation it started with: its hits are that generation's
+    documents, with their scores (before the fix the hits were made from the new generation's
+    documents: other ids, since the compaction shifted every ordinal)."""
+    import threading
+
+    path, m = start(tmp_path, ("bm25", "dense"), n=40, shard_size=8)
+    r = Retriever.open(path)
+    kw = query_kwargs(("bm25", "dense"), "hybrid")
+    want_one = [(h.id, h.score) for h in r.search(QUERIES[0], k=10, mode="bm25")]
+    want_batch = [[(h.id, h.score) for h in hs] for hs in r.search_batch(QUERIES, k=10, mode="hybrid", **kw)]
+    with IndexUpdater.open(path) as u:
+        u.delete([f"d{i}" for i in range(0, 40, 3)])
+        u.compact(full=True)  # every later document moves to a lower ordinal
+    engine = r.engine
+    search = engine.search
+
+    def search_while_refreshing(*args, **kwargs):
+        t = threading.Thread(target=r.refresh)
+        t.start()
+        t.join()  # the other thread's refresh() has switched the Retriever to the new generation
+        assert r.engine is not engine
+        return search(*args, **kwargs)
+
+    engine.search = search_while_refreshing
+    got_one = [(h.id, h.score) for h in r.search(QUERIES[0], k=10, mode="bm25")]
+    assert got_one == want_one
+    old_gen = engine.reader.generation
+    r._snap = (engine.reader, engine)  # back to the old generation, for the batch call
+    got_batch = [[(h.id, h.score) for h in hs] for hs in r.search_batch(QUERIES, k=10, mode="hybrid", **kw)]
+    assert got_batch == want_batch
+    assert r.reader.generation > old_gen
+    # a result of the old generation turned into hits after the switch: a clear error, not wrong ids
+    res = engine.search(QUERIES, k=3, mode="bm25", fusion=r.default_fusion(), depth=10, n_threads=1)
+    assert res.generation == old_gen
+    with pytest.raises(QueryError, match=f"generation {old_gen}"):
+        r.to_hits(res)
+    # the new generation answers as a fresh build of the live documents
+    m.live = [(k, v) for k, v in m.live if int(k[1:]) % 3 != 0]
+    assert assert_same(r, m.fresh(tmp_path / "fresh"), ("bm25", "dense"), ks=(10,)) > 0
+
+
 def test_a_reader_in_another_process_keeps_its_snapshot(tmp_path):
     import json
     import subprocess

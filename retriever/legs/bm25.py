@@ -12,6 +12,7 @@ otherwise the exact length. avgdl is always the exact mean length.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,6 +27,8 @@ from retriever.index.errors import IndexFormatError, QueryError
 from .. import _kernels
 from ..params import BM25_ALGORITHMS, BM25SearchParams
 from ..segcache import SegmentCache, segment_key
+from . import bm25_carry
+from .bm25_carry import SegmentState
 from ..shards import IndexReader, Shard
 from ..stats import BM25Stats
 from .base import SearchContext, TopK, check_candidates, empty_topk
@@ -94,18 +97,29 @@ class BM25Leg:
         self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
         self.n_shards = len(self.shard_ids)
         self.shards = []
-        parts = []
-        self._dense = []
+        self._segs: list[SegmentState] = []
+        parts, part_keys = [], []
         for sid in self.shard_ids:
             s = reader.shards[sid]
-            # per segment, reused across refreshes: the checked arrays and the membership bitmaps
-            a, bitmaps = cache.get(("bm25", segment_key(reader, s, "bm25.arrow")),
-                                   lambda s=s: self._load_segment(reader, s, n_terms))
-            parts.append(live_shard_stats(reader, s, a, n_terms))
-            self.shards.append((s, a))
-            self._dense.append(bitmaps)
+            # per segment, reused across refreshes: the checked arrays, the membership bitmaps,
+            # the scored lengths, the segment's statistics and its newest scoring state
+            skey = segment_key(reader, s, "bm25.arrow")
+            seg = cache.get(("bm25", skey), lambda s=s: self._load_segment(reader, s, n_terms))
+            # its live statistics, per tombstone file
+            dels = s.entry.get("deletes")
+            pkey = ("bm25-live", skey, dels, (reader.manifest["files"].get(dels) or {}).get("sha256") if dels else None)
+            parts.append(cache.get(pkey, lambda s=s, seg=seg: live_shard_stats(reader, s, seg.arrays, n_terms,
+                                                                                seg.stats)))
+            part_keys.append(pkey)
+            self.shards.append((s, seg.arrays))
+            self._segs.append(seg)
+        self._dense = [seg.dense for seg in self._segs]
+        self._dl = [seg.dl for seg in self._segs]
         if stats is None:
-            stats = BM25Stats.combine(parts, n_terms)
+            # one running sum per index (or per held subset), updated by the segments that changed
+            whole = self.shard_ids == tuple(range(len(reader.shards)))
+            skey = ("bm25-stats", str(reader.path), None if whole else self.shard_ids)
+            stats = combine_stats(cache, skey, part_keys, parts, n_terms)
         elif len(stats.df) != n_terms:
             raise QueryError(f"bm25 statistics cover {len(stats.df)} terms, the index has {n_terms}")
         self.stats = stats
@@ -113,7 +127,6 @@ class BM25Leg:
         self.avgdl = stats.avgdl
         self.df = stats.df
         self.idf = stats.idf()
-        self._idf_list: list[float] = self.idf.tolist()
         self._token_ids: dict[str, int] = {}
         self._table = None  # compiled query path: token -> term id table, made on first use
         self._char_args: tuple | None = None  # its character tables (flags, fold_n, fold_cp, ascii fold, lowercase)
@@ -122,18 +135,47 @@ class BM25Leg:
         # the LRU caches below (scoring states per (k1, b), single-term thresholds per depth) are
         # shared by concurrent searches: every get / move_to_end / insert / evict holds this lock
         self._cache_lock = threading.Lock()
-        self._dl = []
-        for (s, a) in self.shards:
-            dl = a["doc_len"].astype(np.int64)
-            self._dl.append(lucene_norm_length(dl) if self.params.lucene_norms else dl)
+        self._carry_tokens(cache, reader)
         self._scoring_cache: OrderedDict[tuple[float, float], list[dict]] = OrderedDict()
         self.kernel_shards = self._scoring(self.params.k1, self.params.b)
 
-    def _load_segment(self, reader: IndexReader, s: Shard, n_terms: int) -> tuple[dict, dict]:
-        """One segment's checked ``bm25.arrow`` arrays and membership bitmaps of its long lists
-        (independent of k1 / b and of the corpus statistics, so a refresh reuses them)."""
+    def _carry_tokens(self, cache: SegmentCache, reader: IndexReader) -> None:
+        """Start from the query token caches of the newest BM25 leg of the same index in ``cache``
+        (the generation a refresh replaces), so the first searches after a refresh do not analyse
+        every token again: the vocabulary is append-only (a generation's vocabulary files extend
+        the previous one's), so a token's term id stays valid; tokens that had none (-1) are
+        looked up again, since a new term may now match them. Nothing is carried when the
+        vocabulary files are not an extension or the analyzer differs."""
+        key = ("bm25-tokens", str(reader.path))
+        ref = cache.peek(key)
+        cache.put(key, weakref.ref(self))
+        files = tuple(reader.manifest.get("vocab") or ("vocab.arrow",))
+        self._vocab_files = tuple((f, (reader.manifest["files"].get(f) or {}).get("sha256")) for f in files)
+        prev = ref() if ref is not None else None
+        if (prev is None or prev is self or prev.analyzer.config != self.analyzer.config
+                or prev._vocab_files != self._vocab_files[:len(prev._vocab_files)]):
+            return
+        self._token_ids = {t: i for t, i in prev._token_ids.copy().items() if i >= 0}
+        with prev._table_lock.read():
+            table = prev._table.copy() if prev._table is not None and prev._table.n < self.TOKEN_TABLE_MAX else None
+            char_args = prev._char_args
+        if table is None:
+            return
+        absent = np.flatnonzero(table.value[:table.n] < 0)
+        if len(absent):
+            toks = [table.tokens(int(e), int(e) + 1)[0] for e in absent]
+            vocab = self.vocab
+            table.value[absent] = [-1 if t is None else vocab.get(t, -1) for t in self.analyzer.terms(toks)]
+        self._table, self._char_args = table, char_args
+        self._slot = np.full(len(self.idf), -1, dtype=np.int64)
+
+    def _load_segment(self, reader: IndexReader, s: Shard, n_terms: int) -> SegmentState:
+        """One segment's checked ``bm25.arrow`` arrays, membership bitmaps of its long lists and
+        scored lengths (independent of k1 / b and of the corpus statistics, so a refresh reuses
+        them)."""
         a = load_bm25_arrays(reader, s, n_terms)
-        return a, self._dense_bitmaps(s.rows, a)
+        dl = a["doc_len"].astype(np.int64)
+        return SegmentState(a, self._dense_bitmaps(s.rows, a), lucene_norm_length(dl) if self.params.lucene_norms else dl)
 
     #: lists holding at least 1/DENSE_BITMAP_RATIO of a shard's documents get a membership bitmap
     #: (see :meth:`_dense_bitmaps`).
@@ -178,10 +220,12 @@ class BM25Leg:
     SCORING_CACHE = 2
 
     def _scoring(self, k1: float, b: float) -> list[dict]:
-        """Per-shard arrays the kernel needs for (k1, b): doc_norm f32[n_docs],
-        impacts f32[nnz] (``tf/(tf + doc_norm[d])`` per posting, 4 bytes per posting) and the
-        MaxScore / block-max upper bounds. The index's own (k1, b) is built at open and kept;
-        other pairs are built on first use and cached (at most :attr:`SCORING_CACHE`)."""
+        """Per-shard arrays the kernel needs for (k1, b): doc_norm f32[n_docs] and the MaxScore /
+        block-max upper bounds, and where they are computed exactly impacts f32[nnz]
+        (``tf/(tf + doc_norm[d])`` per posting, 4 bytes per posting). The index's own (k1, b) is
+        built at open and kept; other pairs are built on first use and cached (at most
+        :attr:`SCORING_CACHE`). Per shard (:meth:`_shard_scoring`): exact at the first scoring
+        of a segment, carried from the previous generation's state after a refresh."""
         key = (float(k1), float(b))
         if getattr(self, "kernel_shards", None) is not None and key == (float(self.params.k1), float(self.params.b)):
             return self.kernel_shards
@@ -190,25 +234,13 @@ class BM25Leg:
             if hit is not None:
                 self._scoring_cache.move_to_end(key)
                 return hit
-        out = []
-        # shared by the state's shards: union thresholds (see _union_kth) and shard sets (_shard_set)
-        shared: dict = {"union_kth": OrderedDict(), "sets": {}}
         avg = self.avgdl if self.avgdl > 0 else 1.0
-        for (s, a), dl, dense in zip(self.shards, self._dl, self._dense):
-            norm = (k1 * (1.0 - b + b * dl.astype(np.float64) / avg)).astype(np.float32)
-            term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
-                a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
-            impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
-            rows = self._impact_rows(s.rows, a, impacts)
-            # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
-            bundle = {"offsets": a["offsets"], "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
-                      "impacts": impacts, "term_ub": term_ub, "block_offsets": block_offsets,
-                      "block_ub": block_ub, "block_size": 128, **dense, **rows}
-            out.append({"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
-                        "dense": dense, "rows": rows,
-                        "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
-                        "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
-                        "kth": OrderedDict(), "kth_ok": None, "shared": shared, "bundle": bundle})
+        out = [self._shard_scoring(s, seg, key, avg) for (s, _), seg in zip(self.shards, self._segs)]
+        # shared by this state's shards only (never carried to another generation's state: shard
+        # positions and thresholds differ there): union thresholds (_union_kth), shard sets (_shard_set)
+        shared: dict = {"union_kth": OrderedDict(), "sets": {}}
+        for ks in out:
+            ks["shared"] = shared
         if getattr(self, "kernel_shards", None) is not None:
             with self._cache_lock:  # another thread may have built the same state meanwhile: keep one
                 out = self._scoring_cache.setdefault(key, out)
@@ -216,6 +248,63 @@ class BM25Leg:
                 while len(self._scoring_cache) > self.SCORING_CACHE:
                     self._scoring_cache.popitem(last=False)
         return out
+
+    def _shard_scoring(self, s: Shard, seg: SegmentState, key: tuple[float, float], avg: float) -> dict:
+        """One shard's scoring state for ``key`` = (k1, b) at mean length ``avg``.
+
+        - The segment's newest state (an earlier generation's) has the same avgdl: reused.
+        - It has another avgdl within :data:`bm25_carry.MAX_DRIFT` of the one its exact bounds
+          were computed at: *carried* (O(rows + blocks), no pass over the postings): the new
+          length norms, the exact bounds scaled up by :func:`bm25_carry.ub_factor`, no impacts
+          (the kernels score from tf and the norms: the same float32 values), and single-term
+          thresholds carried lazily from the earlier states (:meth:`_term_kth`).
+        - Otherwise (a segment scored the first time, e.g. at open, or past the drift): *exact*:
+          ``_kernels.bm25_upper_bounds`` and ``_kernels.bm25_impacts``, one pass over its postings.
+        """
+        k1, b = key
+        a, dense = seg.arrays, seg.dense
+        prev = seg.latest(key)
+        if prev is not None and prev["avgdl"] == avg:
+            return {**prev, "base": s.base}  # the same norms, bounds, impacts and thresholds
+        norm = (k1 * (1.0 - b + b * seg.dl.astype(np.float64) / avg)).astype(np.float32)
+        carried = (prev is not None and bm25_carry.drift(prev["exact"][0], avg) <= bm25_carry.MAX_DRIFT
+                   and (not len(norm) or (np.isfinite(norm).all() and norm.min() >= 0)))
+        if carried:
+            avg0, term_ub0, block_offsets, block_ub0 = prev["exact"]
+            g = bm25_carry.ub_factor(avg0, avg)
+            term_ub, block_ub = bm25_carry.scaled_up(term_ub0, g), bm25_carry.scaled_up(block_ub0, g)
+            impacts, rows = None, {}
+            exact = prev["exact"]
+            # the previous state's thresholds, converted on first use (see _term_kth)
+            prior = [(prev["avgdl"], prev["kth"], prev["kth_lock"])]
+            # a NaN tf part (which voids the thresholds' proof) needs tf = 0 with a zero norm
+            kth_ok = not (len(norm) and (norm == 0).any() and seg.tf_min == 0)
+        else:
+            term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(
+                a["offsets"], a["doc_ids"], a["tfs"], norm, block_size=128, n_threads=0)
+            impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
+            rows = self._impact_rows(s.rows, a, impacts)
+            exact = (avg, term_ub, block_offsets, block_ub)
+            prior = []
+            kth_ok = None  # checked on first use (see _term_kth)
+        # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
+        bundle = {"offsets": a["offsets"], "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
+                  "impacts": impacts, "term_ub": term_ub, "block_offsets": block_offsets,
+                  "block_ub": block_ub, "block_size": 128, **dense, **rows}
+        kth: OrderedDict = OrderedDict()
+        if carried:
+            with prev["kth_lock"]:
+                depths = list(prev["kth"])
+            for depth in depths:  # the depths in use, made now rather than by a search
+                kth[depth] = np.full(len(a["offsets"]) - 1, np.nan, dtype=np.float32)
+        ks = {"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
+              "dense": dense, "rows": rows,
+              "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
+              "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
+              "kth": kth, "kth_lock": threading.Lock(), "kth_ok": kth_ok, "bundle": bundle,
+              "avgdl": avg, "exact": exact, "kth_prior": prior}
+        seg.record(key, ks)
+        return ks
 
     # ------------------------------------------------------------------ the leg protocol
     def prepare(self, queries: Sequence[str], params: BM25SearchParams | None = None,
@@ -327,7 +416,8 @@ class BM25Leg:
         q_off, q_terms, q_weights = (x.astype(np.int64) if i == 0 else x for i, x in enumerate(batch))
         ks = prepared.scoring[shard]
         return score_postings(ks["offsets"], ks["doc_ids"], ks["impacts"], ks["n_terms"],
-                              q_off, q_terms, q_weights, offsets, ordinals, len(ks["doc_norm"]))
+                              q_off, q_terms, q_weights, offsets, ordinals, len(ks["doc_norm"]),
+                              tfs=ks["tfs"], doc_norm=ks["doc_norm"])
 
     def batch_of(self, prepared: "BM25Prepared", n_threads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The analysed batch ``(q_offsets u64, q_terms u32, q_weights f32)`` of ``prepared``
@@ -504,7 +594,7 @@ class BM25Leg:
         offsets = [0]
         terms: list[int] = []
         weights: list[float] = []
-        idf = self._idf_list
+        idf = self.idf.item  # a Python float: the product is float64, then rounded to float32
         get = self._token_ids.get
         for qt in toks:
             ids = list(map(get, qt))
@@ -516,7 +606,7 @@ class BM25Leg:
             for i, c in counts.items():
                 if i >= 0:
                     terms.append(i)
-                    weights.append(c * idf[i])
+                    weights.append(c * idf(i))
             offsets.append(len(terms))
         return (np.asarray(offsets, dtype=np.uint64), np.asarray(terms, dtype=np.uint32),
                 np.asarray(weights, dtype=np.float32))
@@ -616,7 +706,7 @@ class BM25Leg:
         if not ks["kth_ok"]:
             return None
         cache: OrderedDict = ks["kth"]
-        with self._cache_lock:  # shared by concurrent searches (an unlocked get + move_to_end raced)
+        with ks["kth_lock"]:  # shared by concurrent searches (an unlocked get + move_to_end raced)
             arr = cache.get(depth)
             if arr is None:
                 arr = np.full(ks["n_terms"], np.nan, dtype=np.float32)
@@ -629,6 +719,8 @@ class BM25Leg:
         need = terms[np.isnan(arr[terms])]
         if len(need):
             need = np.unique(need)
+            need = self._carried_kth(ks, depth, arr, need)
+        if len(need):
             arr[need] = _kernels.bm25_term_kth(
                 ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], need, depth,
                 impacts=ks["impacts"], block_offsets=ks["block_offsets"], block_ub=ks["block_ub"],
@@ -645,9 +737,12 @@ class BM25Leg:
         depth; at most :attr:`KTH_CACHE` entries): 4 bytes per term and entry. ``bm25_topk_shards``
         starts each query from the best single-term value over the union, so the first shards
         prune from the threshold a one-shard index would start from. None when a shard's impacts
-        hold a NaN (see :meth:`_term_kth`)."""
+        hold a NaN (see :meth:`_term_kth`) or a segment carried across a refresh has none
+        (its own thresholds are carried instead; see :meth:`_carried_kth`)."""
         for s in order:
             ks = scoring[s]
+            if ks["impacts"] is None:  # a segment carried across a refresh scores from tf (no impacts)
+                return None
             if ks["kth_ok"] is None:
                 ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
             if not ks["kth_ok"]:
@@ -669,6 +764,25 @@ class BM25Leg:
             need = np.unique(need)
             arr[need] = self._shard_set(scoring, order).term_kth(need, depth, n_threads=n_threads)
         return arr
+
+
+    @staticmethod
+    def _carried_kth(ks: dict, depth: int, arr: np.ndarray, need: np.ndarray) -> np.ndarray:
+        """Fill ``arr[need]`` from the previous generation's thresholds of the same segment where
+        it has them (``ks["kth_prior"]``), times :func:`bm25_carry.kth_factor`: a k-th largest tf
+        part at the earlier avgdl, so scaled, is at most the k-th largest now (a safe initial
+        threshold; see :mod:`retriever.legs.bm25_carry`). Returns the terms still to compute."""
+        for avg_then, kdict, lock in ks["kth_prior"]:
+            with lock:
+                old = kdict.get(depth)
+            if old is None:
+                continue
+            vals = old[need]
+            got = ~np.isnan(vals)
+            if got.any():
+                arr[need[got]] = bm25_carry.scaled_down(vals[got], bm25_carry.kth_factor(avg_then, ks["avgdl"]))
+                need = need[~got]
+        return need
 
 
 class _ReadWriteLock:
@@ -817,21 +931,27 @@ def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
     return cache.get(("vocab", str(reader.path), files), make)
 
 
-def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_terms: int) -> BM25Stats:
+def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_terms: int,
+                     own: BM25Stats | None = None) -> BM25Stats:
     """BM25 statistics of a shard's live documents: N, the sum of lengths and df of its rows
-    less its tombstones (``s.deleted``). The deleted documents' df is read from the tombstone
-    file (arrays ``bm25_terms`` / ``bm25_df``, written by :class:`retriever.index.updates.IndexUpdater`),
-    or counted from the postings where the file lacks them (O(the shard's postings)).
+    less its tombstones (``s.deleted``); df covers the shard's own terms (the first
+    ``len(a["offsets"]) - 1`` of the vocabulary; :meth:`BM25Stats.combine` pads). The deleted
+    documents' df is read from the tombstone file (arrays ``bm25_terms`` / ``bm25_df``, written
+    by :class:`retriever.index.updates.IndexUpdater`), or counted from the postings where the
+    file lacks them (O(the shard's postings)). ``own``: the statistics of all the shard's rows
+    when already known (:attr:`SegmentState.stats`).
 
     Raises:
         IndexFormatError: deleted df that exceeds the shard's df (names the file).
     """
-    st = BM25Stats.of_shard(a["offsets"], a["doc_len"], n_terms)
+    st = own if own is not None else BM25Stats(int(len(a["doc_len"])), int(a["doc_len"].sum(dtype=np.int64)),
+                                               np.diff(a["offsets"]).astype(np.int64))
     if s.deleted is None or not len(s.deleted):
         return st
     rows = np.asarray(s.deleted, dtype=np.int64)
     dpath = reader.path / s.entry["deletes"] if s.entry.get("deletes") else None
-    df_del = np.zeros(n_terms, dtype=np.int64)
+    t_s = len(st.df)
+    df_del = np.zeros(t_s, dtype=np.int64)
     got = None
     if dpath is not None:
         names = reader.files.table(s.entry["deletes"]).column_names
@@ -841,9 +961,10 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
         terms = got["bm25_terms"].astype(np.int64)
         if len(terms) and terms.max() >= n_terms:
             raise _fmt_error(dpath, f"deleted df names term {int(terms.max())} of {n_terms}")
+        if len(terms) and terms.max() >= t_s:
+            raise _fmt_error(dpath, "deleted df exceeds the shard's df")
         df_del[terms] = got["bm25_df"]
     else:
-        t_s = len(a["offsets"]) - 1
         mask = np.zeros(s.rows, dtype=bool)
         mask[rows] = True
         hit = np.flatnonzero(mask[a["doc_ids"]])
@@ -854,6 +975,39 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
         raise _fmt_error(dpath, "deleted df exceeds the shard's df")
     dl_del = int(a["doc_len"][rows].sum(dtype=np.int64))
     return BM25Stats(st.n_docs - len(rows), st.sum_dl - dl_del, df)
+
+
+def combine_stats(cache: SegmentCache, key: tuple, part_keys: Sequence[tuple], parts: Sequence[BM25Stats],
+                  n_terms: int) -> BM25Stats:
+    """:meth:`BM25Stats.combine` of ``parts`` (cached under ``part_keys``), from the previous
+    generation's sum where ``cache`` holds one under ``key``: that sum less the parts it had and
+    this one lacks, plus the new parts (exact integer sums, equal to a full combine), so a
+    refresh after a small commit adds O(the vocabulary + the changed segments' terms), not
+    O(segments × vocabulary)."""
+    prev = cache.peek(key)
+    out = None
+    if prev is not None and len(prev[1].df) <= n_terms:
+        old_keys, old = prev
+        now = set(part_keys)
+        removed = [k for k in old_keys if k not in now]
+        kept = set(old_keys)
+        added = [(k, p) for k, p in zip(part_keys, parts) if k not in kept]
+        gone = [cache.peek(k) for k in removed]
+        if len(removed) + len(added) < len(parts) and all(g is not None for g in gone):
+            df = np.zeros(n_terms, dtype=np.int64)
+            df[:len(old.df)] = old.df
+            n_docs, sum_dl = old.n_docs, old.sum_dl
+            for g in gone:
+                df[:len(g.df)] -= g.df
+                n_docs, sum_dl = n_docs - g.n_docs, sum_dl - g.sum_dl
+            for _, p in added:
+                df[:len(p.df)] += p.df
+                n_docs, sum_dl = n_docs + p.n_docs, sum_dl + p.sum_dl
+            out = BM25Stats(n_docs, sum_dl, df)
+    if out is None:
+        out = BM25Stats.combine(parts, n_terms)
+    cache.put(key, (tuple(part_keys), out))
+    return out
 
 
 def drop_terms(q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
@@ -870,15 +1024,18 @@ def drop_terms(q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray
     return offs, q_terms[keep], q_weights[keep]
 
 
-def score_postings(offsets: np.ndarray, doc_ids: np.ndarray, impacts: np.ndarray, n_terms: int,
+def score_postings(offsets: np.ndarray, doc_ids: np.ndarray, impacts: np.ndarray | None, n_terms: int,
                    q_offsets: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray,
-                   c_offsets: np.ndarray, c_docs: np.ndarray, n_docs: int) -> np.ndarray:
+                   c_offsets: np.ndarray, c_docs: np.ndarray, n_docs: int, *,
+                   tfs: np.ndarray | None = None, doc_norm: np.ndarray | None = None) -> np.ndarray:
     """Scores ``Σ_t float32(w_t · impact(t, d))`` of given documents, term by term in query order
     in float32 (the exhaustive kernel's arithmetic, so equal bit for bit to its scores).
 
     Args:
         offsets, doc_ids, impacts: a shard's postings (CSR by term, documents ascending within a
-            list) and per-posting impacts (float32).
+            list) and per-posting impacts (float32); ``impacts`` None: computed from ``tfs``
+            (u32 per posting) and ``doc_norm`` (f32 per document) as the kernels do,
+            ``float32(tf) / (float32(tf) + doc_norm[d])`` in float32.
         n_terms: terms the shard's postings cover (larger query term ids score 0 there).
         q_offsets, q_terms, q_weights: the ragged query batch (int64 offsets).
         c_offsets: int64 (nq + 1,) offsets into ``c_docs`` per query.
@@ -910,7 +1067,13 @@ def score_postings(offsets: np.ndarray, doc_ids: np.ndarray, impacts: np.ndarray
             hit = pos < len(lst)
             hit[hit] = lst[pos[hit]] == docs[hit]
             contrib = np.zeros(len(docs), dtype=np.float32)
-            contrib[hit] = np.float32(q_weights[j]) * impacts[lo + pos[hit]]
+            at = lo + pos[hit]
+            if impacts is not None:
+                imp = impacts[at]
+            else:
+                tf = tfs[at].astype(np.float32)
+                imp = tf / (tf + doc_norm[docs[hit]])
+            contrib[hit] = np.float32(q_weights[j]) * imp
             acc[hit] = acc[hit] + contrib[hit]  # float32 add, only where the term occurs
         out[lo_c:hi_c] = acc
     return out

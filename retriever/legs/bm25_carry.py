@@ -1,0 +1,116 @@
+"""BM25 per-segment state carried from one index generation to the next.
+
+A living index (:class:`retriever.index.updates.IndexUpdater`) changes N, df and avgdl with every
+commit, and BM25's per-posting tf part ``tf / (tf + k1·(1 − b + b·dl/avgdl))`` changes with
+avgdl. Recomputing every segment's impacts and MaxScore / block-max bounds at each
+:meth:`retriever.Retriever.refresh` costs a pass over every posting of the index. This module
+keeps, per segment, what does not depend on the statistics (:class:`SegmentState`: checked
+postings, membership bitmaps, scored lengths, the segment's own statistics) and derives what
+does from the previous generation's values with two bounds, both from the monotonicity of the
+tf part in the length norm n = k1·(1 − b + b·dl/avgdl):
+
+- n_now / n_then <= max(1, avgdl_then / avgdl_now) and >= min(1, ...) for every document, so a
+  tf part changes by at most the factor avgdl_now / avgdl_then (up when avgdl grows, down when
+  it shrinks): ``tf/(tf + n_now) <= max(1, avgdl_now / avgdl_then) · tf/(tf + n_then)`` and
+  ``>= min(1, avgdl_now / avgdl_then) · tf/(tf + n_then)``.
+- Upper bounds (term and block maxima of the tf part) computed exactly at avgdl_0 stay upper
+  bounds at avgdl when multiplied by :func:`ub_factor` (avgdl_0, avgdl); a k-th largest tf part of
+  an unchanged list computed at avgdl_then stays a safe initial threshold multiplied by
+  :func:`kth_factor`. Both include :data:`SLACK` for the float32 rounding of the tf parts.
+
+Scores are never derived: a carried segment is scored from its term frequencies and the new
+length norms (the kernels' on-the-fly path, the same float32 arithmetic as precomputed impacts),
+so every result is bit-identical to a fresh open's; only the pruning bounds are looser, by the
+avgdl drift since the exact ones, which is why exact bounds are recomputed once that drift
+passes :data:`MAX_DRIFT`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Hashable
+
+import numpy as np
+
+from ..stats import BM25Stats
+
+#: relative slack for the float32 rounding of the tf parts (each is within 2^-23 of the exact
+#: value, two roundings) applied to carried bounds (up) and thresholds (down); negligible for
+#: pruning
+SLACK = 2.0 ** -20
+
+#: carried upper bounds are used while avgdl stays within this factor of the avgdl they were
+#: computed at; past it a segment's exact bounds are recomputed (one pass over its postings)
+MAX_DRIFT = 1.05
+
+
+def ub_factor(avgdl_then: float, avgdl_now: float) -> float:
+    """g >= 1 with ``tf part at avgdl_now <= g · tf part at avgdl_then`` for every posting,
+    float32 rounding included (see the module docstring)."""
+    return max(1.0, avgdl_now / avgdl_then) * (1.0 + 4 * SLACK)
+
+
+def kth_factor(avgdl_then: float, avgdl_now: float) -> float:
+    """f <= 1 with ``tf part at avgdl_now >= f · tf part at avgdl_then`` for every posting,
+    float32 rounding included (see the module docstring)."""
+    return min(1.0, avgdl_now / avgdl_then) * (1.0 - 4 * SLACK)
+
+
+def drift(avgdl_then: float, avgdl_now: float) -> float:
+    """How far apart two avgdl values are, as a factor >= 1."""
+    return max(avgdl_now / avgdl_then, avgdl_then / avgdl_now)
+
+
+def scaled_up(a: np.ndarray, g: float) -> np.ndarray:
+    """float32 ``a · g`` rounded up (never below the exact product; -inf/0 stay)."""
+    out = (a.astype(np.float64) * g).astype(np.float32)
+    return np.nextafter(out, np.float32(np.inf), where=np.isfinite(out) & (out > 0), out=out)
+
+
+def scaled_down(a: np.ndarray, f: float) -> np.ndarray:
+    """float32 ``a · f`` rounded down (never above the exact product; NaN and -inf stay)."""
+    out = (a.astype(np.float64) * f).astype(np.float32)
+    return np.nextafter(out, np.float32(-np.inf), where=np.isfinite(out) & (out > 0), out=out)
+
+
+class SegmentState:
+    """One segment's BM25 state that does not depend on corpus statistics (kept in a
+    :class:`retriever.segcache.SegmentCache`, so every generation that lists the segment shares
+    it), plus the scoring state of the newest generation that scored it (:meth:`latest`), from
+    which the next generation carries bounds and thresholds.
+
+    Attributes:
+        arrays: the checked ``bm25.arrow`` arrays (``offsets``, ``doc_ids``, ``tfs``, ``doc_len``).
+        dense: membership bitmaps of the long lists (``dense_slot``, ``dense_bits``, ``dense_rank``).
+        dl: int64 (rows,) lengths as scored (Lucene's decoded norms or the exact lengths).
+        stats: the segment's own statistics (every row; df over its own terms only).
+    """
+
+    def __init__(self, arrays: dict[str, np.ndarray], dense: dict[str, np.ndarray], dl: np.ndarray) -> None:
+        self.arrays = arrays
+        self.dense = dense
+        self.dl = dl
+        offsets = arrays["offsets"]
+        self.stats = BM25Stats(int(len(dl)), int(arrays["doc_len"].sum(dtype=np.int64)),
+                               np.diff(offsets).astype(np.int64))
+        self._lock = threading.Lock()
+        self._tf_min: int | None = None
+        self._latest: dict[Hashable, dict[str, Any]] = {}
+
+    @property
+    def tf_min(self) -> int:
+        """The smallest term frequency of any posting (1 when there are none); computed once."""
+        if self._tf_min is None:
+            tfs = self.arrays["tfs"]
+            self._tf_min = int(tfs.min()) if len(tfs) else 1
+        return self._tf_min
+
+    def latest(self, key: Hashable) -> dict[str, Any] | None:
+        """The scoring state last recorded for ``key`` (``(k1, b)``), or None."""
+        with self._lock:
+            return self._latest.get(key)
+
+    def record(self, key: Hashable, ks: dict[str, Any]) -> None:
+        """Record ``ks`` as the newest scoring state for ``key``."""
+        with self._lock:
+            self._latest[key] = ks
