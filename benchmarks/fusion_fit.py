@@ -120,13 +120,14 @@ def real_eval(r: Any, queries: dict, qrels: dict, qids: list[str], dense: np.nda
 def quality(only: list[str]) -> dict[str, Any]:
     from retriever import Retriever
     from retriever.fusion import DEFAULT_FUSION
-    from retriever.fusion_fit import (LCB, FitGrid, baseline_rows, collect, cross_validate, evaluate_settings,
-                                      folds_of, labels_hash, select)
+    from retriever.fusion_fit import RULES, FitGrid, chooser, collect, cross_validate, evaluate_settings, folds_of, \
+        labels_hash
 
     grid = FitGrid()
     out: dict[str, Any] = {"grid": {"rrf_k": grid.rrf_k, "norms": grid.norms, "weight_steps": grid.weight_steps,
-                                    "depths": grid.depths, "full_score": grid.full_score},
-                           "metric": "ndcg@10", "folds": 5, "k": 100, "collections": {}}
+                                    "depths": grid.depths, "full_score": grid.full_score,
+                                    "gap_powers": grid.gap_powers},
+                           "metric": "ndcg@10", "folds": 5, "k": 100, "rule": RULES[0], "collections": {}}
     for c in only:
         for legs in LEG_SETS:
             t0 = time.perf_counter()
@@ -139,20 +140,25 @@ def quality(only: list[str]) -> dict[str, Any]:
             settings, values = evaluate_settings(data, grid, "ndcg@10", extra=[DEFAULT_FUSION, *fixed.values()])
             n_extra = 1 + len(fixed)
             parts = folds_of(len(qids), 5, 0)
-            base = baseline_rows(settings)
-            cv = cross_validate(values, parts, baselines=base, lcb=LCB)
+            rules = {}
+            for rule in RULES:  # every rule on the same folds, the grid only (not the fixed comparisons)
+                pick = chooser(rule, values[n_extra:], settings[n_extra:], data.legs, grid.weight_steps)
+                rules[rule] = (lambda p: lambda rows: n_extra + p(rows))(pick)
+            cv = cross_validate(values, parts, choose=rules[RULES[0]])
             np.savez(CACHE / f"values_{c}_{legs}.npz", values=values,
                      names=np.array([json.dumps(s.to_dict()) for s in settings]))
             per_fixed = {name: {"mean": round(float(values[1 + i].mean()), 4),
                                 "cv": round(cross_validate(values, parts, fixed=1 + i)["mean"], 4)}
                          for i, name in enumerate(fixed)}
-            best = select(values, np.arange(len(qids)), base, LCB)
+            best = rules[RULES[0]](np.arange(len(qids)))
             row: dict[str, Any] = {
                 "fit_split": fit_split, "n_queries": len(qids), "n_settings": len(settings) - n_extra,
                 "labels_sha256": labels_hash(queries, qrels),
                 "fitted_cv": {"mean": round(cv["mean"], 4), "std": round(cv["std"], 4),
                               "folds": [round(x, 4) for x in cv["folds"]],
                               "chosen": [settings[i].to_dict() for i in cv["chosen"]]},
+                "rules_cv": {rule: round(cross_validate(values, parts, choose=ch)["mean"], 4)
+                             for rule, ch in rules.items()},
                 "default_cv": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in
                                cross_validate(values, parts, fixed=0).items() if k in ("mean", "std")},
                 "chosen_all": settings[best].to_dict(), "chosen_in_sample": round(float(values[best].mean()), 4),
