@@ -121,6 +121,8 @@ def test_fit_refuses_qrels_of_unknown_queries(bm25_index, tmp_path, capsys):
     assert "'missing-3', 'missing-7'" in msg and "2 queries" in msg
     with pytest.raises(CorpusError, match="missing-3"):
         fit_fusion(Retriever.open(bm25_index), {"1": "vitamin"}, {"1": {"d1": 1}, "missing-3": {"d": 1}})
+    with pytest.raises(QueryError, match="selection rule 'best'"):
+        fit_fusion(Retriever.open(bm25_index), {"1": "vitamin"}, {"1": {"d1": 1}}, rule="best")
 
 
 def _two_leg_settings():
