@@ -10,6 +10,7 @@ are encoded once with the same models, as the legs encode queries, and cached.
     python -m benchmarks.fusion_fit quality [--only scifact]   # fits, CV, fixed methods -> results/fusion_fit.json
     python -m benchmarks.fusion_fit cost                       # full-score ms/query -> results/fusion_full_score.json
     python -m benchmarks.fusion_fit defaults                   # the no-label default -> results/fusion_defaults.json
+    python -m benchmarks.fusion_fit nested                     # nested CV of the rule choice (after quality)
 
 Protocol: SciFact is fitted on train only (5-fold CV on train reported beside) and the chosen
 setting is evaluated once on test with a real search (pytrec_eval). Cranfield, CISI and MED have
@@ -27,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from retriever.fusion_fit import folds_of
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("RETRIEVER_CACHE", Path.home() / ".cache" / "retriever")) / "fusion_fit"
@@ -120,13 +123,14 @@ def real_eval(r: Any, queries: dict, qrels: dict, qids: list[str], dense: np.nda
 def quality(only: list[str]) -> dict[str, Any]:
     from retriever import Retriever
     from retriever.fusion import DEFAULT_FUSION
-    from retriever.fusion_fit import (LCB, FitGrid, baseline_rows, collect, cross_validate, evaluate_settings,
-                                      folds_of, labels_hash, select)
+    from retriever.fusion_fit import RULES, FitGrid, chooser, collect, cross_validate, evaluate_settings, folds_of, \
+        labels_hash
 
     grid = FitGrid()
     out: dict[str, Any] = {"grid": {"rrf_k": grid.rrf_k, "norms": grid.norms, "weight_steps": grid.weight_steps,
-                                    "depths": grid.depths, "full_score": grid.full_score},
-                           "metric": "ndcg@10", "folds": 5, "k": 100, "collections": {}}
+                                    "depths": grid.depths, "full_score": grid.full_score,
+                                    "gap_powers": grid.gap_powers},
+                           "metric": "ndcg@10", "folds": 5, "k": 100, "rule": RULES[0], "collections": {}}
     for c in only:
         for legs in LEG_SETS:
             t0 = time.perf_counter()
@@ -139,20 +143,25 @@ def quality(only: list[str]) -> dict[str, Any]:
             settings, values = evaluate_settings(data, grid, "ndcg@10", extra=[DEFAULT_FUSION, *fixed.values()])
             n_extra = 1 + len(fixed)
             parts = folds_of(len(qids), 5, 0)
-            base = baseline_rows(settings)
-            cv = cross_validate(values, parts, baselines=base, lcb=LCB)
+            rules = {}
+            for rule in RULES:  # every rule on the same folds, the grid only (not the fixed comparisons)
+                pick = chooser(rule, values[n_extra:], settings[n_extra:], data.legs, grid.weight_steps)
+                rules[rule] = (lambda p: lambda rows: n_extra + p(rows))(pick)
+            cv = cross_validate(values, parts, choose=rules[RULES[0]])
             np.savez(CACHE / f"values_{c}_{legs}.npz", values=values,
                      names=np.array([json.dumps(s.to_dict()) for s in settings]))
             per_fixed = {name: {"mean": round(float(values[1 + i].mean()), 4),
                                 "cv": round(cross_validate(values, parts, fixed=1 + i)["mean"], 4)}
                          for i, name in enumerate(fixed)}
-            best = select(values, np.arange(len(qids)), base, LCB)
+            best = rules[RULES[0]](np.arange(len(qids)))
             row: dict[str, Any] = {
                 "fit_split": fit_split, "n_queries": len(qids), "n_settings": len(settings) - n_extra,
                 "labels_sha256": labels_hash(queries, qrels),
                 "fitted_cv": {"mean": round(cv["mean"], 4), "std": round(cv["std"], 4),
                               "folds": [round(x, 4) for x in cv["folds"]],
                               "chosen": [settings[i].to_dict() for i in cv["chosen"]]},
+                "rules_cv": {rule: round(cross_validate(values, parts, choose=ch)["mean"], 4)
+                             for rule, ch in rules.items()},
                 "default_cv": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in
                                cross_validate(values, parts, fixed=0).items() if k in ("mean", "std")},
                 "chosen_all": settings[best].to_dict(), "chosen_in_sample": round(float(values[best].mean()), 4),
@@ -173,6 +182,75 @@ def quality(only: list[str]) -> dict[str, Any]:
             out["collections"][f"{c}/{legs}"] = row
             print(json.dumps({f"{c}/{legs}": {k: row[k] for k in ("fitted_cv", "default_cv", "best_fixed", "seconds")}
                               | ({"test": row["test"]} if "test" in row else {})}), flush=True)
+    return out
+
+
+def repeated(v: np.ndarray, values: np.ndarray, fixed_rows: list[int], picks: dict[str, Any], n: int,
+             seeds: range = range(10)) -> dict[str, Any]:
+    """5-fold CV repeated over fold shuffles ``seeds`` (less split noise than one shuffle): per rule
+    and for the fixed method selected on the training folds, the mean over seeds of the CV figure
+    and its range."""
+    out: dict[str, list[float]] = {r: [] for r in picks} | {"fixed_method_selected": []}
+    for seed in seeds:
+        parts = folds_of(n, 5, seed)
+        for r, pick in picks.items():
+            out[r].append(float(np.mean([v[pick(np.setdiff1d(np.arange(n), f)), f].mean() for f in parts])))
+        out["fixed_method_selected"].append(float(np.mean([values[fixed_rows[int(np.argmax(
+            values[fixed_rows][:, np.setdiff1d(np.arange(n), f)].mean(axis=1)))], f].mean() for f in parts])))
+    return {r: {"mean": round(float(np.mean(x)), 4), "range": [round(min(x), 4), round(max(x), 4)]}
+            for r, x in out.items()} | {"seeds": len(seeds)}
+
+
+def nested(only: list[str], inner: int = 5) -> dict[str, Any]:
+    """Nested cross-validation of the choice of selection rule, from the per-setting values that
+    ``quality`` cached: in each outer fold, every rule of ``RULES`` is scored by an inner
+    ``inner``-fold CV on the outer training queries only (inner shuffle seed 1), the best rule is
+    applied to all outer training queries and its setting scored on the held-out fold. The rule
+    is then itself a fitted choice, so this figure stays held-out even though the default rule was
+    chosen by looking at the (outer) CV figures of these collections."""
+    from retriever.fusion import fusion_from_dict
+    from retriever.fusion_fit import RULES, FitGrid, chooser
+
+    grid = FitGrid()
+    out: dict[str, Any] = {"inner_folds": inner, "rules": RULES, "collections": {}}
+    for c in only:
+        for legs in LEG_SETS:
+            with np.load(CACHE / f"values_{c}_{legs}.npz") as z:
+                values, names = z["values"], [json.loads(x) for x in z["names"]]
+            n_extra = 1 + len(fixed_settings(LEG_SETS[legs]))
+            settings = [fusion_from_dict(d) for d in names[n_extra:]]
+            v = values[n_extra:]
+            picks = {rule: chooser(rule, v, settings, list(LEG_SETS[legs]), grid.weight_steps) for rule in RULES}
+            n = v.shape[1]
+            scores, chosen = [], []
+            for fold in folds_of(n, 5, 0):
+                train = np.setdiff1d(np.arange(n), fold)
+                inner_cv = {}
+                for rule, pick in picks.items():
+                    parts = folds_of(len(train), inner, 1)
+                    inner_cv[rule] = float(np.mean([v[pick(np.delete(train, p)), train[p]].mean() for p in parts]))
+                rule = max(RULES, key=lambda r: inner_cv[r])  # first of RULES on ties
+                chosen.append(rule)
+                scores.append(float(v[picks[rule](train), fold].mean()))
+            # the honest version of "best fixed": the fixed method chosen on the training folds
+            fixed_rows = [1 + i for i, name in enumerate(fixed_settings(LEG_SETS[legs])) if not name.startswith("only:")]
+            fixed_cv = [float(values[fixed_rows[int(np.argmax(values[fixed_rows][:, np.setdiff1d(np.arange(n), f)]
+                                                             .mean(axis=1)))], f].mean()) for f in folds_of(n, 5, 0)]
+            # the adaptive weights' share: every rule on the grid without them (gap power 0 only)
+            keep = np.array([not getattr(x, "gap_power", 0.0) for x in settings])
+            fixed_w = [x for x, k in zip(settings, keep) if k]
+            no_gap = {}
+            for rule in RULES:
+                pick = chooser(rule, v[keep], fixed_w, list(LEG_SETS[legs]), grid.weight_steps)
+                no_gap[rule] = round(float(np.mean([v[keep][pick(np.setdiff1d(np.arange(n), f)), f].mean()
+                                                    for f in folds_of(n, 5, 0)])), 4)
+            out["collections"][f"{c}/{legs}"] = {"mean": round(float(np.mean(scores)), 4),
+                                                 "std": round(float(np.std(scores)), 4),
+                                                 "folds": [round(x, 4) for x in scores], "rules": chosen,
+                                                 "fixed_method_selected_cv": round(float(np.mean(fixed_cv)), 4),
+                                                 "rules_cv_without_gap": no_gap,
+                                                 "repeated_cv": repeated(v, values, fixed_rows, picks, n)}
+            print(json.dumps({f"{c}/{legs}": out["collections"][f"{c}/{legs}"]}), flush=True)
     return out
 
 
@@ -269,7 +347,7 @@ def defaults() -> dict[str, Any]:
             "chosen_setting": equal_weight_settings(LEG_SETS["3leg"])[chosen].to_dict() if chosen else None}
 
 
-def markdown(quality_json: Path, cost_json: Path | None = None) -> str:
+def markdown(quality_json: Path, cost_json: Path | None = None) -> str:  # noqa: C901
     """The HISTORY.md tables of the results files."""
     q = json.loads(quality_json.read_text())
     names = ["rrf60", "minmax", "zscore", "dbsf", "tmm", "theoretical", "rrf60+full", "minmax+full", "dbsf+full",
@@ -284,6 +362,18 @@ def markdown(quality_json: Path, cost_json: Path | None = None) -> str:
                      f"{row['best_fixed']} {fx[row['best_fixed']]['cv']:.4f} | "
                      + " | ".join(f"{fx[n]['cv']:.4f}" for n in names) + f" | {singles} |")
     out = "\n".join(lines)
+    if all("nested_cv" in row for row in q["collections"].values()):  # the selection rules (second pass)
+        rows = ["| collection / legs | fitted (smooth), CV | lcb, CV | argmax, CV | nested, CV | smooth without gap | "
+                "best fixed, hindsight | fixed chosen on train folds | 10 shuffles: smooth / lcb / fixed chosen |",
+                "|---" * 9 + "|"]
+        for key, row in q["collections"].items():
+            n, rc, rep10 = row["nested_cv"], row["rules_cv"], row["nested_cv"]["repeated_cv"]
+            rows.append(f"| {key} | {row['fitted_cv']['mean']:.4f} ± {row['fitted_cv']['std']:.4f} | {rc['lcb']:.4f} | "
+                        f"{rc['argmax']:.4f} | {n['mean']:.4f} | {n['rules_cv_without_gap']['smooth']:.4f} | "
+                        f"{row['best_fixed']} {row['fixed'][row['best_fixed']]['cv']:.4f} | "
+                        f"{n['fixed_method_selected_cv']:.4f} | {rep10['smooth']['mean']:.4f} / {rep10['lcb']['mean']:.4f}"
+                        f" / {rep10['fixed_method_selected']['mean']:.4f} |")
+        out += "\n\n" + "\n".join(rows)
     if cost_json is not None and cost_json.is_file():
         c = json.loads(cost_json.read_text())
         rows = ["| collection / legs | minmax ms/q | minmax+full ms/q | added | rrf60 ms/q | rrf60+full ms/q | added | "
@@ -299,7 +389,7 @@ def markdown(quality_json: Path, cost_json: Path | None = None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quality", "cost", "defaults", "markdown"))
+    ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown"))
     ap.add_argument("--only", action="append", choices=COLLECTIONS)
     ap.add_argument("--out", default=None, help="results json (default results/fusion_fit.json or fusion_full_score.json)")
     args = ap.parse_args(argv)
@@ -308,6 +398,16 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(RESULTS / "fusion_fit.json", RESULTS / "fusion_full_score.json"))
         return 0
     t0 = time.perf_counter()
+    if args.what == "nested":  # added to the quality results file, beside the figures it was computed from
+        path = Path(args.out) if args.out else RESULTS / "fusion_fit.json"
+        res = json.loads(path.read_text())
+        nest = nested(only)
+        for key, row in nest["collections"].items():
+            res["collections"][key]["nested_cv"] = row
+        res["nested_command"] = "python -m benchmarks.fusion_fit nested" + "".join(f" --only {c}" for c in args.only or [])
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
     rep = quality(only) if args.what == "quality" else cost(only) if args.what == "cost" else defaults()
     rep["command"] = f"python -m benchmarks.fusion_fit {args.what}" + "".join(f" --only {c}" for c in args.only or [])
     rep["seconds"] = round(time.perf_counter() - t0, 1)

@@ -194,6 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("-k", type=_positive_int, default=100, help="search k the setting is fitted for")
     ft.add_argument("--split", default=None, help="name of the labelled split, recorded with the setting "
                     "(default: the queries file's name)")
+    ft.add_argument("--rule", default="smooth", choices=("smooth", "lcb", "argmax"),
+                    help="selection rule (docs/FUSION.md): the best weight neighbourhood, the one-SE rule "
+                    "over equal weights, or the plain arg-max")
     ft.add_argument("--dry-run", action="store_true", help="report only; store nothing")
     ft.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
     ft.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -455,7 +458,7 @@ def cmd_fusion_fit(args: argparse.Namespace) -> int:
     split = args.split or Path(args.queries).stem
     r = Retriever.open(args.dir, n_threads=args.threads)
     rep = fit_fusion(r, queries, qrels, metric=args.metric, folds=args.folds, k=args.k, split=split,
-                     store=not args.dry_run, queries_path=args.queries, qrels_path=args.qrels)
+                     store=not args.dry_run, queries_path=args.queries, qrels_path=args.qrels, rule=args.rule)
     if args.json:
         print(json.dumps({**rep.stored(), "generation": rep.generation, "seconds": rep.seconds,
                           "cv_folds": rep.cv["folds"], "default_cv_folds": rep.default_cv["folds"]}))

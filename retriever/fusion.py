@@ -13,6 +13,12 @@
   ends the leg's theoretical range for the query; :mod:`retriever.fusion_bounds` derives them) or
   ``none``. A degenerate list (max == min, zero σ, fewer than two scores for ``dbsf``, an empty
   range) normalises to 1.0, never NaN; absent legs contribute nothing.
+  Per-query adaptive weights (``Linear.gap_power`` = γ > 0): each leg's weight is multiplied, per
+  query, by g^γ, g = (max − mean) / σ of the leg's list (how far its top score stands above the
+  rest, in the list's population σ; 1.0 for fewer than two scores or σ = 0): a leg whose top
+  result stands out counts more for that query (a score-distribution confidence in the spirit of
+  score-based query-performance predictors). Fitted or not by cross-validation
+  (:mod:`retriever.fusion_fit`), never on by default.
 - Every method: per-leg candidate depth (``depths``: leg → depth, at least the call's k) and
   full-score fusion (``full_score``: the union of the legs' candidates scored exactly by every leg
   before fusing, see :mod:`retriever.full_score`).
@@ -85,18 +91,25 @@ class Linear:
         norm: one of :data:`NORMALISERS` (see the module docstring).
         weights: leg → weight (default 1.0 per leg).
         depths, full_score: as in :class:`RRF`.
+        gap_power: γ >= 0 of the per-query adaptive weights (module docstring): leg weight ×
+            :func:`gap_factor` ^ γ; 0 (default) = fixed weights.
     """
 
     norm: str = "minmax"
     weights: Mapping[str, float] = field(default_factory=dict)
     depths: Mapping[str, int] = field(default_factory=dict)
     full_score: bool = False
+    gap_power: float = 0.0
 
     def __post_init__(self) -> None:
         if self.norm not in NORMALISERS:
             raise QueryError(f"unknown normalisation {self.norm!r}; expected one of {', '.join(NORMALISERS)}")
         _check_weights(self.weights)
         _check_common(self.depths, self.full_score)
+        g = self.gap_power
+        if isinstance(g, bool) or not isinstance(g, (int, float, np.integer, np.floating)) or not (
+                np.isfinite(g) and 0 <= g <= MAX_GAP_POWER):
+            raise QueryError(f"Linear gap_power must be a number in [0, {MAX_GAP_POWER:g}], got {g!r}")
 
     @property
     def needs_bounds(self) -> bool:
@@ -106,7 +119,26 @@ class Linear:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready description (``{"method": "linear", "norm", "weights"}``, plus ``depths`` /
         ``full_score`` when set), as stored in results, benchmarks and the manifest."""
-        return _with_common({"method": "linear", "norm": self.norm, "weights": dict(self.weights)}, self)
+        d = _with_common({"method": "linear", "norm": self.norm, "weights": dict(self.weights)}, self)
+        if self.gap_power:
+            d["gap_power"] = float(self.gap_power)
+        return d
+
+
+#: largest accepted :attr:`Linear.gap_power` (g^γ must stay finite for any list of float32 scores)
+MAX_GAP_POWER = 8.0
+
+
+def gap_factor(s: np.ndarray) -> float:
+    """The per-query confidence of one leg's candidate list: (max − mean) / σ (population σ) of
+    ``s`` (float64 (n,)); 1.0 for fewer than two scores or σ = 0 (so a degenerate list keeps the
+    leg's weight). Always >= 0; at most sqrt(n − 1)."""
+    if len(s) < 2:
+        return 1.0
+    sd = s.std()
+    if sd == 0 or not np.isfinite(sd):
+        return 1.0
+    return float((s.max() - s.mean()) / sd)
 
 
 def _check_common(depths: Mapping[str, int], full_score: bool) -> None:
@@ -141,7 +173,7 @@ def fusion_from_dict(d: Mapping[str, Any]) -> "RRF | Linear":
               "full_score": bool(d.get("full_score", False))}
     if d["method"] == "rrf":
         return RRF(k=float(d.get("k", 60.0)), leg_k=dict(d.get("leg_k") or {}), **common)
-    return Linear(norm=str(d.get("norm", "minmax")), **common)
+    return Linear(norm=str(d.get("norm", "minmax")), gap_power=float(d.get("gap_power", 0.0)), **common)
 
 
 #: largest accepted |fusion weight|: leg scores times weights must stay finite in float64 sums
@@ -454,7 +486,8 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
             else:
                 ls = srow.astype(np.float64)
                 bound = None if bounds is None or n not in bounds else (bounds[n][0][q], bounds[n][1][q])
-                c = weights[n] * norm(ls, bound) if m else ls
+                w = weights[n] * gap_factor(ls) ** fusion.gap_power if fusion.gap_power else weights[n]
+                c = w * norm(ls, bound) if m else ls
             seg_ids.append(ids[q, :m])
             seg_contrib.append(c)
             seg_scores.append(srow)

@@ -15,14 +15,19 @@ numpy from these arrays (:class:`FitData`): the same arithmetic as :func:`retrie
 is the figure a search with it gives. Metrics (nDCG@k with linear gain, Recall@k, MRR@k; relevant
 = grade >= 1) follow trec_eval's conventions, over the judged queries of the queries file.
 
-Selection (:func:`select`): the best equal-weight setting on the training queries is the
-baseline; another setting replaces it only when the lower confidence bound of its paired gain
-(mean − one standard error of the per-query differences) is positive — the arg-max over thousands
-of settings overfits collections of a few dozen queries. Cross-validation: the judged queries are
-shuffled once (seed 0) and cut into ``folds`` parts; each part is scored by the setting selected
-on the other parts. The CV figure is the mean ± population standard
-deviation of the per-fold scores; the default setting is scored on the same folds. The stored
-setting is the best over all judged queries.
+Selection (:func:`select_smooth`, the default rule ``"smooth"``): the setting whose
+neighbourhood on the weight simplex — the settings of the same method, normalisation or k, depth,
+full-score and gap power whose normalised weights are within one grid step (L1 distance
+``2 / weight_steps``) — has the best mean training score. A plain arg-max over thousands of
+settings picks a weight point that wins on a few queries by chance (it overfits collections of a
+few dozen queries); a neighbourhood that is good as a whole is a flat optimum that carries over.
+The earlier rule (:func:`select`, ``"lcb"``: the best equal-weight setting unless another beats it
+by more than one standard error of the paired per-query gain) and the plain arg-max
+(``"argmax"``) remain selectable. Cross-validation: the judged queries are shuffled once (seed 0)
+and cut into ``folds`` parts; each part is scored by the setting selected on the other parts. The
+CV figure is the mean ± population standard deviation of the per-fold scores; the default setting
+is scored on the same folds. The stored setting is selected by the same rule on all judged
+queries.
 """
 
 from __future__ import annotations
@@ -35,20 +40,22 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from retriever.index.errors import CorpusError, QueryError
 
-from .fusion import DEFAULT_FUSION, NORMALISERS, RRF, Linear, tie_ranks
+from .fusion import DEFAULT_FUSION, MAX_GAP_POWER, NORMALISERS, RRF, Linear, gap_factor, tie_ranks
 from .full_score import score_union, union_rows
 from .legs.base import SearchContext
 
 #: metric names accepted by :func:`fit_fusion` (``name@cutoff``)
 METRICS = ("ndcg", "recall", "mrr")
-#: the selection's confidence multiplier (:func:`select`): one standard error (the one-SE rule)
+#: the confidence multiplier of the ``"lcb"`` rule (:func:`select`): one standard error
 LCB = 1.0
+#: selection rules :func:`chooser` accepts (module docstring); ``"smooth"`` is the default
+RULES = ("smooth", "lcb", "argmax")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,8 @@ class FitGrid:
             may weigh 0), plus equal weights (stored as 1.0 per leg).
         depths: candidate depths per leg tried (each raised to the search's k, as the engine does).
         full_score: full-score fusion off / on.
+        gap_powers: γ of the per-query adaptive weights tried for linear settings
+            (:attr:`retriever.fusion.Linear.gap_power`; 0 = fixed weights).
     """
 
     rrf_k: tuple[float, ...] = (5.0, 10.0, 20.0, 40.0, 60.0, 100.0)
@@ -69,6 +78,7 @@ class FitGrid:
     weight_steps: int = 10
     depths: tuple[int, ...] = (100, 200)
     full_score: tuple[bool, ...] = (False, True)
+    gap_powers: tuple[float, ...] = (0.0, 1.0)
 
     def __post_init__(self) -> None:
         bad = [n for n in self.norms if n not in NORMALISERS]
@@ -80,6 +90,9 @@ class FitGrid:
             raise QueryError(f"FitGrid: weight_steps must be >= 1, got {self.weight_steps!r}")
         if any(not (k >= 0 and math.isfinite(k)) for k in self.rrf_k):
             raise QueryError(f"FitGrid: rrf_k values must be finite and >= 0, got {self.rrf_k!r}")
+        if not self.gap_powers or any(not (0 <= g <= MAX_GAP_POWER) for g in self.gap_powers):
+            raise QueryError(f"FitGrid: gap_powers must be non-empty, each in [0, {MAX_GAP_POWER:g}], "
+                             f"got {self.gap_powers!r}")
 
 
 def simplex_weights(n_legs: int, steps: int) -> list[tuple[float, ...]]:
@@ -233,17 +246,19 @@ def collect(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapp
 
 
 def _contributions(data: FitData, depth: int, full: bool, norms: Sequence[str], rrf_ks: Sequence[float]
-                   ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray]:
+                   ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """For one (depth, full-score) pair: the candidate mask (nq, U), per normalisation the
-    normalised scores (L, nq, U) (0 where a leg does not see a candidate), and the RRF ranks
-    (L, nq, U) (0 = not seen), each computed exactly as :func:`retriever.fusion.fuse_loop` does
-    on the lists the engine would fuse."""
+    normalised scores (L, nq, U) (0 where a leg does not see a candidate), the RRF ranks
+    (L, nq, U) (0 = not seen) and each leg's :func:`retriever.fusion.gap_factor` per query
+    (float64 (L, nq)), each computed exactly as :func:`retriever.fusion.fuse_loop` does on the
+    lists the engine would fuse."""
     L, nq, width = data.scores.shape
     d = max(int(depth), data.k)
     seen = data.pos < d  # (L, nq, U): in the leg's own top-d
     present = seen.any(axis=0)
     normed = {n: np.zeros((L, nq, width)) for n in norms}
     ranks = np.zeros((L, nq, width), dtype=np.int64)
+    gaps = np.ones((L, nq))
     for li in range(L):
         for q in range(nq):
             if full:
@@ -259,10 +274,11 @@ def _contributions(data: FitData, depth: int, full: bool, norms: Sequence[str], 
                 continue
             ranks[li, q, cols] = tie_ranks(s, len(s))
             ls = s.astype(np.float64)
+            gaps[li, q] = gap_factor(ls)
             bound = (data.bounds[li, 0, q], data.bounds[li, 1, q])
             for n in norms:
                 normed[n][li, q, cols] = NORMALISERS[n](ls, bound)
-    return present, normed, ranks
+    return present, normed, ranks, gaps
 
 
 def _per_query_metric(total: np.ndarray, present: np.ndarray, data: FitData, measure: str, cutoff: int) -> np.ndarray:
@@ -331,7 +347,7 @@ def evaluate_settings(data: FitData, grid: FitGrid | None, metric: str, extra: S
     grid_out: list[tuple[Any, np.ndarray]] = []
     for (d, full), ext in wanted.items():
         norms = sorted(set(grid.norms) | {s.norm for s in ext if isinstance(s, Linear)})
-        present, normed, ranks = _contributions(data, d, full, norms, grid.rrf_k)
+        present, normed, ranks, gaps = _contributions(data, d, full, norms, grid.rrf_k)
         in_grid = d in grid.depths and full in grid.full_score
         depths = {n: int(d) for n in names}
 
@@ -342,7 +358,8 @@ def evaluate_settings(data: FitData, grid: FitGrid | None, metric: str, extra: S
                 if isinstance(f, RRF):
                     c = np.where(ranks[li] > 0, w / (f.k_of(n) + np.maximum(ranks[li], 1)), 0.0)
                 else:
-                    c = w * normed[f.norm][li]
+                    wq = w * gaps[li] ** f.gap_power if f.gap_power else np.full(len(gaps[li]), w)
+                    c = wq[:, None] * normed[f.norm][li]
                 total = total + c
             return _per_query_metric(total, present, data, measure, cutoff)
 
@@ -356,8 +373,9 @@ def evaluate_settings(data: FitData, grid: FitGrid | None, metric: str, extra: S
                 f = RRF(k=float(k), weights=wd, depths=depths, full_score=full)
                 grid_out.append((f, value(f)))
             for n in grid.norms:
-                f = Linear(norm=n, weights=wd, depths=depths, full_score=full)
-                grid_out.append((f, value(f)))
+                for g in grid.gap_powers:
+                    f = Linear(norm=n, weights=wd, depths=depths, full_score=full, gap_power=float(g))
+                    grid_out.append((f, value(f)))
     for s in extra:
         settings.append(s)
         rows.append(extra_vals[id(s)])
@@ -408,22 +426,82 @@ def select(values: np.ndarray, rows: np.ndarray, baselines: Sequence[int], lcb: 
 
 
 def baseline_rows(settings: Sequence[Any]) -> list[int]:
-    """Indices of the equal-weight settings (no per-leg weights) among ``settings``: the
-    baselines of :func:`select`."""
-    return [i for i, s in enumerate(settings) if not s.weights]
+    """Indices of the equal-weight, fixed-weight settings (no per-leg weights, no gap power)
+    among ``settings``: the baselines of :func:`select`."""
+    return [i for i, s in enumerate(settings) if not s.weights and not getattr(s, "gap_power", 0.0)]
+
+
+def weight_neighbours(settings: Sequence[Any], legs: Sequence[str], radius: float) -> list[np.ndarray]:
+    """Per setting, the indices of its neighbourhood for :func:`select_smooth`: the settings that
+    differ from it in the weights only (same method, k / per-leg k, normalisation, depths,
+    full-score and gap power) whose weight vectors, each divided by its sum, are within L1
+    distance ``radius`` of its own (itself included). Weights default to 1.0 per leg; a weight
+    vector summing to 0 or less is its own only neighbour."""
+    groups: dict[str, list[int]] = {}
+    vec = np.zeros((len(settings), len(legs)))
+    for i, s in enumerate(settings):
+        d = s.to_dict()
+        d.pop("weights", None)
+        groups.setdefault(repr(sorted(d.items())), []).append(i)
+        w = np.array([float(s.weights.get(n, 1.0)) for n in legs])
+        vec[i] = w / w.sum() if w.sum() > 0 else np.nan
+    out: list[np.ndarray] = [np.array([i]) for i in range(len(settings))]
+    for idx in groups.values():
+        ix = np.array(idx)
+        v = vec[ix]
+        dist = np.abs(v[:, None, :] - v[None, :, :]).sum(axis=2)
+        for j, i in enumerate(ix):
+            near = ix[dist[j] <= radius + 1e-9]
+            out[i] = near if len(near) else np.array([i])
+    return out
+
+
+def select_smooth(values: np.ndarray, rows: np.ndarray, neighbours: Sequence[np.ndarray]) -> int:
+    """The setting chosen on the queries ``rows`` by the ``"smooth"`` rule: the arg-max (first
+    on ties) of the neighbourhood mean, ``mean_{s' ∈ N(s)} mean_{q ∈ rows} v[s', q]`` with
+    ``N(s)`` from :func:`weight_neighbours`. Prefers a weight region that is good as a whole to an
+    isolated winning point (the arg-max's overfitting on a few dozen queries)."""
+    means = values[:, rows].mean(axis=1)
+    smooth = np.array([means[nb].mean() for nb in neighbours])
+    return int(np.argmax(smooth))
+
+
+def chooser(rule: str, values: np.ndarray, settings: Sequence[Any], legs: Sequence[str],
+            weight_steps: int) -> Callable[[np.ndarray], int]:
+    """``rows -> chosen setting index`` for a selection rule of :data:`RULES` over ``settings``
+    (their per-query ``values``): ``"smooth"`` (:func:`select_smooth`, neighbours within one
+    simplex step, L1 ``2 / weight_steps``), ``"lcb"`` (:func:`select` with the equal-weight
+    baselines and :data:`LCB`) or ``"argmax"`` (the best training mean).
+
+    Raises:
+        QueryError: an unknown rule.
+    """
+    if rule == "smooth":
+        nb = weight_neighbours(settings, legs, 2.0 / int(weight_steps))
+        return lambda rows: select_smooth(values, rows, nb)
+    if rule == "lcb":
+        base = baseline_rows(settings)
+        return lambda rows: select(values, rows, base, LCB)
+    if rule == "argmax":
+        return lambda rows: select(values, rows, (), 0.0)
+    raise QueryError(f"unknown selection rule {rule!r}; expected one of {', '.join(RULES)}")
 
 
 def cross_validate(values: np.ndarray, folds: Sequence[np.ndarray], fixed: int | None = None,
-                   baselines: Sequence[int] = (), lcb: float = 0.0) -> dict[str, Any]:
-    """Per fold: the setting :func:`select` chooses on the other folds, scored on the fold; or,
-    with ``fixed``, that setting on every fold. Returns ``{"mean", "std", "folds": [...],
-    "chosen": [setting index per fold]}`` (std: population, over the folds)."""
+                   baselines: Sequence[int] = (), lcb: float = 0.0,
+                   choose: Callable[[np.ndarray], int] | None = None) -> dict[str, Any]:
+    """Per fold: the setting chosen on the other folds (by ``choose(rows)``, else by
+    :func:`select` with ``baselines`` and ``lcb``), scored on the fold; or, with ``fixed``, that
+    setting on every fold. Returns ``{"mean", "std", "folds": [...], "chosen": [setting index per
+    fold]}`` (std: population, over the folds)."""
     scores, chosen = [], []
     n = values.shape[1]
     for f in folds:
         train = np.ones(n, dtype=bool)
         train[f] = False
-        best = fixed if fixed is not None else select(values, np.flatnonzero(train), baselines, lcb)
+        rows = np.flatnonzero(train)
+        best = fixed if fixed is not None else choose(rows) if choose is not None else select(
+            values, rows, baselines, lcb)
         chosen.append(best)
         scores.append(float(values[best, f].mean()))
     return {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "folds": scores, "chosen": chosen}
@@ -445,6 +523,7 @@ class FitReport:
         seconds: wall time of collecting, of evaluating the grid, of the whole fit.
         full_score_ms_per_query: time of scoring the union once per query at the largest depth.
         generation: the generation the setting was stored in (None when not stored).
+        folds: the CV folds; rule: the selection rule (:data:`RULES`).
     """
 
     setting: Any
@@ -461,12 +540,13 @@ class FitReport:
     full_score_ms_per_query: float
     generation: int | None = None
     folds: int = 5
+    rule: str = "smooth"
 
     def stored(self) -> dict[str, Any]:
         """The manifest's ``fusion`` field: the setting's description plus ``fitted`` (metric, CV
         figures, labels' hash, split, queries, date)."""
         return {**self.setting.to_dict(), "fitted": {
-            "metric": self.metric, "folds": self.folds, "cv_mean": round(self.cv["mean"], 6),
+            "metric": self.metric, "folds": self.folds, "rule": self.rule, "cv_mean": round(self.cv["mean"], 6),
             "cv_std": round(self.cv["std"], 6), "default_cv_mean": round(self.default_cv["mean"], 6),
             "default_cv_std": round(self.default_cv["std"], 6), "default": self.default,
             "train_score": round(self.train_score, 6), "n_queries": self.n_queries, "n_settings": self.n_settings,
@@ -477,7 +557,7 @@ class FitReport:
         """Human-readable lines (what ``retriever fusion fit`` prints)."""
         return "\n".join([
             f"fitted on {self.n_queries} judged queries of split {self.split or '(unnamed)'}; "
-            f"{self.n_settings} settings, {self.folds}-fold CV, metric {self.metric}",
+            f"{self.n_settings} settings, {self.folds}-fold CV, metric {self.metric}, rule {self.rule}",
             f"  fitted (CV)  {self.cv['mean']:.4f} ± {self.cv['std']:.4f}",
             f"  default (CV) {self.default_cv['mean']:.4f} ± {self.default_cv['std']:.4f}   [{self.default}]",
             f"  chosen: {self.setting.to_dict()}  (in-sample {self.train_score:.4f})",
@@ -490,7 +570,7 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
                split: str | None = None, store: bool = False, default: Any = None,
                leg_params: Mapping[str, Any] | None = None, query_vectors: np.ndarray | None = None,
                sparse_vectors: Any = None, n_threads: int | None = None, seed: int = 0,
-               queries_path: str | None = None, qrels_path: str | None = None) -> FitReport:
+               queries_path: str | None = None, qrels_path: str | None = None, rule: str = "smooth") -> FitReport:
     """Fit a fusion setting on labelled queries (module docstring) and optionally store it.
 
     Args:
@@ -509,19 +589,22 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
         leg_params, query_vectors, sparse_vectors, n_threads: as in ``search_arrays``;
             vectors in judged-query order (the queries file's order, judged ones only).
         seed: of the fold shuffle.
+        rule: the selection rule, one of :data:`RULES` (module docstring; default ``"smooth"``).
 
     Returns:
         a :class:`FitReport` (``generation`` set when stored).
 
     Raises:
         CorpusError: qrels naming queries that ``queries`` lacks (names them), or nothing judged.
-        QueryError: bad metric, folds, grid, or an index with fewer than two legs.
+        QueryError: bad metric, folds, grid, rule, or an index with fewer than two legs.
         IndexLockedError / IndexFormatError: storing while another writer holds the index, or
             after another generation was committed.
     """
     t0 = time.perf_counter()
     grid = grid or FitGrid()
     measure, cutoff = parse_metric(metric)
+    if rule not in RULES:
+        raise QueryError(f"unknown selection rule {rule!r}; expected one of {', '.join(RULES)}")
     qids = check_labels(queries, qrels, queries_path=queries_path, qrels_path=qrels_path)
     parts = folds_of(len(qids), int(folds), seed)
     default = DEFAULT_FUSION if default is None else default
@@ -535,13 +618,18 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
     t1 = time.perf_counter()
     settings, values = evaluate_settings(data, grid, metric, extra=[default])
     t2 = time.perf_counter()
-    base = baseline_rows(settings)
-    cv = cross_validate(values, parts, baselines=base, lcb=LCB)
+    pick = chooser(rule, values[1:], settings[1:], data.legs, grid.weight_steps)  # the grid, not the default
+
+    def choose(rows: np.ndarray) -> int:
+        return 1 + pick(rows)
+
+    cv = cross_validate(values, parts, choose=choose)
     dcv = cross_validate(values, parts, fixed=0)
-    best = select(values, np.arange(values.shape[1]), base, LCB)
+    best = choose(np.arange(values.shape[1]))
     rep = FitReport(settings[best], f"{measure}@{cutoff}", cv, dcv, default.to_dict(), float(values[best].mean()),
                     len(qids), len(settings) - 1, labels_hash(queries, qrels), split,
-                    {"collect": t1 - t0, "grid": t2 - t1}, data.full_ms / max(1, len(qids)), folds=int(folds))
+                    {"collect": t1 - t0, "grid": t2 - t1}, data.full_ms / max(1, len(qids)), folds=int(folds),
+                    rule=rule)
     if store:
         rep.generation = store_fusion(retriever.reader.path, retriever.reader.generation, rep.stored())
     rep.seconds["total"] = time.perf_counter() - t0

@@ -12,7 +12,9 @@ import pytest
 from retriever import CorpusError, Retriever
 from retriever.evaluation import evaluate, make_run
 from retriever.fusion import DEFAULT_FUSION, RRF, Linear, fusion_from_dict
-from retriever.fusion_fit import FitGrid, collect, evaluate_settings, fit_fusion, simplex_weights
+from retriever import QueryError
+from retriever.fusion_fit import (FitGrid, chooser, collect, cross_validate, evaluate_settings, fit_fusion,
+                                  select_smooth, simplex_weights, weight_neighbours)
 from tests.conftest import cli_error
 from tests.test_fusion_methods import syn  # noqa: F401  (the three-leg synthetic index fixture)
 
@@ -52,6 +54,8 @@ def test_refit_figures_equal_real_searches(syn):
         settings, values = evaluate_settings(data, grid, metric, extra=[DEFAULT_FUSION])
         assert values.shape == (len(settings), len(qids))
         pick = list(range(0, len(settings), max(1, len(settings) // 23)))
+        pick += [i for i, f in enumerate(settings) if getattr(f, "gap_power", 0.0)][:: max(1, len(settings) // 12)]
+        assert any(getattr(settings[i], "gap_power", 0.0) == 1.0 for i in pick)  # adaptive weights checked too
         name = {"ndcg@10": "nDCG@10", "recall@10": "R@10", "mrr@10": "RR@10"}[metric]
         for i in pick:
             f = settings[i]
@@ -87,7 +91,7 @@ def test_fit_round_trip_and_default(syn, tmp_path, capsys):
     r2 = Retriever.open(path)
     stored = r2.reader.fusion
     assert stored["fitted"]["labels_sha256"] == rep.labels_sha256 and stored["fitted"]["split"] == "train"
-    assert stored["fitted"]["cv_mean"] == round(rep.cv["mean"], 6)
+    assert stored["fitted"]["cv_mean"] == round(rep.cv["mean"], 6) and stored["fitted"]["rule"] == "smooth"
     assert r2.default_fusion() == rep.setting == fusion_from_dict(stored)
     a = r2.search_arrays(qs, k=10, query_vectors=qv, sparse_vectors=sv)
     b = r2.search_arrays(qs, k=10, fusion=rep.setting, query_vectors=qv, sparse_vectors=sv)
@@ -117,3 +121,52 @@ def test_fit_refuses_qrels_of_unknown_queries(bm25_index, tmp_path, capsys):
     assert "'missing-3', 'missing-7'" in msg and "2 queries" in msg
     with pytest.raises(CorpusError, match="missing-3"):
         fit_fusion(Retriever.open(bm25_index), {"1": "vitamin"}, {"1": {"d1": 1}, "missing-3": {"d": 1}})
+    with pytest.raises(QueryError, match="selection rule 'best'"):
+        fit_fusion(Retriever.open(bm25_index), {"1": "vitamin"}, {"1": {"d1": 1}}, rule="best")
+
+
+def _two_leg_settings():
+    """Linear min-max on the simplex of step 1/4 (plus equal weights first) and one RRF setting."""
+    w = simplex_weights(2, 4)  # (1, 1), (0, 1), (.25, .75), (.5, .5), (.75, .25), (1, 0)
+    lin = [Linear("minmax", weights={} if x == (1.0, 1.0) else {"a": x[0], "b": x[1]}) for x in w]
+    return lin + [RRF(weights={"a": 0.75, "b": 0.25})]
+
+
+def test_weight_neighbours_and_smooth_selection():
+    """An isolated spike on the weight simplex wins the plain arg-max; the smooth rule picks the
+    plateau (hand-computed neighbourhood means)."""
+    settings = _two_leg_settings()
+    nb = weight_neighbours(settings, ["a", "b"], 0.5)
+    # equal weights are the point (.5, .5): neighbours (.25, .75), (.5, .5), (.75, .25) and itself
+    assert sorted(nb[0].tolist()) == [0, 2, 3, 4] and sorted(nb[3].tolist()) == [0, 2, 3, 4]
+    assert sorted(nb[1].tolist()) == [1, 2] and sorted(nb[5].tolist()) == [4, 5]
+    assert nb[6].tolist() == [6]  # another method: its own group
+    #              eq   (0,1) (.25,.75) (.5,.5) (.75,.25) (1,0)  rrf
+    per_setting = [0.6, 0.9, 0.1, 0.6, 0.6, 0.6, 0.95]
+    values = np.array([[v, v] for v in per_setting])
+    rows = np.arange(2)
+    # neighbourhood means: eq .475, (0,1) .5, (.25,.75) .55, (.5,.5) .475, (.75,.25) .6, (1,0) .6, rrf .95
+    assert select_smooth(values[:6], rows, nb[:6]) == 4  # the first of the two plateau points
+    assert select_smooth(values, rows, nb) == 6
+    assert chooser("argmax", values[:6], settings[:6], ["a", "b"], 4)(rows) == 1  # the spike
+    assert chooser("smooth", values[:6], settings[:6], ["a", "b"], 4)(rows) == 4
+    # the one-SE rule: the spike's gain over equal weights (+0.3 on both queries) has no spread: taken
+    assert chooser("lcb", values[:6], settings[:6], ["a", "b"], 4)(rows) == 1
+    # ... but not when it comes from one query (mean gain 0.05, SE 0.35)
+    spread = values[:6].copy()
+    spread[1] = [1.3, -0.2]
+    assert chooser("lcb", spread, settings[:6], ["a", "b"], 4)(rows) == 0
+    with pytest.raises(QueryError, match="selection rule 'best'"):
+        chooser("best", values, settings, ["a", "b"], 4)
+
+
+def test_cross_validate_scores_each_fold_by_the_others():
+    """Fold by fold, the rule sees only the other folds' queries; the figure is the mean of the
+    held-out folds' means (hand-computed)."""
+    # setting 0 is best on queries 0-1, setting 1 on queries 2-3
+    values = np.array([[1.0, 1.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0]])
+    folds = [np.array([0, 1]), np.array([2, 3])]
+    cv = cross_validate(values, folds, choose=lambda rows: int(np.argmax(values[:, rows].mean(axis=1))))
+    assert cv["chosen"] == [1, 0] and cv["folds"] == [0.0, 0.0] and cv["mean"] == 0.0
+    fixed = cross_validate(values, folds, fixed=0)
+    assert fixed["folds"] == [1.0, 0.0] and fixed["mean"] == 0.5

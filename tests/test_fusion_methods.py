@@ -74,10 +74,33 @@ def test_rrf_per_leg_k_and_depths():
         Linear(depths={"a": 0})
 
 
+def test_gap_adaptive_weights_hand_computed():
+    """Per-query adaptive weights: each leg's weight × ((max − mean) / σ)^γ of its list."""
+    from retriever.fusion import gap_factor
+
+    assert gap_factor(np.array([3.0, 1.0, 1.0, 1.0])) == pytest.approx(np.sqrt(3.0))  # the bound sqrt(n - 1)
+    assert gap_factor(np.array([2.0, 0.0])) == 1.0 and gap_factor(np.array([4.0])) == 1.0  # one hit
+    assert gap_factor(np.array([2.0, 2.0, 2.0])) == 1.0 and gap_factor(np.array([])) == 1.0  # constant, none
+    a = leg([[(1, 3.0), (2, 1.0), (3, 1.0), (4, 1.0)]])  # gap sqrt(3); min-max 1, 0, 0, 0
+    b = leg([[(2, 2.0), (3, 0.0)]])                      # gap 1; min-max 1, 0
+    c = leg([[(5, 4.0)]])                                # one hit: gap 1, min-max 1
+    d = leg([[]])                                        # no hits: nothing
+    legs = {"a": a, "b": b, "c": c, "d": d}
+    assert fused(legs, 5, Linear("minmax", gap_power=2.0)) == pytest.approx({1: 3.0, 2: 1.0, 3: 0.0, 4: 0.0, 5: 1.0})
+    assert fused(legs, 5, Linear("minmax", weights={"a": 0.5}, gap_power=1.0)) == pytest.approx(
+        {1: 0.5 * np.sqrt(3.0), 2: 1.0, 3: 0.0, 4: 0.0, 5: 1.0})
+    assert fused(legs, 5, Linear("minmax", gap_power=0.0)) == fused(legs, 5, Linear("minmax"))
+    for bad in (-1.0, float("nan"), 9.0, True):
+        with pytest.raises(QueryError, match="gap_power"):
+            Linear(gap_power=bad)
+
+
 def test_to_dict_round_trip():
     for f in (RRF(), RRF(20.0, {"bm25": 2.0}, {"dense": 5.0}, {"bm25": 50}, True),
-              Linear("tmm", {"dense": 0.3}, {"sparse": 200}, True), Linear("dbsf")):
+              Linear("tmm", {"dense": 0.3}, {"sparse": 200}, True), Linear("dbsf"),
+              Linear("zscore", {"bm25": 0.3}, gap_power=1.0)):
         assert fusion_from_dict(f.to_dict()) == f
+    assert Linear("dbsf").to_dict() == {"method": "linear", "norm": "dbsf", "weights": {}}
     assert RRF().to_dict() == {"method": "rrf", "k": 60.0, "weights": {}}  # unchanged for old settings
 
 
