@@ -166,6 +166,32 @@ def test_large_batches_go_through_the_object_store(ray_cluster, local, local_ind
         assert any(isinstance(p, dsearch.TextBatch) for p in puts)
 
 
+def test_large_filter_masks_reach_each_actor_once(ray_cluster, local, local_index, monkeypatch):
+    """Masks above INLINE_BYTES go to the object store once per actor and filter: every leg and a
+    later search with the same filter pass the reference; results equal local search."""
+    from retriever.distributed import search as dsearch
+
+    puts = []
+    real_put = dsearch.ray.put
+    monkeypatch.setattr(dsearch.ray, "put", lambda obj, **kw: puts.append(obj) or real_put(obj, **kw))
+    monkeypatch.setattr(dsearch, "INLINE_BYTES", 0)
+    flt = {"year": {"$gte": 2005}}
+    with Retriever.open(local_index, executor=executor(2)) as remote:
+        for rep in range(2):
+            puts.clear()
+            same_result(local.search_arrays(QUERIES, 10, filter=flt), remote.search_arrays(QUERIES, 10, filter=flt),
+                        f"filter, search {rep}")
+            mask_puts = [p for p in puts if isinstance(p, list)]
+            assert len(mask_puts) == (2 if rep == 0 else 0)  # one per actor, then none
+            if rep == 0:
+                assert [len(p) for p in mask_puts] == [len(h) for h in remote.engine.assignment]
+        other = {"tag": "a"}
+        puts.clear()
+        same_result(local.search_arrays(QUERIES, 10, filter=other), remote.search_arrays(QUERIES, 10, filter=other),
+                    "another filter")
+        assert len([p for p in puts if isinstance(p, list)]) == 2
+
+
 def test_payload_bytes_counts_arrays_and_text():
     from retriever.distributed.search import TextBatch, payload_bytes
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -60,6 +60,10 @@ ACTOR_CONCURRENCY = 4
 #: shared-memory object and its bookkeeping), more than a one-query call's whole search, while a
 #: batch of 1,000 dense queries (1.5 MB) would otherwise be serialised once per actor.
 INLINE_BYTES = 100 * 1024
+#: filters whose per-actor masks (when larger than :data:`INLINE_BYTES`) a driver keeps in the
+#: object store, so that every leg of a search and later searches with the same filter pass a
+#: reference instead of sending the masks again
+MASK_REFS_KEPT = 8
 
 
 def payload_bytes(obj: Any, _depth: int = 0) -> int:
@@ -303,6 +307,9 @@ class DistributedEngine(Engine):
             self.assignment = reassign(previous, reader)
             self.actors = list(previous.actors)
         self._owner = {s: (a, pos) for a, held in enumerate(self.assignment) for pos, s in enumerate(held)}
+        #: ids of a mask list's masks -> (the masks, per actor its masks or their object reference)
+        self._mask_refs: OrderedDict[tuple[int, ...], tuple[list[Any], list[Any]]] = OrderedDict()
+        self._mask_lock = threading.Lock()
         try:
             parts = self._gather([a.held_stats.remote(reader.generation, held)
                                   for a, held in zip(self.actors, self.assignment) if held],
@@ -374,14 +381,43 @@ class DistributedEngine(Engine):
                                 else [self._owner[s][1] for s in mine]))
         shipped = (ray.put(prepared) if len(targets) > 1 and payload_bytes(prepared) > INLINE_BYTES
                    else prepared)
+        masks = self._masks(ctx.allow)
         calls, actors = [], []
         for a, held, local in targets:
-            allow = None if ctx.allow is None else [ctx.allow[s] for s in held]
+            allow = masks[a]
             calls.append(self.actors[a].search.remote(self.specs[a], leg, shipped, ctx.depth, ctx.n_threads, allow,
                                                       local))
             actors.append(a)
         parts = self._gather(calls, actors)
         return merge_topk(parts, ctx.depth)
+
+    def _masks(self, allow: Sequence[np.ndarray | None] | None) -> list[Any]:
+        """Per actor what its ``search`` call receives as ``allow``: ``None``, its shards' masks
+        (inside the call), or, when they exceed :data:`INLINE_BYTES`, an object reference to them.
+        The references of read-only masks (those of ``Retriever.filter_masks``, cached per filter
+        and generation) are kept for the last :data:`MASK_REFS_KEPT` mask lists, so a filter's
+        masks reach each actor once, not once per leg and search; an actor resolves the reference
+        when it reads the argument (Ray passes a top-level reference resolved)."""
+        if allow is None:
+            return [None] * len(self.assignment)
+        key = tuple(id(m) for m in allow)
+        with self._mask_lock:
+            hit = self._mask_refs.get(key)
+            if hit is not None and all(x is y for x, y in zip(hit[0], allow)):
+                self._mask_refs.move_to_end(key)
+                return hit[1]
+        out: list[Any] = []
+        for held in self.assignment:
+            mine = [allow[s] for s in held]
+            big = sum(0 if m is None else int(m.nbytes) for m in mine) > INLINE_BYTES
+            out.append(ray.put(mine) if big else mine)
+        frozen = all(m is None or not m.flags.writeable for m in allow)
+        if frozen and any(isinstance(x, ray.ObjectRef) for x in out):
+            with self._mask_lock:
+                self._mask_refs[key] = (list(allow), out)  # holding the masks keeps their ids unique
+                while len(self._mask_refs) > MASK_REFS_KEPT:
+                    self._mask_refs.popitem(last=False)
+        return out
 
     def score_remote(self, leg: str, prepared: Any, shard: int, offsets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """``score_docs`` of one shard on the actor holding it."""
