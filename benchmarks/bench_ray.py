@@ -20,12 +20,15 @@ shut down at the end):
    results, and the run fails otherwise.
 3. **Model inputs**: per search call the milliseconds inside each actor (the actors time their
    calls, :meth:`DistributedEngine.actor_timings`), the bytes of each call's request and reply
-   (Ray's own serialisation of the objects shipped: the prepared query batch put in the object
-   store, the call's other arguments, the top-k reply), the driver's merge of the actors' lists and
-   the fusion, a no-op actor round trip, and each leg's per-shard search time in one process.
+   (Ray's own serialisation of the objects shipped: the call's arguments with the prepared query
+   batch, inline or put in the object store as the engine chooses, and the top-k reply), the driver's merge of the actors' lists and
+   the fusion, a no-op actor round trip, and each leg's per-shard search time in one process;
+   then :func:`scale_model` evaluates the N-machine model with them (``--model-from FILE``
+   recomputes it from an earlier results file without measuring).
 
-Run:  flock /tmp/bench.lock python -m benchmarks.bench_ray [--docs 30000 --shards 6 --queries 200
-      --batch 25 --rounds 5 --build-docs 300 --build-rounds 2] [--out benchmarks/results/ray_search.json]
+Run:  flock /tmp/bench.lock python -m benchmarks.bench_ray [--docs 30000 --shards 6 --queries 300
+      --batch 25 --rounds 7 --build-docs 128 --build-shard-size 32 --build-rounds 2 --pipeline-rounds 3]
+      [--out benchmarks/results/ray_search.json]   (the defaults; about 5 minutes on 2 cores)
 """
 
 from __future__ import annotations
@@ -231,19 +234,89 @@ def _per_shard_local(r: Any, queries: list[str], qv: np.ndarray, nq: int) -> dic
     return out
 
 
+def scale_model(res: dict[str, Any], machines: tuple[int, ...] = (1, 2, 4, 6, 8, 16, 32, 64),
+                docs: tuple[int, ...] = (30_000, 1_000_000)) -> dict[str, Any]:
+    """The N-machine model of ``docs/DISTRIBUTED.md`` evaluated with this run's measured inputs:
+    corpora of ``docs`` documents in shards of the run's shard size (S shards), on N machines like
+    this one (one actor each, holding ceil(S / N) shards; at most S machines), hybrid bm25 + dense,
+    k = 10, depth 100.
+
+    Inputs (all measured in ``res``): ``w1[leg]`` = ms per shard of one one-query call inside the
+    single actor of ``ray_1`` (one actor alone on the machine); ``wb[leg]`` = the same per query in
+    batches; ``fixed`` = ``ray_1``'s one-query total minus its actor time (the slowest leg's call)
+    and the fusion: the driver's share (Ray calls, merge, threads) plus one round trip;
+    ``per_actor`` = the driver cost of one more actor's calls, taken as the no-op round trip per
+    leg; bytes of one query's request and reply per actor and leg. Legs run side by side on an
+    actor (one-query latency: the slower leg; throughput: the sum, as measured with the legs
+    sharing this machine's cores). Per-shard work scales with shard size, so the shard size is kept.
+
+    Returns:
+        ``inputs``, and per corpus size and N: ``latency_ms``, ``qps_actor_bound``,
+        ``qps_driver_bound``, ``qps`` (the smaller), ``driver_in_mb_per_s_at_qps`` (replies into
+        the driver), ``bytes_per_query_per_actor``.
+    """
+    s1 = res["search"]["ray_1"]
+    n_shards = int(res["search_index"]["shards"])
+    legs = sorted(s1["actor_ms"]["one_query"])
+    w1 = {g: s1["actor_ms"]["one_query"][g][0]["ms_per_call_per_shard"] for g in legs}
+    q_b = s1["actor_ms"]["batch"][legs[0]][0]["queries_per_call"]
+    wb = {g: s1["actor_ms"]["batch"][g][0]["ms_per_call_per_shard"] / q_b for g in legs}
+    actor_one = max(s1["actor_ms"]["one_query"][g][0]["ms_per_call"]["median"] for g in legs)
+    mi = res["model_inputs"]
+    fuse = mi["driver"]["ray_1"]["fuse_ms"]["median"]
+    fixed = mi["driver"]["ray_1"]["one_query_total_ms"]["median"] - actor_one - fuse
+    rtt = mi["rtt_ms"]["ray_1"]["median"]
+    b1 = mi["bytes_and_merge"]["ray_1"]["nq_1"]
+    bb = mi["bytes_and_merge"]["ray_1"][f"nq_{int(q_b)}"]
+    req1 = sum(b1[g]["per_actor"][0]["request_bytes"] for g in legs)
+    rep1 = sum(b1[g]["per_actor"][0]["reply_bytes"] for g in legs)
+    reqb = sum(bb[g]["per_actor"][0]["request_bytes"] for g in legs) / q_b
+    repb = sum(bb[g]["per_actor"][0]["reply_bytes"] for g in legs) / q_b
+    merge_b = sum(mi["bytes_and_merge"]["ray_2"][f"nq_{int(q_b)}"][g]["merge_ms"]["median"] for g in legs) / q_b
+    out: dict[str, Any] = {"inputs": {
+        "shards_measured": n_shards, "w_one_query_ms_per_shard": w1,
+        "w_batch_ms_per_query_per_shard": wb, "batch": q_b, "fixed_ms": fixed, "fuse_ms": fuse,
+        "per_actor_call_ms": rtt, "merge_ms_per_query_batch_2_actors": merge_b,
+        "bytes_per_query_per_actor_one_query": {"request": req1, "reply": rep1},
+        "bytes_per_query_per_actor_batch": {"request": reqb, "reply": repb}}}
+    shard_size = int(res["search_index"]["shard_size"])
+    for nd in docs:
+        total = -(-nd // shard_size)
+        rows: dict[int, Any] = {}
+        for n in machines:
+            if n > total:
+                break
+            held = -(-total // n)
+            latency = fixed + (n - 1) * rtt * len(legs) + held * max(w1.values()) + fuse
+            qps_actor = 1e3 / (held * sum(wb.values()))
+            qps_driver = 1e3 / (merge_b + fuse + n * len(legs) * rtt / q_b)
+            qps = min(qps_actor, qps_driver)
+            rows[n] = {"shards_per_actor": held, "latency_ms": latency, "qps_actor_bound": qps_actor,
+                       "qps_driver_bound": qps_driver, "qps": qps, "driver_in_mb_per_s_at_qps": qps * n * repb / 1e6}
+        out[f"docs_{nd}"] = {"shards": total, "per_machines": rows}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--docs", type=int, default=30000, help="documents of the synthetic search corpus")
     ap.add_argument("--shards", type=int, default=6)
-    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--queries", type=int, default=300)
     ap.add_argument("--batch", type=int, default=25)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--build-docs", type=int, default=300, help="SciFact documents of the encoder-on build (0: skip)")
-    ap.add_argument("--build-shard-size", type=int, default=75)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--build-docs", type=int, default=128, help="SciFact documents of the encoder-on build (0: skip)")
+    ap.add_argument("--build-shard-size", type=int, default=32)
     ap.add_argument("--build-rounds", type=int, default=2)
-    ap.add_argument("--pipeline-rounds", type=int, default=2, help="rounds of the bm25-only build (0: skip)")
+    ap.add_argument("--pipeline-rounds", type=int, default=3, help="rounds of the bm25-only build (0: skip)")
     ap.add_argument("--out", default="benchmarks/results/ray_search.json")
+    ap.add_argument("--model-from", default=None, help="an earlier run's results: recompute its N-machine model only")
     args = ap.parse_args(argv)
+    if args.model_from:
+        res = json.loads(Path(args.model_from).read_text())
+        res["model"] = scale_model(res)
+        Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res["model"], indent=1))
+        return 0
 
     import ray
 
@@ -350,7 +423,8 @@ def main(argv: list[str] | None = None) -> int:
             model["driver"][name] = {"one_query_total_ms": _spread(total), "fuse_ms": _spread(fuse),
                                      "prepare_ms": _spread(enc)}
         res["model_inputs"] = model
-        print(json.dumps(model, indent=1), flush=True)
+        res["model"] = scale_model(res)
+        print(json.dumps({"model_inputs": model, "model": res["model"]}, indent=1), flush=True)
         for rr in engines.values():
             rr.close()
     finally:
