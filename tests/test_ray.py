@@ -143,6 +143,78 @@ def test_search_interleaved_assignment(ray_cluster, local, local_index):
         check_every_mode(local, remote, "interleaved")
 
 
+def test_large_batches_go_through_the_object_store(ray_cluster, local, local_index, monkeypatch):
+    """Prepared batches above INLINE_BYTES are put in the object store once (counted here) and
+    passed by reference; small ones travel inside the calls. Results equal local search both ways."""
+    from retriever.distributed import search as dsearch
+
+    puts = []
+    real_put = dsearch.ray.put
+    monkeypatch.setattr(dsearch.ray, "put", lambda obj, **kw: puts.append(obj) or real_put(obj, **kw))
+    qv = np.random.default_rng(1).standard_normal((len(QUERIES), 384)).astype(np.float32)
+    with Retriever.open(local_index, executor=executor(2)) as remote:
+        puts.clear()
+        for mode in ("hybrid", "dense", "bm25"):
+            same_result(local.search_arrays(QUERIES, 10, mode=mode), remote.search_arrays(QUERIES, 10, mode=mode), mode)
+        assert puts == []  # eight queries: far below INLINE_BYTES
+        monkeypatch.setattr(dsearch, "INLINE_BYTES", 0)
+        for mode in ("hybrid", "dense", "bm25"):
+            same_result(local.search_arrays(QUERIES, 10, mode=mode, query_vectors=qv if mode != "bm25" else None),
+                        remote.search_arrays(QUERIES, 10, mode=mode, query_vectors=qv if mode != "bm25" else None),
+                        f"{mode} by reference")
+        assert len(puts) == 5  # hybrid: 3 legs, dense 1, bm25 1: one put per leg, not per actor
+        assert any(isinstance(p, dsearch.TextBatch) for p in puts)
+
+
+def test_large_filter_masks_reach_each_actor_once(ray_cluster, local, local_index, monkeypatch):
+    """Masks above INLINE_BYTES go to the object store once per actor and filter: every leg and a
+    later search with the same filter pass the reference; results equal local search."""
+    from retriever.distributed import search as dsearch
+
+    puts = []
+    real_put = dsearch.ray.put
+    monkeypatch.setattr(dsearch.ray, "put", lambda obj, **kw: puts.append(obj) or real_put(obj, **kw))
+    monkeypatch.setattr(dsearch, "INLINE_BYTES", 0)
+    flt = {"year": {"$gte": 2005}}
+    with Retriever.open(local_index, executor=executor(2)) as remote:
+        for rep in range(2):
+            puts.clear()
+            same_result(local.search_arrays(QUERIES, 10, filter=flt), remote.search_arrays(QUERIES, 10, filter=flt),
+                        f"filter, search {rep}")
+            mask_puts = [p for p in puts if isinstance(p, list)]
+            assert len(mask_puts) == (2 if rep == 0 else 0)  # one per actor, then none
+            if rep == 0:
+                assert [len(p) for p in mask_puts] == [len(h) for h in remote.engine.assignment]
+        other = {"tag": "a"}
+        puts.clear()
+        same_result(local.search_arrays(QUERIES, 10, filter=other), remote.search_arrays(QUERIES, 10, filter=other),
+                    "another filter")
+        assert len([p for p in puts if isinstance(p, list)]) == 2
+
+
+def test_payload_bytes_counts_arrays_and_text():
+    from retriever.distributed.search import TextBatch, payload_bytes
+
+    a = np.zeros((3, 384), dtype=np.float32)
+    assert payload_bytes(a) == 3 * 384 * 4
+    assert payload_bytes(TextBatch(["abc", "de"], None)) == 5 + 8
+    assert payload_bytes((a, [a, "xy"], {"k": a})) == 3 * a.nbytes + 2
+
+
+def test_actor_timings_record_every_call(ray_cluster, local_index):
+    """Each actor times its search calls: (leg, queries, shards, ms); taking them clears them."""
+    with Retriever.open(local_index, executor=executor(2)) as remote:
+        eng = remote.engine
+        eng.actor_timings()
+        remote.search_arrays(QUERIES[:3], 10, mode="hybrid")  # the third is blank: not searched
+        got = eng.actor_timings()
+        assert len(got) == 2
+        for calls, held in zip(got, eng.assignment):
+            assert sorted(c[0] for c in calls) == ["bm25", "dense", "sparse"]
+            assert all(c[1] == 2 and c[2] == len(held) and c[3] > 0 for c in calls), (calls, held)
+        assert eng.actor_timings() == [[], []]
+
+
 def test_statistics_are_corpus_wide(ray_cluster, local, local_index):
     """Each actor scores with the whole index's N / df / avgdl, not its own shards'."""
     with Retriever.open(local_index, executor=executor(2)) as remote:

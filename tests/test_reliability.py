@@ -359,9 +359,8 @@ def test_no_code_execution_in_sources():
     bad = re.compile(r"\bimport pickle\b|\bpickle\.|\bcloudpickle\b|\bdill\b|\bmarshal\.loads|"
                      r"trust_remote_code\s*=\s*True|allow_pickle\s*=\s*True|\btorch\.load\(|(?<![.\w])eval\(|(?<![.\w])exec\(")
     # the Ray build ships its own parts and records between its driver and workers (Ray pickles
-    # every task argument anyway); nothing it unpickles was read from an index or a corpus file. The
-    # Ray benchmark measures the bytes Ray pickles per query (pickle.dumps only).
-    pickle_ok = {"index/distributed_build.py", "benchmarks/bench_ray.py"}
+    # every task argument anyway); nothing it unpickles was read from an index or a corpus file.
+    pickle_ok = {"index/distributed_build.py"}
     pickle_only = re.compile(r"\bimport pickle\b|\bpickle\.")
     hits = []
     for pkg in ("index", "retriever", "benchmarks"):

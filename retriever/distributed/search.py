@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import os
 import threading
+import time
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -52,6 +54,36 @@ from ..topk import merge_topk
 DRIVER_PREPARED = frozenset({"dense", "sparse"})
 #: concurrent calls one actor serves (the legs of a hybrid search run side by side)
 ACTOR_CONCURRENCY = 4
+#: a prepared query batch up to this size (:func:`payload_bytes`) travels inside each actor's call
+#: (Ray inlines arguments up to 100 KiB in the call itself); a larger one sent to several actors is
+#: put in the object store once and passed by reference. A ``ray.put`` costs about 1-2 ms (a
+#: shared-memory object and its bookkeeping), more than a one-query call's whole search, while a
+#: batch of 1,000 dense queries (1.5 MB) would otherwise be serialised once per actor.
+INLINE_BYTES = 100 * 1024
+#: filters whose per-actor masks (when larger than :data:`INLINE_BYTES`) a driver keeps in the
+#: object store, so that every leg of a search and later searches with the same filter pass a
+#: reference instead of sending the masks again
+MASK_REFS_KEPT = 8
+
+
+def payload_bytes(obj: Any, _depth: int = 0) -> int:
+    """An estimate of the bytes ``obj`` takes on the wire: NumPy arrays by ``nbytes``, strings and
+    bytes by length, containers and objects with attributes by the sum of their parts (4 levels
+    deep), anything else 8. Used to choose between inlining an argument and ``ray.put``."""
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, (str, bytes, bytearray)):
+        return len(obj)
+    if _depth >= 4:
+        return 8
+    if isinstance(obj, (list, tuple)):
+        return sum(payload_bytes(x, _depth + 1) for x in obj)
+    if isinstance(obj, dict):
+        return sum(payload_bytes(x, _depth + 1) for x in obj.values())
+    attrs = getattr(obj, "__dict__", None)
+    if attrs is not None:
+        return sum(payload_bytes(x, _depth + 1) for x in attrs.values())
+    return 8
 
 
 @dataclass(frozen=True)
@@ -105,6 +137,8 @@ class ShardSearcher:
 
     #: engines (generations) an actor keeps: the current one and the one a refresh replaced
     KEEP = 2
+    #: search calls whose timings an actor keeps for :meth:`take_timings` (the latest ones)
+    TIMINGS_KEPT = 100_000
 
     def __init__(self, path: str, leg_options: dict[str, Any]) -> None:
         from ..segcache import SegmentCache
@@ -114,6 +148,8 @@ class ShardSearcher:
         self.cache = SegmentCache()
         self.engines: dict[tuple[int, tuple[int, ...]], Engine] = {}
         self._lock = threading.Lock()
+        #: per search call ``(leg, queries, shards searched, ms inside the actor)``
+        self.timings: deque[tuple[str, int, int, float]] = deque(maxlen=self.TIMINGS_KEPT)
 
     def pid(self) -> int:
         """The actor's process id (tests kill it)."""
@@ -140,6 +176,15 @@ class ShardSearcher:
                     self.engines.pop(next(iter(self.engines)))
             return engine
 
+    def take_timings(self) -> list[tuple[str, int, int, float]]:
+        """The timings of the search calls since the last call (and forget them): per call
+        ``(leg, queries, shards searched, milliseconds)`` from the call's start on the actor to
+        its top-k (query preparation on the actor included, the transfer of the arguments and of
+        the reply not), at most :attr:`TIMINGS_KEPT` of the latest calls."""
+        out = list(self.timings)
+        self.timings.clear()
+        return out
+
     def load(self, spec: Spec) -> int:
         """Open the legs of ``spec`` now (at open / refresh, not at the first query); the pid."""
         self._engine(spec)
@@ -162,6 +207,7 @@ class ShardSearcher:
         Returns:
             ``(ids int64 (nq, depth) global ordinals, scores float32, n_found int32)``.
         """
+        t0 = time.perf_counter()
         engine = self._engine(spec)
         obj = engine.legs[leg]
         if isinstance(prepared, TextBatch):
@@ -170,8 +216,12 @@ class ShardSearcher:
             prepared = obj._prepared(prepared.batch, prepared.params)
         ctx = SearchContext(depth=depth, n_threads=max(1, int(n_threads)), allow=_and_masks(engine.live, allow))
         if shards is None:
-            return search_leg(obj, prepared, ctx)
-        return obj.search_shards(prepared, list(shards), ctx)
+            out = search_leg(obj, prepared, ctx)
+        else:
+            out = obj.search_shards(prepared, list(shards), ctx)
+        self.timings.append((leg, int(prepared.n_queries), obj.n_shards if shards is None else len(shards),
+                             (time.perf_counter() - t0) * 1e3))
+        return out
 
     def score_docs(self, spec: Spec, leg: str, prepared: Any, shard: int, offsets: np.ndarray,
                    ordinals: np.ndarray) -> np.ndarray:
@@ -257,6 +307,9 @@ class DistributedEngine(Engine):
             self.assignment = reassign(previous, reader)
             self.actors = list(previous.actors)
         self._owner = {s: (a, pos) for a, held in enumerate(self.assignment) for pos, s in enumerate(held)}
+        #: ids of a mask list's masks -> (the masks, per actor its masks or their object reference)
+        self._mask_refs: OrderedDict[tuple[int, ...], tuple[list[Any], list[Any]]] = OrderedDict()
+        self._mask_lock = threading.Lock()
         try:
             parts = self._gather([a.held_stats.remote(reader.generation, held)
                                   for a, held in zip(self.actors, self.assignment) if held],
@@ -316,29 +369,71 @@ class DistributedEngine(Engine):
 
     def gather(self, leg: str, prepared: Any, ctx: SearchContext, shards: Sequence[int] | None = None) -> TopK:
         """Scatter one leg's prepared batch to the actors holding ``shards`` (global positions),
-        each returning its top-``ctx.depth``; merged by (score desc, ordinal asc)."""
-        ref = ray.put(prepared)
+        each returning its top-``ctx.depth``; merged by (score desc, ordinal asc). The prepared
+        batch travels inside each call, or once through the object store when it is larger than
+        :data:`INLINE_BYTES` and goes to several actors."""
         wanted = None if shards is None else set(int(s) for s in shards)
-        calls, actors = [], []
+        targets = []
         for a, held in enumerate(self.assignment):
-            if not held:
-                continue
             mine = held if wanted is None else [s for s in held if s in wanted]
-            if not mine:
-                continue
-            local = None if wanted is None or len(mine) == len(held) else [self._owner[s][1] for s in mine]
-            allow = None if ctx.allow is None else [ctx.allow[s] for s in held]
-            calls.append(self.actors[a].search.remote(self.specs[a], leg, ref, ctx.depth, ctx.n_threads, allow,
+            if mine:
+                targets.append((a, held, None if wanted is None or len(mine) == len(held)
+                                else [self._owner[s][1] for s in mine]))
+        shipped = (ray.put(prepared) if len(targets) > 1 and payload_bytes(prepared) > INLINE_BYTES
+                   else prepared)
+        masks = self._masks(ctx.allow)
+        calls, actors = [], []
+        for a, held, local in targets:
+            allow = masks[a]
+            calls.append(self.actors[a].search.remote(self.specs[a], leg, shipped, ctx.depth, ctx.n_threads, allow,
                                                       local))
             actors.append(a)
         parts = self._gather(calls, actors)
         return merge_topk(parts, ctx.depth)
+
+    def _masks(self, allow: Sequence[np.ndarray | None] | None) -> list[Any]:
+        """Per actor what its ``search`` call receives as ``allow``: ``None``, its shards' masks
+        (inside the call), or, when they exceed :data:`INLINE_BYTES`, an object reference to them.
+        The references of read-only masks (those of ``Retriever.filter_masks``, cached per filter
+        and generation) are kept for the last :data:`MASK_REFS_KEPT` mask lists, so a filter's
+        masks reach each actor once, not once per leg and search; an actor resolves the reference
+        when it reads the argument (Ray passes a top-level reference resolved)."""
+        if allow is None:
+            return [None] * len(self.assignment)
+        key = tuple(id(m) for m in allow)
+        with self._mask_lock:
+            hit = self._mask_refs.get(key)
+            if hit is not None and all(x is y for x, y in zip(hit[0], allow)):
+                self._mask_refs.move_to_end(key)
+                return hit[1]
+        out: list[Any] = []
+        for held in self.assignment:
+            mine = [allow[s] for s in held]
+            big = sum(0 if m is None else int(m.nbytes) for m in mine) > INLINE_BYTES
+            out.append(ray.put(mine) if big else mine)
+        frozen = all(m is None or not m.flags.writeable for m in allow)
+        if frozen and any(isinstance(x, ray.ObjectRef) for x in out):
+            with self._mask_lock:
+                self._mask_refs[key] = (list(allow), out)  # holding the masks keeps their ids unique
+                while len(self._mask_refs) > MASK_REFS_KEPT:
+                    self._mask_refs.popitem(last=False)
+        return out
 
     def score_remote(self, leg: str, prepared: Any, shard: int, offsets: np.ndarray, ordinals: np.ndarray) -> np.ndarray:
         """``score_docs`` of one shard on the actor holding it."""
         a, pos = self._owner[int(shard)]
         call = self.actors[a].score_docs.remote(self.specs[a], leg, prepared, pos, offsets, ordinals)
         return self._gather([call], [a])[0]
+
+    def actor_timings(self) -> list[list[tuple[str, int, int, float]]]:
+        """Per actor the timings of its search calls since the last call
+        (:meth:`ShardSearcher.take_timings`: ``(leg, queries, shards searched, ms on the actor)``
+        per call), for benchmarks and monitoring.
+
+        Raises:
+            DistributedError: an actor died (names its shards).
+        """
+        return self._gather([a.take_timings.remote() for a in self.actors])
 
     def close(self) -> None:
         """Stop the actors (their memory maps go with them)."""
