@@ -1148,8 +1148,17 @@ def test_stub_matches_extension():
              if isinstance(n, ast.FunctionDef) and not n.name.startswith("_")}
     assert {"check_csr", "bm25_upper_bounds", "bm25_topk", "impact_topk"} <= set(funcs)
     # every kernel is typed, the learned-sparse ones included, and nothing falls back to __getattr__
+    classes = {n.name: n for n in tree.body if isinstance(n, ast.ClassDef) and not n.name.startswith("_")}
     public = {n for n in dir(K) if not n.startswith("_") and callable(getattr(K, n))}
-    assert public == set(funcs), public ^ set(funcs)
+    assert public == set(funcs) | set(classes), public ^ (set(funcs) | set(classes))
+    for cname, cnode in classes.items():  # a class's typed methods exist with the same parameters
+        assert ast.get_docstring(cnode)
+        for m in cnode.body:
+            if isinstance(m, ast.FunctionDef) and not m.name.startswith("_") and not m.decorator_list:
+                first = getattr(getattr(K, cname), m.name).__doc__.splitlines()[0]
+                runtime = re.findall(r"(\w+):", first[first.index("(") + 1 : first.rindex(")")])
+                runtime = [r for r in runtime if r not in ("numpy", "typing")]
+                assert [a.arg for a in m.args.args] == runtime, (cname, m.name)
     assert not any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
     for name, node in funcs.items():
         first = getattr(K, name).__doc__.splitlines()[0]
