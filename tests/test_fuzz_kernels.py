@@ -29,7 +29,7 @@ SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
 EXECUTIONS = {"calls": 0, "ok": 0, "ValueError": 0, "TypeError": 0}
 KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impact_topk", "bm25_term_kth",
            "bm25_dense_bitmaps", "bm25_query_terms", "bm25_impact_rows", "tie_ranks", "bm25_topk_text",
-           "bm25_score_docs", "bm25_topk_shards",
+           "bm25_score_docs", "bm25_topk_shards", "bm25_term_kth_shards", "BM25ShardSet",
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
@@ -196,6 +196,28 @@ def test_fuzz_bm25_topk_shards(data):
                 n_threads=data.draw(st.integers(0, 3)), algorithm=algo)
     if res is not None:
         _check_topk(res, len(q_offsets) - 1, k)
+    # the union's single-term thresholds and the shard set (parsed once) over the same shards
+    terms = np.asarray(data.draw(st.lists(st.integers(0, n_max + 2), max_size=6)), np.uint32)
+    depth = data.draw(st.sampled_from([1, 2, 5, 0]))
+    kth = _call(K.bm25_term_kth_shards, shards, terms, depth, n_threads=data.draw(st.integers(0, 2)))
+    if kth is not None:
+        assert kth.shape == (len(terms),) and kth.dtype == np.float32
+    plain = [{key: v for key, v in b.items() if key != "allow"} for b in shards]
+    shard_set = _call(K.BM25ShardSet, plain, bases, n_terms=n_terms)
+    if shard_set is not None:
+        masks = [b.get("allow") for b in shards]
+        got = _call(shard_set.topk, q_offsets, q_terms, q_weights, k, n_threads=1, algorithm=algo,
+                    allow=masks if any(m is not None for m in masks) else None)
+        if got is not None:
+            _check_topk(got, len(q_offsets) - 1, k)
+            if res is not None:  # the same kernel on the same arrays
+                np.testing.assert_array_equal(got[0], res[0])
+        union = _call(shard_set.term_kth, np.arange(max(n_terms, 0), dtype=np.uint32), max(k, 1))
+        if union is not None:
+            got = _call(shard_set.topk, q_offsets, q_terms, q_weights, k, algorithm=algo, term_kth=union,
+                        term_kth_depth=data.draw(st.sampled_from([k, k, 3])))
+            if got is not None:
+                _check_topk(got, len(q_offsets) - 1, k)
 
 @SETTINGS
 @given(data=st.data())
