@@ -76,6 +76,12 @@ def test_refresh_scores_old_segments_without_a_pass_over_their_postings(tmp_path
         r.search_arrays(qs, k=100, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
     old = r.engine.legs["bm25"]
     n_old = len(old.shards)
+    # a multi-shard search starts from thresholds over the union of the shards, so fill each
+    # shard's own single-term thresholds (what a one-shard search uses and a refresh carries)
+    terms = np.unique(old.query_terms(qs, 1)[1])
+    for ks in old.kernel_shards:
+        for depth in (10, 100):
+            old._term_kth(ks, terms[terms < ks["n_terms"]], depth, 1)
     with IndexUpdater.open(path) as u:
         u.add([doc(10_000 + j, rng) for j in range(30)])
         u.delete(["d5", "d401"])  # tombstones in segments 0 and 1; 2 and 3 stay clean
@@ -100,6 +106,8 @@ def test_refresh_scores_old_segments_without_a_pass_over_their_postings(tmp_path
     # the carried single-term thresholds are at most the exact ones (clean segments only use them)
     checked = 0
     for ks in leg.kernel_shards[2:n_old]:
+        for depth in (10, 100):  # filled from the carried thresholds where they exist
+            leg._term_kth(ks, terms[terms < ks["n_terms"]], depth, 1)
         for depth, arr in ks["kth"].items():
             have = np.flatnonzero(~np.isnan(arr))
             if not len(have):
