@@ -154,5 +154,6 @@ void register_bm25(py::module_& m);
 void register_sparse(py::module_& m);
 void register_dense(py::module_& m);
 void register_fusion(py::module_& m);
+void register_docs(py::module_& m);
 
 }  // namespace retriever::bind

@@ -1,5 +1,6 @@
 // The extension module retriever._kernels: its docstring and one registration per leg
-// (bind_bm25.cpp, bind_sparse.cpp, bind_dense.cpp, bind_fusion.cpp). The kernels
+// (bind_bm25.cpp, bind_sparse.cpp, bind_dense.cpp, bind_fusion.cpp) and the document fetch
+// (bind_docs.cpp). The kernels
 // themselves are plain C++ (no pybind11); the bind_*.cpp files are the boundary.
 
 #include <pybind11/pybind11.h>
@@ -21,4 +22,5 @@ PYBIND11_MODULE(_kernels, m) {
     retriever::bind::register_sparse(m);
     retriever::bind::register_dense(m);
     retriever::bind::register_fusion(m);
+    retriever::bind::register_docs(m);
 }

@@ -177,6 +177,40 @@ def tie_ranks(scores: _F32, n_found: _I32) -> _I32:
         TypeError: wrong dtype or non-contiguous array.
     """
 
+def decode_strings(offsets: _I32 | _I64, data: object, rows: _I64) -> list[str]:
+    """The strings of ``rows`` of an Arrow string column without nulls, decoded straight from
+    its buffers (no Arrow ``take``, no copy of the bytes): ``offsets`` int32 or int64
+    ``(n_rows + 1,)``, ``data`` its UTF-8 bytes (any 1-d buffer, e.g. a memoryview of the
+    memory-mapped Arrow buffer), ``rows`` int64 ``(n,)``. Returns ``n`` str, one object per
+    distinct row (a repeated row shares it). Holds the GIL (it makes Python objects).
+
+    Raises:
+        ValueError: a row outside ``[0, n_rows)``, or offsets of a row that are not a range
+            inside ``data``.
+        UnicodeDecodeError: invalid UTF-8.
+        TypeError: wrong dtype or non-contiguous array.
+    """
+
+def make_hits(hit_type: type, leg_type: type, scores: _F32, n_found: _I32, ids: list[object],
+              titles: list[object], texts: list[object], metas: list[object], leg_names: list[str],
+              leg_scores: list[_F32], leg_ranks: list[_I32]) -> list[list[object]]:
+    """The hits of a batch (:meth:`retriever.Retriever.to_hits`): for query ``q`` a list of
+    ``n_found[q]`` ``hit_type`` tuples ``(id, float(scores[q, j]), j + 1, title, text,
+    metadata, legs)``, ``j < n_found[q]``, where id / title / text / metadata are the next
+    entries of the flat lists (query order, ``sum(n_found)`` entries each; shared, not copied)
+    and ``legs`` a new dict ``{leg_names[l]: leg_type(float(leg_scores[l][q, j]),
+    int(leg_ranks[l][q, j]))}`` over the legs whose rank there is > 0, in leg order.
+    ``hit_type`` / ``leg_type``: NamedTuple classes (tuple subclasses adding no storage);
+    ``scores`` and each of ``leg_scores`` float32 ``(nq, k)``, ``leg_ranks`` int32 ``(nq, k)``,
+    ``n_found`` int32 ``(nq,)`` in ``[0, k]``. The objects equal what ``tuple.__new__`` makes;
+    the per-leg tuples (a float and an int) and the legs dicts are left untracked by the cyclic
+    collector (a dict re-tracks itself when a container is stored in it). Holds the GIL.
+
+    Raises:
+        TypeError: a type that is not a plain tuple subclass, a wrong array dtype or layout.
+        ValueError: shapes or lengths that disagree, ``n_found`` outside ``[0, k]``.
+    """
+
 #: collections of at most this many documents are always scored exhaustively by ``algorithm="auto"``
 BM25_AUTO_EXHAUSTIVE_DOCS: int
 

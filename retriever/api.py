@@ -19,6 +19,7 @@ from retriever.index.config import LEGS
 from retriever.index.errors import ConfigError, QueryError
 from retriever.index.format import read_current
 
+from . import _kernels
 from .engine import Engine
 from .filters import compile_filter, filter_key
 from .fusion import DEFAULT_FUSION, RRF, Linear, fusion_from_dict, parse_fusion
@@ -53,11 +54,6 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
-
-
-#: ``tuple.__new__(cls, values)``: a named tuple made from its values without a Python frame
-#: (what ``cls._make`` does, less its length check: the values come from zips of equal lists)
-_new_tuple = tuple.__new__
 
 
 def _encodes(qs: list[str]) -> bool:
@@ -609,40 +605,21 @@ class Retriever:
             return self._hits(result, reader)
 
     def _hits(self, result: BatchResult, reader: IndexReader) -> list[list[Hit]]:
-        """The body of :meth:`to_hits`: the hits of every query in one flat pass (row ``q``'s
-        first ``n_found[q]`` entries, in query order), the documents fetched once for the
-        batch, the tuples made by ``tuple.__new__`` in C (no Python frame per hit)."""
+        """The body of :meth:`to_hits`: the documents of the batch fetched once (row ``q``'s first
+        ``n_found[q]`` ordinals, in query order), then every query's hits made by one C loop
+        (:func:`retriever._kernels.make_hits`: the same tuples as ``Hit(...)`` / ``LegHit(...)``,
+        no Python frame or per-hit list work)."""
         nq, width = result.ids.shape
-        counts = result.n_found.tolist()
-        if nq == 1:  # one query (search()): slices, no mask
-            n = counts[0]
-            pick: Any = (0, slice(0, n))
-            positions: Any = range(1, n + 1)
+        if nq == 1:  # one query (search()): a slice, no mask
+            ords = result.ids[0, :int(result.n_found[0])]
         else:
-            pick = np.arange(width)[None, :] < result.n_found[:, None]
-            positions = np.broadcast_to(np.arange(1, width + 1), pick.shape)[pick].tolist()
-        ids, titles, texts, metas = reader.fetch_columns(result.ids[pick], FETCH_FIELDS)
-        n = len(ids)
-        legs = [(name, list(map(_new_tuple, itertools.repeat(LegHit), zip(la.scores[pick].tolist(), ranks))), ranks)
-                for name, la in result.legs.items() for ranks in (la.ranks[pick].tolist(),)]
-        per_leg: list[dict[str, LegHit]]
-        if len(legs) == 1 and all(legs[0][2]):  # one leg: it returned every hit
-            name, leg_hits, _ = legs[0]
-            per_leg = [{name: h} for h in leg_hits]
-        else:
-            per_leg = [{} for _ in range(n)]
-            for name, leg_hits, ranks in legs:
-                for i in itertools.compress(range(n), ranks):  # rank 0: the leg did not return it
-                    per_leg[i][name] = leg_hits[i]
-        flat = list(map(_new_tuple, itertools.repeat(Hit),
-                        zip(ids, result.scores[pick].tolist(), positions, titles, texts, metas, per_leg)))
-        if nq == 1:
-            return [flat]
-        out, end = [], 0
-        for c in counts:
-            out.append(flat[end:end + c])
-            end += c
-        return out
+            ords = result.ids[np.arange(width)[None, :] < result.n_found[:, None]]
+        ids, titles, texts, metas = reader.fetch_columns(ords, FETCH_FIELDS)
+        legs = result.legs
+        return _kernels.make_hits(Hit, LegHit, np.ascontiguousarray(result.scores, dtype=np.float32),
+                                  np.ascontiguousarray(result.n_found, dtype=np.int32), ids, titles, texts, metas,
+                                  list(legs), [np.ascontiguousarray(la.scores, dtype=np.float32) for la in legs.values()],
+                                  [np.ascontiguousarray(la.ranks, dtype=np.int32) for la in legs.values()])
 
     def search_batch(self, queries: Sequence[str], k: int = 10, **kwargs: Any) -> list[list[Hit]]:
         """Search many queries; same arguments as :meth:`search_arrays`.

@@ -17,16 +17,16 @@ from retriever.index.format import (DOCS_COLUMNS, MAX_STATS_BYTES, manifest_name
 from retriever.index.safe_open import IndexFiles
 from retriever.index.metadata import metadata_dicts
 
+from . import _kernels
+
 #: what :meth:`IndexReader.fetch_batch` can return
 FETCH_FIELDS = ("id", "title", "text", "metadata")
 #: tombstone files (``deletes``): one array ``rows`` u32, ascending rows of the shard that are deleted
 DELETES_ARRAYS = {"rows": np.uint32}
 
 
-#: fetches of at most this many rows of a shard slice the string columns' buffers directly (no
-#: Arrow ``take``, whose fixed cost dominates a single query's ten hits) and look for repeated
-#: rows with a Python set; larger ones take and convert each column in one Arrow call, the
-#: distinct rows found by ``np.unique``
+#: fetches of at most this many rows check their ordinals with Python's ``min`` / ``max`` (no
+#: numpy reductions, whose fixed cost shows on a single query's ten hits)
 SMALL_FETCH = 256
 
 @dataclass
@@ -82,22 +82,24 @@ class Shard:
         return self.string_views[name]
 
     def strings(self, name: str, rows: np.ndarray) -> list[str | None]:
-        """Values of string column ``name`` at ``rows`` (int64 shard rows). Up to
-        :data:`SMALL_FETCH` rows: slices of the column's buffer decoded one by one
-        (:meth:`string_view`: an Arrow ``take`` has a fixed cost of several µs per column, most
-        of a single query's fetch); more rows, or a column with nulls or several
-        chunks: one ``take`` and one conversion (Arrow's C++ loop makes short strings about 3x
-        faster than slicing; long texts cost their UTF-8 decoding either way).
+        """Values of string column ``name`` at ``rows`` (int64 shard rows), one str object per
+        distinct row (a repeated row shares it: str is immutable). A column without nulls in one
+        chunk (what the writer makes): decoded straight from its memory-mapped buffers by
+        :func:`retriever._kernels.decode_strings` (no Arrow ``take``, no copy of the bytes;
+        the cost is the UTF-8 decoding); otherwise one ``take`` of the distinct rows and one
+        conversion.
 
         Raises:
             UnicodeDecodeError, ValueError, pyarrow.ArrowException: a corrupted column (the caller
                 names the file).
         """
-        view = self.string_view(name) if len(rows) <= SMALL_FETCH else None
-        if view is None:
-            return self.docs.column(name).take(pa.array(rows, pa.int64())).to_pylist()
-        _, offsets, data = view
-        return [str(data[offsets[i]:offsets[i + 1]], "utf-8") for i in rows.tolist()]
+        view = self.string_view(name)
+        if view is not None:
+            offsets, _, data = view
+            return _kernels.decode_strings(offsets, data, rows)
+        uniq, inv = np.unique(rows, return_inverse=True)
+        vals = self.docs.column(name).take(pa.array(uniq, pa.int64())).to_pylist()
+        return vals if len(uniq) == len(rows) else list(map(vals.__getitem__, inv.tolist()))
 
     def metadata_rows(self, rows: np.ndarray) -> list[dict[str, Any]]:
         """The metadata dicts of ``rows`` (int64 shard rows), one new dict per position
@@ -341,24 +343,12 @@ class IndexReader:
     @staticmethod
     def _fetch_rows(shard: Shard, rows: np.ndarray, fields: Sequence[str]) -> list[list[Any]]:
         """The ``fields`` lists of ``rows`` of one shard. Each distinct row's strings are made
-        once (a row asked for several times shares them: str is immutable; :meth:`Shard.strings`);
-        the metadata dicts are made once per position (new objects: :meth:`Shard.metadata_rows`)."""
-        n = len(rows)
-        if n <= SMALL_FETCH and len(set(rows.tolist())) == n:  # the usual case: no repeats
-            uniq, inv = rows, None
-        else:
-            uniq, inv = np.unique(rows, return_inverse=True)
-            if len(uniq) == n:
-                uniq, inv = rows, None
-        expand = None if inv is None else inv.tolist()
+        once (a row asked for several times shares them: :meth:`Shard.strings`); the metadata
+        dicts are made once per position (new objects: :meth:`Shard.metadata_rows`)."""
         out: list[list[Any]] = []
         try:
             for f in fields:
-                if f == "metadata":
-                    out.append(shard.metadata_rows(rows))
-                    continue
-                vals = shard.strings(f, uniq)
-                out.append(vals if expand is None else list(map(vals.__getitem__, expand)))
+                out.append(shard.metadata_rows(rows) if f == "metadata" else shard.strings(f, rows))
         except (UnicodeDecodeError, ValueError, pa.ArrowException) as e:
             raise IndexFormatError(f"{shard.dir / 'docs.arrow'}: rows are corrupted ({e}); "
                                    f"run 'retriever index verify'") from None
