@@ -187,3 +187,49 @@ def test_hybrid_hits_carry_each_legs_view(tmp_path, records):
     assert check_hits(r, by_id, qs, 10, mode="hybrid", query_vectors=qv, depth=20) > 0
     hits = r.search_batch(qs, k=10, mode="hybrid", query_vectors=qv, depth=20)
     assert any(len(h.legs) == 1 for row in hits for h in row)  # some hit only one leg returned
+
+
+def test_decode_strings_kernel_shares_repeats_and_checks_its_input():
+    """_kernels.decode_strings: the exact strings (multi-byte UTF-8), one object per distinct row,
+    and a clear error for a bad row, offsets outside the data and invalid UTF-8."""
+    from retriever import _kernels as K
+
+    words = ["abc", "", "naïve 漢字", "zest"]
+    data = "".join(words).encode()
+    off = np.cumsum([0] + [len(w.encode()) for w in words])
+    for dtype in (np.int32, np.int64):
+        got = K.decode_strings(off.astype(dtype), memoryview(data), np.array([2, 0, 2, 1, 3], np.int64))
+        assert got == ["naïve 漢字", "abc", "naïve 漢字", "", "zest"] and got[0] is got[2]
+    with pytest.raises(ValueError, match=r"rows\[0\] = 4 is outside \[0, 4\)"):
+        K.decode_strings(off.astype(np.int64), memoryview(data), np.array([4], np.int64))
+    bad = off.astype(np.int64).copy()
+    bad[-1] = len(data) + 5
+    with pytest.raises(ValueError, match="not a range inside data"):
+        K.decode_strings(bad, memoryview(data), np.array([3], np.int64))
+    with pytest.raises(UnicodeDecodeError):
+        K.decode_strings(np.array([0, 2], np.int64), memoryview(b"\xff\xfe"), np.array([0], np.int64))
+    with pytest.raises(TypeError, match="int32 or int64"):
+        K.decode_strings(off.astype(np.float64), memoryview(data), np.array([0], np.int64))
+
+
+def test_make_hits_kernel_equals_named_tuples():
+    """_kernels.make_hits makes the same Hit / LegHit values as the NamedTuple constructors
+    (a leg with rank 0 is left out), and rejects inconsistent lengths."""
+    from retriever import _kernels as K
+
+    scores = np.array([[3.5, 1.25, -np.inf], [2.0, -np.inf, -np.inf]], np.float32)
+    nf = np.array([2, 1], np.int32)
+    ls = [np.array([[1.5, 0.5, np.nan], [0.25, np.nan, np.nan]], np.float32), np.full((2, 3), 0.75, np.float32)]
+    lr = [np.array([[1, 2, 0], [1, 0, 0]], np.int32), np.array([[0, 1, 0], [2, 0, 0]], np.int32)]
+    got = K.make_hits(Hit, LegHit, scores, nf, ["a", "b", "c"], ["ta", None, "tc"], ["x", "y", "z"],
+                      [{}, {"k": 1}, {}], ["bm25", "dense"], ls, lr)
+    want = [[Hit("a", 3.5, 1, "ta", "x", {}, {"bm25": LegHit(1.5, 1)}),
+             Hit("b", 1.25, 2, None, "y", {"k": 1}, {"bm25": LegHit(0.5, 2), "dense": LegHit(0.75, 1)})],
+            [Hit("c", 2.0, 1, "tc", "z", {}, {"bm25": LegHit(0.25, 1), "dense": LegHit(0.75, 2)})]]
+    assert got == want
+    assert all(type(h) is Hit and all(type(v) is LegHit for v in h.legs.values()) for row in got for h in row)
+    assert [type(h.rank) for row in got for h in row] == [int, int, int]
+    with pytest.raises(ValueError, match=r"len\(ids\) = 2 must equal sum\(n_found\) = 3"):
+        K.make_hits(Hit, LegHit, scores, nf, ["a", "b"], ["", "", ""], ["", "", ""], [{}, {}, {}], [], [], [])
+    with pytest.raises(TypeError, match="tuple subclass"):
+        K.make_hits(dict, LegHit, scores, nf, ["a"] * 3, [""] * 3, [""] * 3, [{}] * 3, [], [], [])
