@@ -582,7 +582,7 @@ class Retriever:
         per-hit Python objects are made). The documents of the whole batch are fetched in one
         pass (:meth:`IndexReader.fetch_columns`: per shard, each distinct document's strings
         decoded once from the memory-mapped buffers, typed metadata columns converted once) and
-        the hits are built column-wise, a few hundred nanoseconds each.
+        the hits are made by one compiled loop (:func:`retriever._kernels.make_hits`).
 
         Raises:
             QueryError: ``result`` comes from another generation than the one this Retriever

@@ -1,7 +1,7 @@
 """Hits (``search_batch`` / ``search`` / ``to_hits``) against ``search_arrays`` and the records the
 index was built from: the same ids, scores, ranks and per-leg views, every stored field (title,
 text, typed metadata and a JSON-column value) equal to the record's, with a filter, across shards,
-on both fetch paths (buffer slices for a few rows, one Arrow take for many), and after deletes
+for few and many rows per shard (strings decoded from the buffers by the kernel), and after deletes
 (tombstoned documents are neither returned nor fetched)."""
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def test_batch_hits_equal_arrays_and_records(index, records, k):
     qs = queries(60)
     n = check_hits(r, by_id, qs, k, mode="bm25")
     assert n > 0
-    if k == 40:  # some shard serves more than SMALL_FETCH rows: the one-take path ran too
+    if k == 40:  # some shard serves more than SMALL_FETCH rows (the numpy ordinal check)
         arr = r.search_arrays(qs, k=k, mode="bm25")
         sh, _ = r.reader.locate(arr.ids[arr.ids >= 0])
         assert np.bincount(sh).max() > SMALL_FETCH
