@@ -44,16 +44,18 @@ MIN_S = 0.3
 SPECTRUM_DECAY = 0.97
 
 
-def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed: int = 42) -> dict[str, Any]:
-    """Build the 3-leg index of ``n_docs`` synthetic documents with typed fields; returns the
-    queries and the raw vectors (for the FAISS and LanceDB peers). An index already at ``out``
-    (a complete earlier build: ``out/BUILD_OK`` holds its settings) is reused; the data are
-    regenerated from the seed (identical), only the index build is skipped (``build_s`` 0)."""
+def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed: int = 42,
+          legs: tuple[str, ...] = ("bm25", "dense", "sparse")) -> dict[str, Any]:
+    """Build the index of ``n_docs`` synthetic documents with typed fields (the legs ``legs``:
+    all three by default); returns the queries and the raw vectors (for the FAISS and LanceDB
+    peers; ``vecs`` / ``qv`` are None without the dense leg). An index already at ``out`` (a
+    complete earlier build: ``out/BUILD_OK`` holds its settings, the legs included) is reused;
+    the data are regenerated from the seed (identical), only the index build is skipped."""
     from retriever import build_index
     from retriever.index.config import DenseConfig
 
+    with_dense = "dense" in legs
     text = synthetic_bm25(n_docs, vocab=200_000, mean_len=24.0, n_queries=n_queries, seed=seed)
-    dense = synthetic_dense(n_docs, dim, n_queries=n_queries, seed=seed)
     sparse = synthetic_sparse(n_docs, vocab=30522, nnz=40, q_nnz=12, n_queries=n_queries, seed=seed)
     rng = np.random.default_rng([seed, 99])
     num = rng.integers(0, 1000, n_docs)
@@ -61,13 +63,16 @@ def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed:
     cat = rng.choice(100, n_docs, p=zipf / zipf.sum())
     flag = rng.random(n_docs) < 0.3
     ts = 1_600_000_000 + rng.integers(0, 3 * 365 * 86400, n_docs)
-    # a decaying spectrum (coordinate j scaled by SPECTRUM_DECAY ** j), as real embeddings have
-    # after the index's PCA rotation: what makes Matryoshka prefixes (the funnel) meaningful
-    decay = (SPECTRUM_DECAY ** np.arange(dim)).astype(np.float32)
-    vecs = dense.all() * decay
-    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
-    qv = dense.queries * decay
-    qv /= np.linalg.norm(qv, axis=1, keepdims=True)
+    vecs = qv = None
+    if with_dense:
+        dense = synthetic_dense(n_docs, dim, n_queries=n_queries, seed=seed)
+        # a decaying spectrum (coordinate j scaled by SPECTRUM_DECAY ** j), as real embeddings have
+        # after the index's PCA rotation: what makes Matryoshka prefixes (the funnel) meaningful
+        decay = (SPECTRUM_DECAY ** np.arange(dim)).astype(np.float32)
+        vecs = dense.all() * decay
+        vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+        qv = np.ascontiguousarray(dense.queries * decay)
+        qv /= np.linalg.norm(qv, axis=1, keepdims=True)
     ids_l, w_l = zip(*sparse.docs())
     ptr = np.zeros(n_docs + 1, np.int64)
     ptr[1:] = np.cumsum([len(i) for i in ids_l])
@@ -82,7 +87,10 @@ def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed:
 
     t0 = time.perf_counter()
     stamp = out / "BUILD_OK"
-    settings = json.dumps({"docs": n_docs, "dim": dim, "nlist": nlist, "queries": n_queries, "seed": seed})
+    conf = {"docs": n_docs, "dim": dim, "nlist": nlist, "queries": n_queries, "seed": seed}
+    if tuple(legs) != ("bm25", "dense", "sparse"):
+        conf["legs"] = list(legs)  # the full build's stamp stays as it was
+    settings = json.dumps(conf)
     if stamp.is_file() and stamp.read_text() == settings:
         for _ in docs():  # the texts, for LanceDB
             pass
@@ -91,14 +99,17 @@ def build(n_docs: int, out: Path, *, dim: int, nlist: int, n_queries: int, seed:
         if out.exists():
             import shutil
             shutil.rmtree(out)
-        build_index(docs(), out, legs=("bm25", "dense", "sparse"), dense_vectors=vecs, show_progress=False,
+        extra: dict[str, Any] = {}
+        if with_dense:
+            extra = {"dense_vectors": vecs, "dense": DenseConfig(dtype="float32", faiss_factory=f"IVF{nlist},Flat")}
+        build_index(docs(), out, legs=tuple(legs), show_progress=False,
                     sparse_vectors=(ptr, np.concatenate(ids_l).astype(np.uint32),
                                     np.concatenate(w_l).astype(np.float32)),
-                    dense=DenseConfig(dtype="float32", faiss_factory=f"IVF{nlist},Flat"), shard_size=max(n_docs, 1))
+                    shard_size=max(n_docs, 1), **extra)
         build_s, cached = time.perf_counter() - t0, False
         (out / "BUILD_S").write_text(str(build_s))
         stamp.write_text(settings)
-    return {"build_s": build_s, "cached": cached, "queries": text.queries, "qv": np.ascontiguousarray(qv),
+    return {"build_s": build_s, "cached": cached, "queries": text.queries, "qv": qv,
             "qsv": sparse.queries, "vecs": vecs, "num": num, "texts": texts}
 
 
@@ -328,6 +339,125 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+#: the modes ``--legs`` can time on their own (name -> (mode, leg params))
+LEG_MODES = {"bm25": {"bm25": ("bm25", {})},
+             "sparse": {"sparse-exact": ("sparse", {}), "sparse-seismic": ("sparse", {"sparse": {"algorithm": "seismic"}})}}
+
+
+def run_legs(args: argparse.Namespace, legs: list[str]) -> dict[str, Any]:
+    """Filtered against unfiltered QPS of the BM25 and / or sparse modes only (no dense leg, no
+    peers): an index of the ``bm25`` and ``sparse`` legs (cached under ``--work``), then
+    ``--repeats`` interleaved rounds, each timing every mode unfiltered and at every selectivity
+    once (a pass of at least ``MIN_S`` seconds each), so load drift on a shared machine hits the
+    filtered and unfiltered figures alike. Per mode and selectivity: median QPS with min / max,
+    the ratio of the medians, and the median (min / max) of the per-round ratios filtered /
+    unfiltered. Checks on the side: no masked document returned, k met whenever k pass, and the
+    exact sparse results equal to a brute-force top-k over the passing documents' forward rows
+    (ids, and scores to float32 rounding) on the first 10 queries."""
+    from retriever import Retriever
+    from retriever.fusion import RRF
+    from retriever.params import parse_leg_params
+    from benchmarks.timing import timed_pass
+
+    work = args.work if args.work is not None else Path(tempfile.mkdtemp(prefix="bench_filters_"))
+    work.mkdir(parents=True, exist_ok=True)
+    data = build(args.docs, work / "ix_bm25_sparse", dim=args.dim, nlist=args.nlist, n_queries=args.queries,
+                 legs=("bm25", "sparse"))
+    print(f"built {args.docs} docs in {data['build_s']:.1f}s (cached: {data['cached']})", flush=True)
+    if args.build_only:
+        return {"build_s": data["build_s"], "cached": data["cached"]}
+    r = Retriever.open(work / "ix_bm25_sparse", n_threads=args.threads)
+    qs, qsv = data["queries"], data["qsv"]
+    nq = len(qs)
+    eng = r.engine
+    modes = {name: mp for leg in legs for name, mp in LEG_MODES[leg].items()}
+
+    def search(mode: str, masks, params: dict):
+        p = parse_leg_params(params)
+        prep = {}
+        if mode == "sparse":
+            prep["sparse"] = eng.legs["sparse"].prepare_vectors(qsv, p.get("sparse"), args.threads)
+        return eng.search(qs, k=K, mode=mode, fusion=RRF(), depth=100, n_threads=args.threads,
+                          prepared=prep, params=p, allow=masks)
+
+    sels: dict[str, Any] = {"unfiltered": None}
+    info: dict[str, Any] = {}
+    for sel, thr in SELECTIVITIES.items():
+        t0 = time.perf_counter()
+        masks = compile_masks(r.reader, thr)
+        allow = np.concatenate(masks)
+        sels[str(sel)] = masks
+        info[str(sel)] = {"threshold": f"num < {thr}", "passing": int(allow.sum()),
+                          "mask_compile_ms_first": (time.perf_counter() - t0) * 1e3}
+    checks: dict[str, Any] = {}
+    for name, (mode, params) in modes.items():
+        for key, masks in sels.items():
+            res = search(mode, masks, params)
+            allow = None if masks is None else np.concatenate(masks)
+            n_pass = len(allow) if allow is not None else args.docs
+            c = {"no_masked_doc": bool(allow is None or allow[res.ids[res.ids >= 0]].all()),
+                 "k_met": bool((res.n_found == min(K, n_pass)).all())}
+            if name == "sparse-exact":
+                c["brute_force_equal"] = _sparse_brute_force_equal(eng.legs["sparse"], qsv[:10], allow, res)
+            checks[f"{name}@{key}"] = c
+    times: dict[str, dict[str, list[float]]] = {n: {k: [] for k in sels} for n in modes}
+    for rnd in range(args.repeats):
+        for name, (mode, params) in modes.items():
+            for key, masks in sels.items():
+                if rnd == 0:
+                    search(mode, masks, params)  # warm-up, untimed
+                times[name][key].append(timed_pass(lambda: search(mode, masks, params), MIN_S)[0])
+        print(f"round {rnd + 1}/{args.repeats} done", flush=True)
+    out: dict[str, Any] = {"docs": args.docs, "queries": nq, "threads": args.threads, "rounds": args.repeats,
+                           "build_s": data["build_s"], "build_cached": data["cached"], "machine": machine(),
+                           "selectivities": info, "modes": {}}
+    for name in modes:
+        base = qps(nq, times[name]["unfiltered"])
+        row: dict[str, Any] = {"unfiltered": base}
+        for key in sels:
+            if key == "unfiltered":
+                continue
+            e = qps(nq, times[name][key])
+            ratios = [u / f for u, f in zip(times[name]["unfiltered"], times[name][key])]
+            e["vs_unfiltered"] = e["qps_median"] / base["qps_median"]
+            e["vs_unfiltered_per_round"] = {"median": float(np.median(ratios)), "min": min(ratios),
+                                            "max": max(ratios)}
+            e.update(checks[f"{name}@{key}"])
+            row[key] = e
+            print(f"{name:15s} sel {key:>6}: qps {e['qps_median']:9.1f} ({e['qps_min']:.1f}-{e['qps_max']:.1f}) "
+                  f"vs unfiltered {base['qps_median']:.1f}: {e['vs_unfiltered']:.3f}x "
+                  f"(per round {min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+        out["modes"][name] = row
+    return out
+
+
+def _sparse_brute_force_equal(leg: Any, qsv: list, allow: np.ndarray | None, res: Any) -> bool:
+    """True when the exact sparse rows of ``res`` (first ``len(qsv)`` queries) are the top-k of a
+    brute-force float64 scoring of every passing document (one shard): equal id sets where the
+    float64 k-th and (k+1)-th scores are apart by more than float32 slack, equal counts always."""
+    s, a = leg.shards[0]
+    fo = a["fwd_offsets"].astype(np.int64)
+    doc = np.repeat(np.arange(s.rows), np.diff(fo))
+    for q, (ti, w) in enumerate(qsv):
+        qd = np.zeros(leg.vocab_size)
+        qd[np.asarray(ti)] = w
+        sc = np.bincount(doc, weights=qd[a["fwd_terms"]] * a["fwd_values"], minlength=s.rows) * leg.scale
+        if allow is not None:
+            sc[allow == 0] = 0
+        pos = np.flatnonzero(sc > 0)
+        want = pos[np.argsort(-sc[pos], kind="stable")][:K]
+        got = res.ids[q, :res.n_found[q]]
+        if len(got) != len(want):
+            return False
+        if len(pos) > K:
+            kth, nxt = np.sort(sc[pos])[::-1][K - 1:K + 1]
+            if kth - nxt <= 1e-5 * kth:
+                continue  # a near tie at the boundary: either order is exact to float32
+        if set(got.tolist()) != set(want.tolist()):
+            return False
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--docs", type=int, default=1_000_000, help="synthetic documents (default 1,000,000)")
@@ -345,8 +475,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="scratch folder for the index, the FAISS index and the LanceDB table, reused by a "
                          "later run with the same settings (default: a new temporary folder)")
     ap.add_argument("--build-only", action="store_true", help="build (or check) the cached index and stop")
+    ap.add_argument("--legs", default=None,
+                    help="comma-separated subset of 'bm25,sparse': time only these legs' modes, filtered "
+                         "against unfiltered in interleaved rounds, on an index of the BM25 and sparse legs "
+                         "(no dense leg, no FAISS or LanceDB); default: the full benchmark")
     args = ap.parse_args(argv)
-    res = run(args)
+    if args.legs is not None:
+        legs = [x.strip() for x in args.legs.split(",") if x.strip()]
+        bad = [x for x in legs if x not in LEG_MODES]
+        if bad or not legs:
+            ap.error(f"--legs: unknown leg(s) {bad or args.legs!r}; choose from {sorted(LEG_MODES)}")
+        res = run_legs(args, legs)
+    else:
+        res = run(args)
     res["command"] = "python -m benchmarks.bench_filter_legs " + " ".join(
         a for a in (argv if argv is not None else __import__("sys").argv[1:]))
     text = json.dumps(res, indent=1, default=float)
