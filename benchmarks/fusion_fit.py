@@ -120,7 +120,29 @@ def real_eval(r: Any, queries: dict, qrels: dict, qids: list[str], dense: np.nda
     return {m: round(v, 4) for m, v in evaluate(run, qrels, qids=qids).items() if m != "queries"}
 
 
-def quality(only: list[str]) -> dict[str, Any]:
+def save_data(data: Any, path: Path) -> None:
+    """Cache a :class:`retriever.fusion_fit.FitData` (the leg runs every setting is re-fused from)."""
+    import dataclasses
+
+    d = dataclasses.asdict(data)
+    np.savez(path, **{k: (np.array(v) if k in ("legs", "qids") else v) for k, v in d.items()})
+
+
+def load_data(path: Path) -> Any:
+    """The :class:`retriever.fusion_fit.FitData` that :func:`save_data` cached."""
+    from retriever.fusion_fit import FitData
+
+    with np.load(path) as z:
+        d = {k: z[k] for k in z.files}
+    d["legs"], d["qids"] = [str(x) for x in d["legs"]], [str(x) for x in d["qids"]]
+    for k in ("max_depth", "k"):
+        d[k] = int(d[k])
+    for k in ("search_ms", "full_ms"):
+        d[k] = float(d[k])
+    return FitData(**d)
+
+
+def quality(only: list[str], test: bool = True) -> dict[str, Any]:
     from retriever import Retriever
     from retriever.fusion import DEFAULT_FUSION
     from retriever.fusion_fit import RULES, FitGrid, chooser, collect, cross_validate, evaluate_settings, folds_of, \
@@ -139,6 +161,8 @@ def quality(only: list[str]) -> dict[str, Any]:
             queries, qrels, qids, dense, sparse = split_queries(c, fit_split)
             data = collect(r, queries, qrels, qids, max_depth=max(grid.depths), k=100, cutoff=10,
                            query_vectors=dense, sparse_vectors=sparse)
+            CACHE.mkdir(parents=True, exist_ok=True)
+            save_data(data, CACHE / f"data_{c}_{legs}.npz")
             fixed = fixed_settings(LEG_SETS[legs])
             settings, values = evaluate_settings(data, grid, "ndcg@10", extra=[DEFAULT_FUSION, *fixed.values()])
             n_extra = 1 + len(fixed)
@@ -169,7 +193,7 @@ def quality(only: list[str]) -> dict[str, Any]:
                 "best_fixed": max((n for n in per_fixed if not n.startswith("only:")), key=lambda n: per_fixed[n]["cv"]),
                 "collect_s": round(time.perf_counter() - t0, 1), "full_ms_per_query_at_depth200":
                     round(data.full_ms / len(qids), 3)}
-            if c == "scifact":  # evaluated once on test with a real search
+            if c == "scifact" and test:  # evaluated once on test with a real search
                 tq, tr, tids, td, ts = split_queries(c, "test")
                 row["test"] = {"fitted": real_eval(r, tq, tr, tids, td, ts, settings[best]),
                                "default": real_eval(r, tq, tr, tids, td, ts, DEFAULT_FUSION),
@@ -391,6 +415,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown"))
     ap.add_argument("--only", action="append", choices=COLLECTIONS)
+    ap.add_argument("--no-test", action="store_true",
+                    help="quality: skip the SciFact test evaluation (development on train / CV only)")
     ap.add_argument("--out", default=None, help="results json (default results/fusion_fit.json or fusion_full_score.json)")
     args = ap.parse_args(argv)
     only = args.only or list(COLLECTIONS)
@@ -408,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
         path.write_text(json.dumps(res, indent=1) + "\n")
         print(f"wrote {path}")
         return 0
-    rep = quality(only) if args.what == "quality" else cost(only) if args.what == "cost" else defaults()
+    rep = quality(only, test=not args.no_test) if args.what == "quality" else cost(only) if args.what == "cost" else defaults()
     rep["command"] = f"python -m benchmarks.fusion_fit {args.what}" + "".join(f" --only {c}" for c in args.only or [])
     rep["seconds"] = round(time.perf_counter() - t0, 1)
     path = Path(args.out) if args.out else RESULTS / {"quality": "fusion_fit.json", "cost": "fusion_full_score.json",
