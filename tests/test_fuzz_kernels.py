@@ -33,7 +33,9 @@ KERNELS = {"check_csr", "bm25_upper_bounds", "bm25_impacts", "bm25_topk", "impac
            # learned-sparse kernels: fuzzed in tests/test_fuzz_sparse.py
            "check_sparse_index", "check_impact_postings", "sparse_exact_topk", "sparse_seismic_topk",
            # dense funnel kernels: fuzzed below
-           "rescore_topk", "rescore_has_avx512", "heap_push_block", "int8_scan_topk", "int8_scan_has_vnni"}
+           "rescore_topk", "rescore_has_avx512", "heap_push_block", "int8_scan_topk", "int8_scan_has_vnni",
+           # the API's hit-making kernels: fuzzed below
+           "decode_strings", "make_hits"}
 
 SMALL = st.integers(0, 12)
 U32_EDGE = st.sampled_from([0, 1, 2, 3, 5, 7, 11, 2**31, 2**32 - 1])
@@ -587,3 +589,73 @@ def test_fuzz_bm25_topk_text(data):
         _check_topk((ids, scores, n_found), len(t_off) - 1, k)
         assert status.shape == (len(t_off) - 1,) and set(status.tolist()) <= {0, 1}
         assert (n_found[status == 1] == 0).all()
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_decode_strings(data):
+    """Random (often corrupt) offsets, bytes and rows: the strings of a well-formed column equal
+    Python's decode of each row's bytes; anything else is a ValueError / TypeError."""
+    words = data.draw(st.lists(st.text(max_size=4), max_size=6))
+    raw = [w.encode("utf-8") for w in words]
+    offsets = np.concatenate([[0], np.cumsum([len(b) for b in raw], dtype=np.int64)]).astype(np.int64)
+    blob = b"".join(raw)
+    corrupt = data.draw(st.sampled_from(["none", "none", "offset", "bytes", "dtype", "short"]))
+    if corrupt == "offset" and len(offsets) > 1:
+        offsets[data.draw(st.integers(0, len(offsets) - 1))] = data.draw(st.sampled_from([-1, 2**40, 1, 0]))
+    elif corrupt == "bytes" and blob:
+        b = bytearray(blob)
+        b[data.draw(st.integers(0, len(b) - 1))] = data.draw(st.sampled_from([0x80, 0xFF, 0xC0]))
+        blob = bytes(b)
+    elif corrupt == "dtype":
+        offsets = offsets.astype(data.draw(st.sampled_from([np.float64, np.uint8, np.int16])))
+    elif corrupt == "short":
+        blob = blob[:-1]
+    n_rows = len(offsets) - 1
+    rows = np.array(data.draw(st.lists(st.one_of(st.integers(0, max(n_rows - 1, 0)),
+                                                 st.sampled_from([-1, n_rows, 2**62])), max_size=8)), np.int64)
+    if data.draw(st.booleans()) and len(offsets) > 1 and offsets.dtype == np.int64:
+        offsets = offsets.astype(np.int32)
+    out = _call(K.decode_strings, offsets, memoryview(blob), rows)
+    if out is not None:
+        assert len(out) == len(rows)
+        for r, got in zip(rows, out):
+            assert got == blob[int(offsets[r]):int(offsets[r + 1])].decode("utf-8")
+
+
+@SETTINGS
+@given(data=st.data())
+def test_fuzz_make_hits(data):
+    """Random shapes, counts and leg lists: a valid batch equals the tuples built in Python;
+    anything else is a ValueError / TypeError."""
+    from retriever.results import Hit, LegHit
+
+    nq, k = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 4))
+    n_found = np.array([data.draw(st.one_of(st.integers(0, k), st.sampled_from([-1, k + 1])))
+                        for _ in range(nq + data.draw(st.sampled_from([0, 0, 0, 1, -1])))], np.int32)
+    scores = _f32(data.draw, nq * k).reshape(nq, k)
+    n_legs = data.draw(st.integers(0, 3))
+    names = [f"leg{i}" for i in range(n_legs)]
+    leg_scores = [_f32(data.draw, nq * k).reshape(nq, k) for _ in range(n_legs)]
+    leg_ranks = [np.array([data.draw(st.integers(0, 5)) for _ in range(nq * k)], np.int32).reshape(nq, k)
+                 for _ in range(n_legs)]
+    if n_legs and data.draw(st.integers(0, 5)) == 0:
+        leg_ranks[0] = leg_ranks[0].astype(np.int64)
+    total = int(np.clip(n_found, 0, None).sum())
+    n_items = total + data.draw(st.sampled_from([0, 0, 0, 1, -1]))
+    ids = [f"d{i}" for i in range(max(n_items, 0))]
+    out = _call(K.make_hits, Hit, LegHit, scores, n_found, ids, ids, ids, [{}] * len(ids), names,
+                leg_scores, leg_ranks)
+    if out is not None:
+        assert len(out) == nq
+        pos = 0
+        for q in range(nq):
+            assert len(out[q]) == n_found[q]
+            for j, h in enumerate(out[q]):
+                legs = {names[i]: LegHit(float(leg_scores[i][q, j]), int(leg_ranks[i][q, j]))
+                        for i in range(n_legs) if leg_ranks[i][q, j] > 0}
+                want = Hit(ids[pos], float(scores[q, j]), j + 1, ids[pos], ids[pos], {}, legs)
+                assert type(h) is Hit
+                assert h[:2] == want[:2] or (np.isnan(h.score) and np.isnan(want.score))
+                assert h[2:] == want[2:]
+                pos += 1
