@@ -20,7 +20,9 @@ class RayExecutor:
 
     Args:
         address: the cluster to join (``"auto"``, ``"ray://host:10001"``, ``"host:6379"``);
-            ``None``: an already initialised Ray in this process, else a local one-machine cluster.
+            ``None``: an already initialised Ray in this process, else what ``ray.init()`` finds
+            (``RAY_ADDRESS``, or a cluster ``ray start`` started on this machine), else a new
+            local one-machine cluster.
         num_workers: search: shard-holding actors (at most one per shard); build: encoder actors
             (the ``ActorPoolStrategy`` size) and concurrent shard builders.
         num_gpus_per_worker: GPUs each encoder / searcher actor asks for (0: CPU only). A value
@@ -79,7 +81,7 @@ class RayExecutor:
         try:
             import ray
         except ImportError:
-            raise ConfigError("RayExecutor needs Ray: pip install 'retriever[ray]' (ray[data] >= 2.9)") from None
+            raise ConfigError("RayExecutor needs Ray: pip install 'retriever[ray]' (ray[data] 2.60)") from None
         if not ray.is_initialized():
             try:
                 ray.init(address=self.address, runtime_env=self.runtime_env, include_dashboard=False,

@@ -115,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--overwrite", action="store_true", help="replace an existing index at --out (atomic swap)")
     b.add_argument("--no-progress", action="store_true", help="no progress bar")
     b.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
-                   help="build on a Ray cluster (ADDRESS, e.g. auto or ray://host:10001; none: a local one); "
+                   help="build on a Ray cluster (ADDRESS, e.g. auto or ray://host:10001; none: RAY_ADDRESS or a cluster started on this machine, else a new local one); "
                         "see docs/DISTRIBUTED.md")
     b.add_argument("--ray-workers", type=_positive_int, default=2, help="Ray encoder actors / shard builders (default 2)")
     b.add_argument("--ray-gpus", type=float, default=0.0, help="GPUs per Ray encoder actor (default 0)")
