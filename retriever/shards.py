@@ -62,8 +62,8 @@ class Shard:
     #: metadata fields)``, made on first fetch
     meta_columns: tuple[Any, Any, int] | None = field(default=None, repr=False, compare=False)
 
-    def string_view(self, name: str) -> tuple[np.ndarray, memoryview, memoryview] | None:
-        """``(offsets int32 or int64 (rows + 1,), the same offsets as a memoryview, UTF-8 data)``
+    def string_view(self, name: str) -> tuple[np.ndarray, memoryview] | None:
+        """``(offsets int32 or int64 (rows + 1,), UTF-8 data)``
         of string column ``name``, zero-copy over the memory-mapped file; ``None`` where the
         column has nulls or several chunks (the caller then takes the Arrow path)."""
         if name not in self.string_views:
@@ -77,7 +77,7 @@ class Shard:
                     offsets = np.frombuffer(bufs[1], dtype=off_type, count=len(arr) + 1, offset=arr.offset *
                                             np.dtype(off_type).itemsize)
                     data = memoryview(bufs[2]) if bufs[2] is not None else memoryview(b"")
-                    view = (offsets, memoryview(offsets), data)
+                    view = (offsets, data)
             self.string_views[name] = view
         return self.string_views[name]
 
@@ -95,7 +95,7 @@ class Shard:
         """
         view = self.string_view(name)
         if view is not None:
-            offsets, _, data = view
+            offsets, data = view
             return _kernels.decode_strings(offsets, data, rows)
         uniq, inv = np.unique(rows, return_inverse=True)
         vals = self.docs.column(name).take(pa.array(uniq, pa.int64())).to_pylist()
