@@ -170,3 +170,40 @@ def test_cross_validate_scores_each_fold_by_the_others():
     assert cv["chosen"] == [1, 0] and cv["folds"] == [0.0, 0.0] and cv["mean"] == 0.0
     fixed = cross_validate(values, folds, fixed=0)
     assert fixed["folds"] == [1.0, 0.0] and fixed["mean"] == 0.5
+
+
+def test_model_benchmark_ndcg_kernel_equals_the_fit_metric():
+    """The fourth pass's compiled nDCG@10 (benchmarks.fusion_fit, used for every model figure)
+    equals fusion_fit's metric exactly, ties (to the earlier column) and absent candidates
+    included; coordinate ascent never lowers the training figure it starts from."""
+    from types import SimpleNamespace
+
+    from benchmarks.fusion_fit import _KERNELS, coordinate_ascent
+    from retriever.fusion_fit import _per_query_metric
+
+    ndcg_rows, _ = _KERNELS()
+    rng = np.random.default_rng(3)
+    nq, width = 40, 37
+    gains = rng.integers(0, 3, size=(nq, width)).astype(np.float64) * (rng.random((nq, width)) < 0.2)
+    ideal = -np.sort(-gains, axis=1)[:, :10]
+    data = SimpleNamespace(gains=gains, ideal=ideal, n_rel=(gains >= 1).sum(axis=1))
+    present = rng.random((nq, width)) < 0.8
+    present[0, :] = False  # a query without candidates scores 0
+    idcg = ideal @ (1.0 / np.log2(np.arange(2, 12)))
+    for t in range(5):
+        base = rng.integers(0, 6, size=(nq, width)).astype(np.float64)  # many exact ties
+        x = rng.normal(size=(nq, width)).round(1)
+        delta = (0.0, 0.5, -1.0, 2.0, 0.1)[t]
+        got = ndcg_rows(base, x, delta, present, gains, idcg, 10, np.empty(nq))
+        ref = _per_query_metric(base + delta * x, present, data, "ndcg", 10)
+        assert np.allclose(got, ref, rtol=0, atol=1e-12), np.abs(got - ref).max()  # summation order only
+    case = SimpleNamespace(data=data, idcg=idcg, ndcg_rows=ndcg_rows)
+    X = rng.random((3, nq, width))
+    rows = np.arange(5, nq)
+    w0 = np.array([1.0, 0.0, 0.0])
+    start = ndcg_rows(np.tensordot(w0, X[:, rows], axes=1), X[0, rows], 0.0, present[rows],
+                      gains[rows], idcg[rows], 10, np.empty(len(rows))).mean()
+    w, best = coordinate_ascent(case, X, present, rows, w0)
+    again = ndcg_rows(np.tensordot(w, X[:, rows], axes=1), X[0, rows], 0.0, present[rows],
+                      gains[rows], idcg[rows], 10, np.empty(len(rows))).mean()
+    assert best >= start and again == pytest.approx(best, abs=1e-12)
