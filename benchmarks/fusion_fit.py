@@ -12,6 +12,7 @@ are encoded once with the same models, as the legs encode queries, and cached.
     python -m benchmarks.fusion_fit defaults                   # the no-label default -> results/fusion_defaults.json
     python -m benchmarks.fusion_fit nested                     # nested CV of the rule choice (after quality)
     python -m benchmarks.fusion_fit models [--procs ...] [--seeds 10]  # fourth pass: models on CV only (after quality --no-test)
+    python -m benchmarks.fusion_fit combined-test              # rule "combined": fit on SciFact train, test once
 
 Protocol: SciFact is fitted on train only (5-fold CV on train reported beside) and the chosen
 setting is evaluated once on test with a real search (pytrec_eval). Cranfield, CISI and MED have
@@ -433,36 +434,6 @@ def _ndcg_kernel():
     import numba as nb
 
     @nb.njit(nogil=True)
-    def ndcg_rows(base, x, delta, present, gains, idcg, cutoff, out):  # pragma: no cover (compiled)
-        nq, width = base.shape
-        topv = np.empty(cutoff)
-        topi = np.empty(cutoff, np.int64)
-        for q in range(nq):
-            m = 0
-            for u in range(width):
-                if not present[q, u]:
-                    continue
-                s = base[q, u] + delta * x[q, u]
-                if m < cutoff:
-                    j = m
-                    m += 1
-                elif s > topv[m - 1]:
-                    j = m - 1
-                else:
-                    continue
-                while j > 0 and topv[j - 1] < s:
-                    topv[j] = topv[j - 1]
-                    topi[j] = topi[j - 1]
-                    j -= 1
-                topv[j] = s
-                topi[j] = u
-            d = 0.0
-            for r in range(m):
-                d += gains[q, topi[r]] / np.log2(r + 2.0)
-            out[q] = d / idcg[q] if idcg[q] > 0 else 0.0
-        return out
-
-    @nb.njit(nogil=True)
     def listnet(w, X, present, p, grad):  # pragma: no cover (compiled)
         F, nq, width = X.shape
         loss = 0.0
@@ -495,7 +466,9 @@ def _ndcg_kernel():
             grad[f] /= nq
         return loss / nq
 
-    return ndcg_rows, listnet
+    from retriever.fusion_fit import ndcg_kernel
+
+    return ndcg_kernel(), listnet
 
 
 class _Case:
@@ -587,33 +560,10 @@ def _KERNELS() -> Any:
 def coordinate_ascent(case: _Case, X: np.ndarray, present: np.ndarray, rows: np.ndarray, w0: np.ndarray,
                       steps: tuple[float, ...] = (-0.5, -0.2, -0.1, -0.05, 0.05, 0.1, 0.2, 0.5),
                       passes: int = 4) -> tuple[np.ndarray, float]:
-    """Coordinate ascent on the training nDCG@10 (Metzler & Croft, "Linear feature-based models for
-    information retrieval", Information Retrieval 2007; RankLib's CoorAscent): each weight in turn
-    moves by the step that raises the training mean most (none if none does), up to ``passes``
-    sweeps or until a sweep changes nothing. Returns ``(weights, training mean)``."""
-    Xr = np.ascontiguousarray(X[:, rows])
-    pr = np.ascontiguousarray(present[rows])
-    gains = np.ascontiguousarray(case.data.gains[rows])
-    idcg = case.idcg[rows]
-    out = np.empty(len(rows))
-    w = np.array(w0, dtype=np.float64)
-    total = np.tensordot(w, Xr, axes=1)
-    best = case.ndcg_rows(total, Xr[0], 0.0, pr, gains, idcg, 10, out).mean()
-    for _ in range(passes):
-        moved = False
-        for j in range(len(w)):
-            bj, bd = best, 0.0
-            for dl in steps:
-                m = case.ndcg_rows(total, Xr[j], dl, pr, gains, idcg, 10, out).mean()
-                if m > bj + 1e-12:
-                    bj, bd = m, dl
-            if bd:
-                w[j] += bd
-                total = total + bd * Xr[j]
-                best, moved = bj, True
-        if not moved:
-            break
-    return w, float(best)
+    """:func:`retriever.fusion_fit.coordinate_ascent` on a case's data."""
+    from retriever.fusion_fit import coordinate_ascent as ca
+
+    return ca(X, present, case.data.gains, case.idcg, rows, w0, steps=steps, passes=passes)
 
 
 def listwise(case: _Case, X: np.ndarray, present: np.ndarray, rows: np.ndarray, lam: float, w0: np.ndarray
@@ -758,9 +708,33 @@ def models(only: list[str], procs: list[str], seeds: int) -> dict[str, Any]:
     return out
 
 
+def combined_test() -> dict[str, Any]:
+    """SciFact, rule ``"combined"`` (:func:`retriever.fusion_fit.fit_combined`): fitted on the train
+    split (5-fold CV on train reported), then evaluated once on test with a real search
+    (pytrec_eval), two and three legs."""
+    from retriever import Retriever
+    from retriever.fusion_fit import fit_fusion
+
+    out: dict[str, Any] = {"rule": "combined", "collections": {}}
+    for legs in LEG_SETS:
+        t0 = time.perf_counter()
+        r = Retriever.open(index_for("scifact", legs), n_threads=2)
+        queries, qrels, qids, dense, sparse = split_queries("scifact", "train")
+        rep = fit_fusion(r, queries, qrels, rule="combined", split="train", k=100, query_vectors=dense,
+                         sparse_vectors=sparse)
+        tq, tr, tids, td, ts = split_queries("scifact", "test")
+        row = {"fit_split": "train", "n_queries": len(qids), "cv_train": {"mean": round(rep.cv["mean"], 4),
+               "std": round(rep.cv["std"], 4), "folds": [round(x, 4) for x in rep.cv["folds"]]},
+               "train_in_sample": round(rep.train_score, 4), "setting": rep.setting.to_dict(),
+               "test": real_eval(r, tq, tr, tids, td, ts, rep.setting), "seconds": round(time.perf_counter() - t0, 1)}
+        out["collections"][f"scifact/{legs}"] = row
+        print(json.dumps({f"scifact/{legs}": row}), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown", "models"))
+    ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown", "models", "combined-test"))
     ap.add_argument("--only", action="append", choices=COLLECTIONS)
     ap.add_argument("--no-test", action="store_true",
                     help="quality: skip the SciFact test evaluation (development on train / CV only)")
@@ -774,6 +748,14 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(RESULTS / "fusion_fit.json", RESULTS / "fusion_full_score.json"))
         return 0
     t0 = time.perf_counter()
+    if args.what == "combined-test":  # once: fit on SciFact train, evaluate on test
+        rep = combined_test()
+        rep["command"] = "python -m benchmarks.fusion_fit combined-test"
+        rep["seconds"] = round(time.perf_counter() - t0, 1)
+        path = Path(args.out) if args.out else RESULTS / "fusion_combined_test.json"
+        path.write_text(json.dumps(rep, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
     if args.what == "models":  # CV only, from the cached leg runs of `quality --no-test`
         path = Path(args.out) if args.out else RESULTS / "fusion_models.json"
         res = json.loads(path.read_text()) if path.is_file() else {"collections": {}}
