@@ -11,6 +11,8 @@ are encoded once with the same models, as the legs encode queries, and cached.
     python -m benchmarks.fusion_fit cost                       # full-score ms/query -> results/fusion_full_score.json
     python -m benchmarks.fusion_fit defaults                   # the no-label default -> results/fusion_defaults.json
     python -m benchmarks.fusion_fit nested                     # nested CV of the rule choice (after quality)
+    python -m benchmarks.fusion_fit models [--procs ...] [--seeds 10]  # fourth pass: models on CV only (after quality --no-test)
+    python -m benchmarks.fusion_fit combined-test              # rule "combined": fit on SciFact train, test once
 
 Protocol: SciFact is fitted on train only (5-fold CV on train reported beside) and the chosen
 setting is evaluated once on test with a real search (pytrec_eval). Cranfield, CISI and MED have
@@ -411,12 +413,334 @@ def markdown(quality_json: Path, cost_json: Path | None = None) -> str:  # noqa:
     return out
 
 
+# --- Fourth pass (issue 24): real models instead of more grid points, measured on CV only ------------
+#
+# Everything below re-fuses the cached leg runs (``data_*.npz``) and per-setting values
+# (``values_*.npz``) of ``quality --no-test``; nothing reads the SciFact test split.
+
+MODEL_CONFIGS = ((100, False), (100, True), (200, False), (200, True))
+#: per-leg features of the combined-normalisation model: normalised scores under two normalisations,
+#: the same times the leg's per-query gap factor g (Linear.gap_power = 1), the leg's reciprocal rank
+#: (k + 1) / (k + rank) with k = 60 (1.0 at rank 1, 0 when absent) and, without full scoring, a presence
+#: indicator (1 when the leg returned the candidate)
+COMBINED_FEATURES = ("zscore", "theoretical", "rrf", "zscore_g", "theoretical_g", "present")
+SMALL_FEATURES = ("zscore_g", "theoretical_g", "rrf")
+
+
+def _ndcg_kernel():
+    """numba kernels (compiled on first use): nDCG@c of ``base + delta * x`` per query, ties to the
+    earlier column (the smaller ordinal, as the engine and ``fusion_fit._per_query_metric``), and
+    the ListNet top-1 cross-entropy with its gradient."""
+    import numba as nb
+
+    @nb.njit(nogil=True)
+    def listnet(w, X, present, p, grad):  # pragma: no cover (compiled)
+        F, nq, width = X.shape
+        loss = 0.0
+        for f in range(F):
+            grad[f] = 0.0
+        s = np.empty(width)
+        for q in range(nq):
+            mx = -np.inf
+            for u in range(width):
+                if present[q, u]:
+                    t = 0.0
+                    for f in range(F):
+                        t += w[f] * X[f, q, u]
+                    s[u] = t
+                    mx = max(mx, t)
+            z = 0.0
+            for u in range(width):
+                if present[q, u]:
+                    z += np.exp(s[u] - mx)
+            lz = np.log(z)
+            for u in range(width):
+                if present[q, u]:
+                    lp = s[u] - mx - lz
+                    if p[q, u] > 0:
+                        loss -= p[q, u] * lp
+                    d = np.exp(lp) - p[q, u]
+                    for f in range(F):
+                        grad[f] += d * X[f, q, u]
+        for f in range(F):
+            grad[f] /= nq
+        return loss / nq
+
+    from retriever.fusion_fit import ndcg_kernel
+
+    return ndcg_kernel(), listnet
+
+
+class _Case:
+    """One (collection, legs) case: its FitData, the grid's per-setting values and the smooth rule."""
+
+    def __init__(self, c: str, legs: str) -> None:
+        from retriever.fusion import fusion_from_dict
+        from retriever.fusion_fit import FitGrid, chooser
+
+        self.data = load_data(CACHE / f"data_{c}_{legs}.npz")
+        with np.load(CACHE / f"values_{c}_{legs}.npz") as z:
+            values, names = z["values"], [json.loads(x) for x in z["names"]]
+        n_extra = 1 + len(fixed_settings(LEG_SETS[legs]))
+        self.settings = [fusion_from_dict(d) for d in names[n_extra:]]
+        self.values = values[n_extra:]
+        self.pick = chooser("smooth", self.values, self.settings, self.data.legs, FitGrid().weight_steps)
+        self.n = len(self.data.qids)
+        d = self.data
+        self.idcg = d.ideal[:, :10] @ (1.0 / np.log2(np.arange(2, d.ideal[:, :10].shape[1] + 2)))
+        self._parts: dict[tuple[int, bool], Any] = {}
+        self._feats: dict[tuple, Any] = {}
+        self.ndcg_rows, self.listnet = _KERNELS()
+
+    def parts(self, depth: int, full: bool) -> Any:
+        """``fusion_fit._contributions`` of a (depth, full-score) configuration, cached."""
+        from retriever.fusion_fit import _contributions
+
+        key = (int(depth), bool(full))
+        if key not in self._parts:
+            self._parts[key] = _contributions(self.data, key[0], key[1], ("minmax", "zscore", "dbsf", "tmm",
+                                                                          "theoretical"), ())
+        return self._parts[key]
+
+    def features(self, depth: int, full: bool, feats: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray, list]:
+        """``(X float64 (F, nq, U), present bool (nq, U), [(leg, feature)])`` (COMBINED_FEATURES)."""
+        key = (depth, full, feats)
+        if key not in self._feats:
+            present, normed, ranks, gaps = self.parts(depth, full)
+            d = max(int(depth), self.data.k)
+            X, names = [], []
+            for li, leg in enumerate(self.data.legs):
+                for f in feats:
+                    if f == "rrf":
+                        x = np.where(ranks[li] > 0, 61.0 / (60.0 + np.maximum(ranks[li], 1)), 0.0)
+                    elif f == "present":
+                        if full:
+                            continue  # every leg sees every candidate: a constant
+                        x = (self.data.pos[li] < d).astype(np.float64)
+                    elif f.endswith("_g"):
+                        x = normed[f[:-2]][li] * gaps[li][:, None]
+                    else:
+                        x = normed[f][li]
+                    X.append(np.where(present, x, 0.0))
+                    names.append((leg, f))
+            self._feats[key] = (np.stack(X), present, names)
+        return self._feats[key]
+
+    def ndcg(self, X: np.ndarray, present: np.ndarray, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Per-query nDCG@10 of the linear score ``w · X`` on ``rows``."""
+        total = np.tensordot(w, X[:, rows], axes=1)
+        return self.ndcg_rows(total, total, 0.0, np.ascontiguousarray(present[rows]),
+                              np.ascontiguousarray(self.data.gains[rows]), self.idcg[rows], 10, np.empty(len(rows)))
+
+    def setting_ndcg(self, s: Any, w: np.ndarray) -> np.ndarray:
+        """Per-query nDCG@10 (all queries) of grid setting ``s`` with the per-leg weights ``w``
+        (any real values, not only the grid's)."""
+        from retriever.fusion import RRF
+
+        present, normed, ranks, gaps = self.parts(int(next(iter(s.depths.values()))), bool(s.full_score))
+        total = np.zeros(present.shape)
+        for li, leg in enumerate(self.data.legs):
+            if isinstance(s, RRF):
+                total += np.where(ranks[li] > 0, w[li] / (s.k_of(leg) + np.maximum(ranks[li], 1)), 0.0)
+            else:
+                wq = w[li] * gaps[li] ** s.gap_power if s.gap_power else np.full(len(gaps[li]), w[li])
+                total += wq[:, None] * normed[s.norm][li]
+        return self.ndcg_rows(total, total, 0.0, present, self.data.gains, self.idcg, 10, np.empty(self.n))
+
+
+_KERNEL_CACHE: list[Any] = []
+
+
+def _KERNELS() -> Any:
+    if not _KERNEL_CACHE:
+        _KERNEL_CACHE.append(_ndcg_kernel())
+    return _KERNEL_CACHE[0]
+
+
+def coordinate_ascent(case: _Case, X: np.ndarray, present: np.ndarray, rows: np.ndarray, w0: np.ndarray,
+                      steps: tuple[float, ...] = (-0.5, -0.2, -0.1, -0.05, 0.05, 0.1, 0.2, 0.5),
+                      passes: int = 4) -> tuple[np.ndarray, float]:
+    """:func:`retriever.fusion_fit.coordinate_ascent` on a case's data."""
+    from retriever.fusion_fit import coordinate_ascent as ca
+
+    return ca(X, present, case.data.gains, case.idcg, rows, w0, steps=steps, passes=passes)
+
+
+def listwise(case: _Case, X: np.ndarray, present: np.ndarray, rows: np.ndarray, lam: float, w0: np.ndarray
+             ) -> np.ndarray:
+    """ListNet top-1 cross-entropy (Cao et al., ICML 2007) of the linear score over the candidates,
+    target distribution the grades, plus ``lam · ||w − w0||²``; L-BFGS (scipy). Queries without a
+    judged candidate are left out."""
+    from scipy.optimize import minimize
+
+    pr = present[rows]
+    g = case.data.gains[rows] * pr
+    tot = g.sum(axis=1)
+    keep = tot > 0
+    Xr = np.ascontiguousarray(X[:, rows][:, keep])
+    pr = np.ascontiguousarray(pr[keep])
+    p = np.ascontiguousarray(g[keep] / tot[keep][:, None])
+    grad = np.empty(len(w0))
+
+    def f(w: np.ndarray) -> tuple[float, np.ndarray]:
+        loss = case.listnet(w, Xr, pr, p, grad)
+        return loss + lam * float(((w - w0) ** 2).sum()), grad + 2 * lam * (w - w0)
+
+    return minimize(f, np.asarray(w0, float), jac=True, method="L-BFGS-B", options={"maxiter": 200}).x
+
+
+def _weights_of(s: Any, legs: list[str]) -> np.ndarray:
+    w = np.array([float(s.weights.get(n, 1.0)) for n in legs])
+    return w / w.sum()
+
+
+def _start(names: list, kind: str) -> np.ndarray:
+    return np.array([1.0 if f == kind else 0.0 for _, f in names])
+
+
+def model_procedures() -> dict[str, Any]:
+    """``name -> fit(case, train rows) -> per-query nDCG@10 of all queries`` for every procedure of
+    the fourth pass (HISTORY "Fusion fitting, fourth pass")."""
+
+    def smooth(case: _Case, tr: np.ndarray) -> np.ndarray:
+        return case.values[case.pick(tr)]
+
+    def shrink(case: _Case, tr: np.ndarray, lams: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)) -> np.ndarray:
+        # (b) the smooth pick's weights moved toward equal weights, (1 − λ) w* + λ / L, λ by inner 5-fold CV
+        L = len(case.data.legs)
+        score: dict[float, list[float]] = {x: [] for x in lams}
+        for p in folds_of(len(tr), 5, 1):
+            itr, ite = np.delete(tr, p), tr[p]
+            s = case.settings[case.pick(itr)]
+            w = _weights_of(s, case.data.legs)
+            for x in lams:
+                score[x].append(float(case.setting_ndcg(s, (1 - x) * w + x / L)[ite].mean()))
+        lam = max(lams, key=lambda x: (np.mean(score[x]), -x))
+        s = case.settings[case.pick(tr)]
+        return case.setting_ndcg(s, (1 - lam) * _weights_of(s, case.data.legs) + lam / L)
+
+    def bag(case: _Case, tr: np.ndarray, b: int = 25) -> np.ndarray:
+        # (c) the smooth pick on b bootstrap resamples; the most frequent configuration (everything
+        # but the weights), its picks' weights averaged
+        rng = np.random.default_rng(0)
+        picks = [case.settings[case.pick(rng.choice(tr, size=len(tr), replace=True))] for _ in range(b)]
+        keys = [json.dumps({k: v for k, v in s.to_dict().items() if k != "weights"}, sort_keys=True) for s in picks]
+        vals, counts = np.unique(keys, return_counts=True)
+        chosen = [s for s, k in zip(picks, keys) if k == vals[np.argmax(counts)]]
+        return case.setting_ndcg(chosen[0], np.mean([_weights_of(s, case.data.legs) for s in chosen], axis=0))
+
+    def ca(feats: tuple[str, ...]) -> Any:
+        # (a) combined normalisations, coordinate ascent from equal z-score·g weights in each of the
+        # four configurations; the best training nDCG@10 wins
+        def fit(case: _Case, tr: np.ndarray) -> np.ndarray:
+            best = None
+            for cfg in MODEL_CONFIGS:
+                X, present, names = case.features(*cfg, feats)
+                w, m = coordinate_ascent(case, X, present, tr, _start(names, "zscore_g"))
+                if best is None or m > best[0]:
+                    best = (m, X, present, w)
+            _, X, present, w = best
+            return case.ndcg(X, present, w, np.arange(case.n))
+        return fit
+
+    def ca_from_smooth(case: _Case, tr: np.ndarray) -> np.ndarray:
+        # (a') coordinate ascent started at the smooth pick (its own per-leg columns), in its configuration
+        from retriever.fusion import RRF
+
+        s = case.settings[case.pick(tr)]
+        cfg = (int(next(iter(s.depths.values()))), bool(s.full_score))
+        X2, present, names = case.features(*cfg, COMBINED_FEATURES)
+        _, normed, ranks, gaps = case.parts(*cfg)
+        ws = _weights_of(s, case.data.legs)
+        cols, w0 = [], []
+        for li, leg in enumerate(case.data.legs):
+            if isinstance(s, RRF):
+                k = s.k_of(leg)
+                cols.append(np.where(ranks[li] > 0, (k + 1) / (k + np.maximum(ranks[li], 1)), 0.0))
+                w0.append(ws[li] / (k + 1))
+            else:
+                cols.append(normed[s.norm][li] * (gaps[li][:, None] ** s.gap_power if s.gap_power else 1.0))
+                w0.append(ws[li])
+        X = np.concatenate([np.where(present, np.stack(cols), 0.0), X2])
+        w, _ = coordinate_ascent(case, X, present, tr, np.concatenate([w0, np.zeros(len(X2))]),
+                                 steps=(-0.2, -0.1, -0.05, -0.02, 0.02, 0.05, 0.1, 0.2))
+        return case.ndcg(X, present, w, np.arange(case.n))
+
+    def lw(lam: float) -> Any:
+        # (a'') the same features, ListNet loss with L2 toward equal z-score·g, full scoring (depth
+        # 100 / 200, the better training nDCG@10)
+        def fit(case: _Case, tr: np.ndarray) -> np.ndarray:
+            best = None
+            for cfg in ((100, True), (200, True)):
+                X, present, names = case.features(*cfg, COMBINED_FEATURES)
+                w = listwise(case, X, present, tr, lam, _start(names, "zscore_g"))
+                m = float(case.ndcg(X, present, w, tr).mean())
+                if best is None or m > best[0]:
+                    best = (m, X, present, w)
+            _, X, present, w = best
+            return case.ndcg(X, present, w, np.arange(case.n))
+        return fit
+
+    return {"smooth": smooth, "shrink": shrink, "bag": bag, "ca": ca(COMBINED_FEATURES), "ca_small": ca(SMALL_FEATURES),
+            "ca_from_smooth": ca_from_smooth, "listwise0.1": lw(0.1), "listwise0.03": lw(0.03)}
+
+
+def models(only: list[str], procs: list[str], seeds: int) -> dict[str, Any]:
+    """5-fold CV (fold shuffles ``0 .. seeds − 1``) of each procedure of :func:`model_procedures`:
+    per case and seed the mean over folds of the held-out fold's nDCG@10."""
+    table = model_procedures()
+    out: dict[str, Any] = {"seeds": seeds, "folds": 5, "metric": "ndcg@10", "collections": {}}
+    for c in only:
+        for legs in LEG_SETS:
+            t0 = time.perf_counter()
+            case = _Case(c, legs)
+            per: dict[str, list[float]] = {p: [] for p in procs}
+            for seed in range(seeds):
+                for p in procs:
+                    per[p].append(float(np.mean([table[p](case, np.setdiff1d(np.arange(case.n), f))[f].mean()
+                                                 for f in folds_of(case.n, 5, seed)])))
+            out["collections"][f"{c}/{legs}"] = {
+                p: {"seed0": round(v[0], 4), "mean": round(float(np.mean(v)), 4),
+                    "range": [round(min(v), 4), round(max(v), 4)], "per_seed": [round(x, 4) for x in v]}
+                for p, v in per.items()} | {"seconds": round(time.perf_counter() - t0, 1)}
+            print(json.dumps({f"{c}/{legs}": {p: out["collections"][f"{c}/{legs}"][p]["mean"] for p in procs}}),
+                  flush=True)
+    return out
+
+
+def combined_test() -> dict[str, Any]:
+    """SciFact, rule ``"combined"`` (:func:`retriever.fusion_fit.fit_combined`): fitted on the train
+    split (5-fold CV on train reported), then evaluated once on test with a real search
+    (pytrec_eval), two and three legs."""
+    from retriever import Retriever
+    from retriever.fusion_fit import fit_fusion
+
+    out: dict[str, Any] = {"rule": "combined", "collections": {}}
+    for legs in LEG_SETS:
+        t0 = time.perf_counter()
+        r = Retriever.open(index_for("scifact", legs), n_threads=2)
+        queries, qrels, qids, dense, sparse = split_queries("scifact", "train")
+        rep = fit_fusion(r, queries, qrels, rule="combined", split="train", k=100, query_vectors=dense,
+                         sparse_vectors=sparse)
+        tq, tr, tids, td, ts = split_queries("scifact", "test")
+        row = {"fit_split": "train", "n_queries": len(qids), "cv_train": {"mean": round(rep.cv["mean"], 4),
+               "std": round(rep.cv["std"], 4), "folds": [round(x, 4) for x in rep.cv["folds"]]},
+               "train_in_sample": round(rep.train_score, 4), "setting": rep.setting.to_dict(),
+               "test": real_eval(r, tq, tr, tids, td, ts, rep.setting), "seconds": round(time.perf_counter() - t0, 1)}
+        out["collections"][f"scifact/{legs}"] = row
+        print(json.dumps({f"scifact/{legs}": row}), flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown"))
+    ap.add_argument("what", choices=("quality", "cost", "defaults", "nested", "markdown", "models", "combined-test"))
     ap.add_argument("--only", action="append", choices=COLLECTIONS)
     ap.add_argument("--no-test", action="store_true",
                     help="quality: skip the SciFact test evaluation (development on train / CV only)")
+    ap.add_argument("--procs", default="smooth,shrink,bag,ca,ca_small,ca_from_smooth,listwise0.1,listwise0.03",
+                    help="models: comma-separated procedures (model_procedures)")
+    ap.add_argument("--seeds", type=int, default=10, help="models: fold shuffles 0 .. N-1")
     ap.add_argument("--out", default=None, help="results json (default results/fusion_fit.json or fusion_full_score.json)")
     args = ap.parse_args(argv)
     only = args.only or list(COLLECTIONS)
@@ -424,6 +748,26 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(RESULTS / "fusion_fit.json", RESULTS / "fusion_full_score.json"))
         return 0
     t0 = time.perf_counter()
+    if args.what == "combined-test":  # once: fit on SciFact train, evaluate on test
+        rep = combined_test()
+        rep["command"] = "python -m benchmarks.fusion_fit combined-test"
+        rep["seconds"] = round(time.perf_counter() - t0, 1)
+        path = Path(args.out) if args.out else RESULTS / "fusion_combined_test.json"
+        path.write_text(json.dumps(rep, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
+    if args.what == "models":  # CV only, from the cached leg runs of `quality --no-test`
+        path = Path(args.out) if args.out else RESULTS / "fusion_models.json"
+        res = json.loads(path.read_text()) if path.is_file() else {"collections": {}}
+        rep = models(only, args.procs.split(","), args.seeds)
+        for key, row in rep["collections"].items():
+            res["collections"].setdefault(key, {}).update(row)
+        res.update({k: v for k, v in rep.items() if k != "collections"})
+        res.setdefault("commands", []).append(f"python -m benchmarks.fusion_fit models --procs {args.procs} "
+                                              f"--seeds {args.seeds}" + "".join(f" --only {c}" for c in args.only or []))
+        path.write_text(json.dumps(res, indent=1) + "\n")
+        print(f"wrote {path}")
+        return 0
     if args.what == "nested":  # added to the quality results file, beside the figures it was computed from
         path = Path(args.out) if args.out else RESULTS / "fusion_fit.json"
         res = json.loads(path.read_text())

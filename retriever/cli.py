@@ -195,9 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("-k", type=_positive_int, default=100, help="search k the setting is fitted for")
     ft.add_argument("--split", default=None, help="name of the labelled split, recorded with the setting "
                     "(default: the queries file's name)")
-    ft.add_argument("--rule", default="smooth", choices=("smooth", "lcb", "argmax"),
+    ft.add_argument("--rule", default="smooth", choices=("smooth", "lcb", "argmax", "combined"),
                     help="selection rule (docs/FUSION.md): the best weight neighbourhood, the one-SE rule "
-                    "over equal weights, or the plain arg-max")
+                    "over equal weights, the plain arg-max, or 'combined' (a linear model over per-leg features "
+                    "fitted by coordinate ascent; nDCG only)")
     ft.add_argument("--dry-run", action="store_true", help="report only; store nothing")
     ft.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
     ft.add_argument("--json", action="store_true", help="print the report as JSON")

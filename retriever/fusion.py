@@ -19,6 +19,9 @@
   result stands out counts more for that query (a score-distribution confidence in the spirit of
   score-based query-performance predictors). Fitted or not by cross-validation
   (:mod:`retriever.fusion_fit`), never on by default.
+- Combined (:class:`Combined`): a linear model over several per-leg features (normalisations,
+  the same times the gap factor, reciprocal rank, presence), fitted by coordinate ascent
+  (:func:`retriever.fusion_fit.fit_combined`).
 - Every method: per-leg candidate depth (``depths``: leg → depth, at least the call's k) and
   full-score fusion (``full_score``: the union of the legs' candidates scored exactly by every leg
   before fusing, see :mod:`retriever.full_score`).
@@ -141,6 +144,92 @@ def gap_factor(s: np.ndarray) -> float:
     return float((s.max() - s.mean()) / sd)
 
 
+#: per-leg features a :class:`Combined` fusion weighs: each normalisation of :data:`NORMALISERS`
+#: but ``none`` on the leg's list; the same times the leg's :func:`gap_factor` for the query
+#: (suffix ``_g``); ``rrf``: (k + 1) / (k + rank), 1.0 at rank 1; ``present``: 1.0 for every
+#: document of the leg's list. A document absent from a leg's list has every feature 0 for it.
+COMBINED_FEATURES = ("minmax", "zscore", "dbsf", "tmm", "theoretical", "minmax_g", "zscore_g", "dbsf_g", "tmm_g",
+                     "theoretical_g", "rrf", "present")
+
+
+@dataclass(frozen=True)
+class Combined:
+    """A linear model over several per-leg features ("combined normalisations"): score(d) =
+    Σ_legs Σ_f w_{leg,f} · φ_f(leg, d) with the features of :data:`COMBINED_FEATURES`, computed
+    on each leg's candidate list (the complete list under ``full_score``). Fitted by coordinate
+    ascent on a metric (:func:`retriever.fusion_fit.fit_combined`; Metzler & Croft, "Linear
+    feature-based models for information retrieval", Information Retrieval 2007).
+
+    Attributes:
+        features: leg → {feature: weight} (finite weights, |w| <= 1e30); a leg not named
+            contributes nothing.
+        rrf_k: k of the ``rrf`` feature (finite, >= 0).
+        depths, full_score: as in :class:`RRF`.
+    """
+
+    features: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    rrf_k: float = 60.0
+    depths: Mapping[str, int] = field(default_factory=dict)
+    full_score: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.features, Mapping) or not self.features:
+            raise QueryError(f"Combined features must be a non-empty mapping of leg to {{feature: weight}}, "
+                             f"got {self.features!r}")
+        for leg, fw in self.features.items():
+            if not isinstance(fw, Mapping):
+                raise QueryError(f"Combined features of leg {leg!r} must be a mapping of feature to weight, got {fw!r}")
+            bad = [f for f in fw if f not in COMBINED_FEATURES]
+            if bad:
+                raise QueryError(f"Combined: unknown features {bad} for leg {leg!r}; expected some of "
+                                 f"{', '.join(COMBINED_FEATURES)}")
+            _check_weights(fw)
+        k = self.rrf_k
+        if isinstance(k, bool) or not isinstance(k, (int, float, np.integer, np.floating)) or not (
+                np.isfinite(k) and k >= 0):
+            raise QueryError(f"Combined rrf_k must be a finite number >= 0, got {k!r}")
+        _check_common(self.depths, self.full_score)
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Always ``{}``: the per-leg weights live in :attr:`features`."""
+        return {}
+
+    @property
+    def needs_bounds(self) -> bool:
+        """True when a feature uses a leg's theoretical score range for the query."""
+        return any(f.removesuffix("_g") in BOUNDED_NORMS for fw in self.features.values() for f in fw)
+
+    def contribution(self, leg: str, s: np.ndarray, ranks: np.ndarray,
+                     bound: "tuple[float, float] | None") -> np.ndarray:
+        """float64 (n,) leg ``leg``'s part of the fused score of its list: ``s`` float64 (n,) its
+        scores (descending), ``ranks`` its tie ranks (from 1), ``bound`` its theoretical range
+        for the query (bounded features only). Features are added in the order they are stored."""
+        out = np.zeros(len(s))
+        if not len(s):
+            return out
+        g = None
+        for f, w in self.features.get(leg, {}).items():
+            if f == "rrf":
+                x = (self.rrf_k + 1.0) / (self.rrf_k + np.asarray(ranks, np.float64))
+            elif f == "present":
+                x = np.ones(len(s))
+            else:
+                x = NORMALISERS[f.removesuffix("_g")](s, bound)
+                if f.endswith("_g"):
+                    g = gap_factor(s) if g is None else g
+                    x = x * g
+            out = out + float(w) * x
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready description (``{"method": "combined", "features", "rrf_k"}``, plus ``depths`` /
+        ``full_score`` when set), as stored in the manifest."""
+        return _with_common({"method": "combined", "features": {k: {f: float(w) for f, w in v.items()}
+                                                                for k, v in self.features.items()},
+                             "rrf_k": float(self.rrf_k)}, self)
+
+
 def _check_common(depths: Mapping[str, int], full_score: bool) -> None:
     """Raises QueryError unless ``depths`` maps leg names to integers >= 1 and ``full_score`` is a bool."""
     if not isinstance(depths, Mapping):
@@ -152,7 +241,7 @@ def _check_common(depths: Mapping[str, int], full_score: bool) -> None:
         raise QueryError(f"fusion full_score must be True or False, got {full_score!r}")
 
 
-def _with_common(d: dict[str, Any], f: "RRF | Linear") -> dict[str, Any]:
+def _with_common(d: dict[str, Any], f: "RRF | Linear | Combined") -> dict[str, Any]:
     if f.depths:
         d["depths"] = {k: int(v) for k, v in f.depths.items()}
     if f.full_score:
@@ -167,10 +256,16 @@ def fusion_from_dict(d: Mapping[str, Any]) -> "RRF | Linear":
     Raises:
         QueryError: not a mapping, an unknown method, or invalid values (names them).
     """
-    if not isinstance(d, Mapping) or d.get("method") not in ("rrf", "linear"):
-        raise QueryError(f"a fusion setting must be a mapping with method 'rrf' or 'linear', got {d!r}")
+    if not isinstance(d, Mapping) or d.get("method") not in ("rrf", "linear", "combined"):
+        raise QueryError(f"a fusion setting must be a mapping with method 'rrf', 'linear' or 'combined', got {d!r}")
     common = {"weights": dict(d.get("weights") or {}), "depths": {k: int(v) for k, v in (d.get("depths") or {}).items()},
               "full_score": bool(d.get("full_score", False))}
+    if d["method"] == "combined":
+        feats = d.get("features")
+        if not isinstance(feats, Mapping):
+            raise QueryError(f"a combined fusion setting needs 'features' (leg -> {{feature: weight}}), got {feats!r}")
+        return Combined(features={k: dict(v) if isinstance(v, Mapping) else v for k, v in feats.items()},
+                        rrf_k=float(d.get("rrf_k", 60.0)), depths=common["depths"], full_score=common["full_score"])
     if d["method"] == "rrf":
         return RRF(k=float(d.get("k", 60.0)), leg_k=dict(d.get("leg_k") or {}), **common)
     return Linear(norm=str(d.get("norm", "minmax")), gap_power=float(d.get("gap_power", 0.0)), **common)
@@ -241,7 +336,7 @@ def parse_fusion(spec: "str | RRF | Linear | None", *, weights: "Mapping[str, fl
             ``rrf_k`` with a linear fusion, or ``weights`` / ``rrf_k`` next to a fusion object
             (set them on the object instead).
     """
-    if isinstance(spec, (RRF, Linear)):
+    if isinstance(spec, (RRF, Linear, Combined)):
         if weights is not None or rrf_k is not None:
             raise QueryError(f"fusion {spec!r} is an object: set its weights and k on it, not as separate arguments")
         return spec
@@ -468,11 +563,13 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
     leg_ranks = {n: np.zeros((nq, k), dtype=np.int32) for n in names}
     weights = {n: float(fusion.weights.get(n, 1.0)) for n in names}
     rrf = isinstance(fusion, RRF)
-    norm = None if rrf else NORMALISERS[fusion.norm]
+    combined = isinstance(fusion, Combined)
+    norm = None if rrf or combined else NORMALISERS[fusion.norm]
     if not rrf and fusion.needs_bounds:
         missing = [n for n in names if bounds is None or n not in bounds]
         if missing:
-            raise QueryError(f"normalisation {fusion.norm!r} needs the theoretical score range of legs {missing}")
+            what = "a combined fusion's bounded features" if combined else f"normalisation {fusion.norm!r}"
+            raise QueryError(f"{what} need the theoretical score range of legs {missing}")
     rank_rows = {n: tie_ranks_rows(legs[n][1], legs[n][2]) for n in names}
     for q in range(nq):
         seg_ids, seg_contrib, seg_scores, seg_ranks = [], [], [], []
@@ -483,6 +580,9 @@ def fuse_loop(legs: Mapping[str, tuple[np.ndarray, np.ndarray, np.ndarray]], k: 
             ranks = rank_rows[n][q, :len(srow)]
             if rrf:
                 c = weights[n] / (fusion.k_of(n) + ranks)
+            elif combined:
+                bound = None if bounds is None or n not in bounds else (bounds[n][0][q], bounds[n][1][q])
+                c = fusion.contribution(n, srow.astype(np.float64), ranks, bound)
             else:
                 ls = srow.astype(np.float64)
                 bound = None if bounds is None or n not in bounds else (bounds[n][0][q], bounds[n][1][q])

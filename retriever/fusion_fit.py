@@ -23,7 +23,9 @@ settings picks a weight point that wins on a few queries by chance (it overfits 
 few dozen queries); a neighbourhood that is good as a whole is a flat optimum that carries over.
 The earlier rule (:func:`select`, ``"lcb"``: the best equal-weight setting unless another beats it
 by more than one standard error of the paired per-query gain) and the plain arg-max
-(``"argmax"``) remain selectable. Cross-validation: the judged queries are shuffled once (seed 0)
+(``"argmax"``) remain selectable, and ``"combined"`` (:func:`fit_combined`) fits a
+:class:`retriever.fusion.Combined` model (per-leg features weighted by coordinate ascent on
+nDCG) instead of picking a grid point. Cross-validation: the judged queries are shuffled once (seed 0)
 and cut into ``folds`` parts; each part is scored by the setting selected on the other parts. The
 CV figure is the mean ± population standard deviation of the per-fold scores; the default setting
 is scored on the same folds. The stored setting is selected by the same rule on all judged
@@ -56,6 +58,9 @@ METRICS = ("ndcg", "recall", "mrr")
 LCB = 1.0
 #: selection rules :func:`chooser` accepts (module docstring); ``"smooth"`` is the default
 RULES = ("smooth", "lcb", "argmax")
+#: every rule :func:`fit_fusion` accepts: the grid rules of :data:`RULES` and ``"combined"``
+#: (:func:`fit_combined`: a linear model over per-leg features by coordinate ascent; nDCG only)
+FIT_RULES = (*RULES, "combined")
 
 
 @dataclass(frozen=True)
@@ -589,7 +594,8 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
         leg_params, query_vectors, sparse_vectors, n_threads: as in ``search_arrays``;
             vectors in judged-query order (the queries file's order, judged ones only).
         seed: of the fold shuffle.
-        rule: the selection rule, one of :data:`RULES` (module docstring; default ``"smooth"``).
+        rule: the selection rule, one of :data:`FIT_RULES` (module docstring; default ``"smooth"``;
+            ``"combined"``: :func:`fit_combined`, nDCG only).
 
     Returns:
         a :class:`FitReport` (``generation`` set when stored).
@@ -603,8 +609,10 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
     t0 = time.perf_counter()
     grid = grid or FitGrid()
     measure, cutoff = parse_metric(metric)
-    if rule not in RULES:
-        raise QueryError(f"unknown selection rule {rule!r}; expected one of {', '.join(RULES)}")
+    if rule not in FIT_RULES:
+        raise QueryError(f"unknown selection rule {rule!r}; expected one of {', '.join(FIT_RULES)}")
+    if rule == "combined" and measure != "ndcg":
+        raise QueryError(f"rule 'combined' fits nDCG only, got metric {metric!r}")
     qids = check_labels(queries, qrels, queries_path=queries_path, qrels_path=qrels_path)
     parts = folds_of(len(qids), int(folds), seed)
     default = DEFAULT_FUSION if default is None else default
@@ -616,6 +624,9 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
                    leg_params=leg_params, query_vectors=query_vectors, sparse_vectors=sparse_vectors,
                    n_threads=n_threads)
     t1 = time.perf_counter()
+    if rule == "combined":
+        return _fit_combined_report(retriever, data, grid, parts, default, queries, qrels, qids, measure, cutoff,
+                                    split, store, int(folds), t0, t1)
     settings, values = evaluate_settings(data, grid, metric, extra=[default])
     t2 = time.perf_counter()
     pick = chooser(rule, values[1:], settings[1:], data.legs, grid.weight_steps)  # the grid, not the default
@@ -630,6 +641,35 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
                     len(qids), len(settings) - 1, labels_hash(queries, qrels), split,
                     {"collect": t1 - t0, "grid": t2 - t1}, data.full_ms / max(1, len(qids)), folds=int(folds),
                     rule=rule)
+    if store:
+        rep.generation = store_fusion(retriever.reader.path, retriever.reader.generation, rep.stored())
+    rep.seconds["total"] = time.perf_counter() - t0
+    return rep
+
+
+def _fit_combined_report(retriever: Any, data: FitData, grid: FitGrid, parts: Sequence[np.ndarray], default: Any,
+                         queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], qids: Sequence[str],
+                         measure: str, cutoff: int, split: str | None, store: bool, folds: int, t0: float,
+                         t1: float) -> FitReport:
+    """:func:`fit_fusion` with rule ``"combined"``: each fold scored by the model fitted on the
+    other folds (:func:`fit_combined`), the stored model fitted on every judged query."""
+    cache: dict = {}
+    n = len(qids)
+    scores = []
+    for f in parts:
+        s, _ = fit_combined(data, np.setdiff1d(np.arange(n), f), grid, cutoff, cache)
+        key = (int(next(iter(s.depths.values()))), bool(s.full_score))
+        scores.append(float(combined_values(data, s, *cache[key], cutoff=cutoff)[f].mean()))
+    cv = {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "folds": scores}
+    _, dv = evaluate_settings(data, None, f"{measure}@{cutoff}", extra=[default])
+    dcv = cross_validate(dv, parts, fixed=0)
+    best, _ = fit_combined(data, np.arange(n), grid, cutoff, cache)
+    key = (int(next(iter(best.depths.values()))), bool(best.full_score))
+    train = float(combined_values(data, best, *cache[key], cutoff=cutoff).mean())
+    rep = FitReport(best, f"{measure}@{cutoff}", cv, dcv, default.to_dict(), train, n,
+                    len(grid.depths) * len(grid.full_score), labels_hash(queries, qrels), split,
+                    {"collect": t1 - t0, "grid": time.perf_counter() - t1}, data.full_ms / max(1, n), folds=folds,
+                    rule="combined")
     if store:
         rep.generation = store_fusion(retriever.reader.path, retriever.reader.generation, rep.stored())
     rep.seconds["total"] = time.perf_counter() - t0
@@ -652,3 +692,188 @@ def store_fusion(path: str | Path, parent: int, setting: Mapping[str, Any] | Non
         fusion_from_dict(setting)
     m = commit_generation(path, parent=int(parent), changes={"fusion": None if setting is None else dict(setting)})
     return int(m["generation"])
+
+
+# --- "combined": a linear model over per-leg features, fitted by coordinate ascent ------------------------
+
+#: the features :func:`fit_combined` weighs per leg (:data:`retriever.fusion.COMBINED_FEATURES`); ``present``
+#: is left out under full scoring (a constant there)
+COMBINED_FIT_FEATURES = ("zscore", "theoretical", "rrf", "zscore_g", "theoretical_g", "present")
+#: coordinate-ascent steps of :func:`coordinate_ascent`
+CA_STEPS = (-0.5, -0.2, -0.1, -0.05, 0.05, 0.1, 0.2, 0.5)
+
+_NDCG_KERNEL: list[Callable[..., np.ndarray]] = []
+
+
+def ndcg_kernel() -> Callable[..., np.ndarray]:
+    """The compiled (numba) ``ndcg_rows(base, x, delta, present, gains, idcg, cutoff, out)``:
+    per query the nDCG@cutoff of the ranking by ``base + delta * x`` (float64 (nq, U)) over the
+    ``present`` candidates, ties to the earlier column (the smaller ordinal, as
+    :func:`_per_query_metric` and the engine), ``idcg`` float64 (nq,) the ideal DCG; writes and
+    returns ``out`` float64 (nq,). Compiled on first use."""
+    if not _NDCG_KERNEL:
+        import numba as nb
+
+        @nb.njit(nogil=True)
+        def ndcg_rows(base, x, delta, present, gains, idcg, cutoff, out):  # pragma: no cover (compiled)
+            nq, width = base.shape
+            topv = np.empty(cutoff)
+            topi = np.empty(cutoff, np.int64)
+            for q in range(nq):
+                m = 0
+                for u in range(width):
+                    if not present[q, u]:
+                        continue
+                    s = base[q, u] + delta * x[q, u]
+                    if m < cutoff:
+                        j = m
+                        m += 1
+                    elif s > topv[m - 1]:
+                        j = m - 1
+                    else:
+                        continue
+                    while j > 0 and topv[j - 1] < s:
+                        topv[j] = topv[j - 1]
+                        topi[j] = topi[j - 1]
+                        j -= 1
+                    topv[j] = s
+                    topi[j] = u
+                d = 0.0
+                for r in range(m):
+                    d += gains[q, topi[r]] / np.log2(r + 2.0)
+                out[q] = d / idcg[q] if idcg[q] > 0 else 0.0
+            return out
+
+        _NDCG_KERNEL.append(ndcg_rows)
+    return _NDCG_KERNEL[0]
+
+
+def ideal_dcg(data: FitData, cutoff: int) -> np.ndarray:
+    """float64 (nq,) each query's ideal DCG@cutoff (linear gain)."""
+    c = min(cutoff, data.ideal.shape[1])
+    return data.ideal[:, :c] @ (1.0 / np.log2(np.arange(2, c + 2)))
+
+
+def coordinate_ascent(X: np.ndarray, present: np.ndarray, gains: np.ndarray, idcg: np.ndarray, rows: np.ndarray,
+                      w0: np.ndarray, cutoff: int = 10, steps: Sequence[float] = CA_STEPS,
+                      passes: int = 4) -> tuple[np.ndarray, float]:
+    """Coordinate ascent on the mean nDCG@cutoff of the queries ``rows`` (Metzler & Croft,
+    "Linear feature-based models for information retrieval", Information Retrieval 2007; RankLib's
+    CoorAscent): each weight in turn moves by the step of ``steps`` that raises the mean most (none
+    if none does), up to ``passes`` sweeps or until a sweep changes nothing.
+
+    Args:
+        X: float64 (F, nq, U) features; present: bool (nq, U) candidates; gains: float64 (nq, U);
+        idcg: float64 (nq,) (:func:`ideal_dcg`); rows: the training queries; w0: float64 (F,) start.
+
+    Returns:
+        ``(weights float64 (F,), training mean)``.
+    """
+    ndcg_rows = ndcg_kernel()
+    Xr = np.ascontiguousarray(X[:, rows])
+    pr = np.ascontiguousarray(present[rows])
+    gr = np.ascontiguousarray(gains[rows])
+    ir = np.ascontiguousarray(idcg[rows])
+    out = np.empty(len(rows))
+    w = np.array(w0, dtype=np.float64)
+    total = np.tensordot(w, Xr, axes=1)
+    best = ndcg_rows(total, Xr[0], 0.0, pr, gr, ir, cutoff, out).mean()
+    for _ in range(passes):
+        moved = False
+        for j in range(len(w)):
+            bj, bd = best, 0.0
+            for dl in steps:
+                m = ndcg_rows(total, Xr[j], float(dl), pr, gr, ir, cutoff, out).mean()
+                if m > bj + 1e-12:
+                    bj, bd = m, float(dl)
+            if bd:
+                w[j] += bd
+                total = total + bd * Xr[j]
+                best, moved = bj, True
+        if not moved:
+            break
+    return w, float(best)
+
+
+def combined_features(data: FitData, depth: int, full: bool, feats: Sequence[str] = COMBINED_FIT_FEATURES,
+                      rrf_k: float = 60.0) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
+    """The features of :class:`retriever.fusion.Combined` for every candidate, computed as the
+    engine would at ``depth`` with or without full scoring.
+
+    Returns:
+        ``(X float64 (F, nq, U), present bool (nq, U), [(leg, feature)] per row of X)``; 0 where a
+        leg does not see a candidate; ``present`` features are left out under full scoring.
+    """
+    norms = sorted({f.removesuffix("_g") for f in feats if f not in ("rrf", "present")})
+    present, normed, ranks, gaps = _contributions(data, depth, full, norms, ())
+    d = max(int(depth), data.k)
+    X, names = [], []
+    for li, leg in enumerate(data.legs):
+        for f in feats:
+            if f == "rrf":
+                x = np.where(ranks[li] > 0, (rrf_k + 1.0) / (rrf_k + np.maximum(ranks[li], 1)), 0.0)
+            elif f == "present":
+                if full:
+                    continue
+                x = (data.pos[li] < d).astype(np.float64)
+            elif f.endswith("_g"):
+                x = normed[f[:-2]][li] * gaps[li][:, None]
+            else:
+                x = normed[f][li]
+            X.append(np.where(present, x, 0.0))
+            names.append((leg, f))
+    return np.stack(X), present, names
+
+
+def combined_setting(names: Sequence[tuple[str, str]], w: np.ndarray, depth: int, full: bool,
+                     legs: Sequence[str], rrf_k: float = 60.0) -> Any:
+    """The :class:`retriever.fusion.Combined` of feature weights ``w`` (zero weights left out)."""
+    from .fusion import Combined
+
+    feats: dict[str, dict[str, float]] = {}
+    for (leg, f), x in zip(names, w):
+        if x != 0.0:
+            feats.setdefault(leg, {})[f] = float(x)
+    if not feats:  # all weights zero: keep one explicit zero so the setting is valid
+        feats = {names[0][0]: {names[0][1]: 0.0}}
+    return Combined(features=feats, rrf_k=float(rrf_k), depths={n: int(depth) for n in legs}, full_score=bool(full))
+
+
+def combined_values(data: FitData, setting: Any, X: np.ndarray, present: np.ndarray,
+                    names: Sequence[tuple[str, str]], cutoff: int = 10) -> np.ndarray:
+    """float64 (nq,) per-query nDCG@cutoff of a :class:`retriever.fusion.Combined` over its
+    features ``X`` (:func:`combined_features` of its depth and full score), summed in the engine's
+    order (per leg its features in stored order, then the legs in order; float64)."""
+    row = {nf: i for i, nf in enumerate(names)}
+    total = np.zeros(present.shape)
+    for leg in data.legs:
+        c = np.zeros(present.shape)
+        for f, w in setting.features.get(leg, {}).items():
+            # ``present`` under full scoring (left out of X there): 1.0 for every candidate
+            x = X[row[(leg, f)]] if (leg, f) in row else present.astype(np.float64)
+            c = c + float(w) * x
+        total = total + c
+    return _per_query_metric(total, present, data, "ndcg", cutoff)
+
+
+def fit_combined(data: FitData, rows: np.ndarray, grid: FitGrid, cutoff: int = 10,
+                 cache: dict | None = None) -> tuple[Any, float]:
+    """The ``"combined"`` rule: for each (depth, full score) of ``grid``, coordinate ascent
+    (:func:`coordinate_ascent`) over :data:`COMBINED_FIT_FEATURES` on the queries ``rows``, started
+    from equal z-score·g weights (the second pass's adaptive linear z-score); the configuration with
+    the best training nDCG@cutoff wins. Returns ``(Combined setting, training mean)``. ``cache``
+    keeps the features between calls on the same data."""
+    cache = {} if cache is None else cache
+    idcg = ideal_dcg(data, cutoff)
+    best = None
+    for d in grid.depths:
+        for full in grid.full_score:
+            key = (int(d), bool(full))
+            if key not in cache:
+                cache[key] = combined_features(data, int(d), bool(full))
+            X, present, names = cache[key]
+            w0 = np.array([1.0 if f == "zscore_g" else 0.0 for _, f in names])
+            w, m = coordinate_ascent(X, present, data.gains, idcg, rows, w0, cutoff=cutoff)
+            if best is None or m > best[0]:
+                best = (m, combined_setting(names, w, int(d), bool(full), data.legs))
+    return best[1], best[0]

@@ -170,3 +170,121 @@ def test_cross_validate_scores_each_fold_by_the_others():
     assert cv["chosen"] == [1, 0] and cv["folds"] == [0.0, 0.0] and cv["mean"] == 0.0
     fixed = cross_validate(values, folds, fixed=0)
     assert fixed["folds"] == [1.0, 0.0] and fixed["mean"] == 0.5
+
+
+def test_model_benchmark_ndcg_kernel_equals_the_fit_metric():
+    """The fourth pass's compiled nDCG@10 (benchmarks.fusion_fit, used for every model figure)
+    equals fusion_fit's metric exactly, ties (to the earlier column) and absent candidates
+    included; coordinate ascent never lowers the training figure it starts from."""
+    from types import SimpleNamespace
+
+    from benchmarks.fusion_fit import _KERNELS, coordinate_ascent
+    from retriever.fusion_fit import _per_query_metric
+
+    ndcg_rows, _ = _KERNELS()
+    rng = np.random.default_rng(3)
+    nq, width = 40, 37
+    gains = rng.integers(0, 3, size=(nq, width)).astype(np.float64) * (rng.random((nq, width)) < 0.2)
+    ideal = -np.sort(-gains, axis=1)[:, :10]
+    data = SimpleNamespace(gains=gains, ideal=ideal, n_rel=(gains >= 1).sum(axis=1))
+    present = rng.random((nq, width)) < 0.8
+    present[0, :] = False  # a query without candidates scores 0
+    idcg = ideal @ (1.0 / np.log2(np.arange(2, 12)))
+    for t in range(5):
+        base = rng.integers(0, 6, size=(nq, width)).astype(np.float64)  # many exact ties
+        x = rng.normal(size=(nq, width)).round(1)
+        delta = (0.0, 0.5, -1.0, 2.0, 0.1)[t]
+        got = ndcg_rows(base, x, delta, present, gains, idcg, 10, np.empty(nq))
+        ref = _per_query_metric(base + delta * x, present, data, "ndcg", 10)
+        assert np.allclose(got, ref, rtol=0, atol=1e-12), np.abs(got - ref).max()  # summation order only
+    case = SimpleNamespace(data=data, idcg=idcg, ndcg_rows=ndcg_rows)
+    X = rng.random((3, nq, width))
+    rows = np.arange(5, nq)
+    w0 = np.array([1.0, 0.0, 0.0])
+    start = ndcg_rows(np.tensordot(w0, X[:, rows], axes=1), X[0, rows], 0.0, present[rows],
+                      gains[rows], idcg[rows], 10, np.empty(len(rows))).mean()
+    w, best = coordinate_ascent(case, X, present, rows, w0)
+    again = ndcg_rows(np.tensordot(w, X[:, rows], axes=1), X[0, rows], 0.0, present[rows],
+                      gains[rows], idcg[rows], 10, np.empty(len(rows))).mean()
+    assert best >= start and again == pytest.approx(best, abs=1e-12)
+
+
+def test_combined_fusion_hand_computed():
+    """Combined: Σ_legs Σ_features w · φ, each feature on the leg's own list (hand-computed), a
+    one-hit leg (min-max and the gap factor degenerate to 1), a leg with no hits, bounds needed
+    only for bounded features, and the description round-trips."""
+    from retriever.fusion import Combined, fuse
+
+    a = (np.array([[1, 2, 3]]), np.array([[3.0, 2.0, 1.0]], np.float32), np.array([3], np.int32))
+    b = (np.array([[2, 4, 5]]), np.array([[0.9, 0.5, 0.4]], np.float32), np.array([3], np.int32))
+    c = (np.array([[7, -1, -1]]), np.array([[2.5, -np.inf, -np.inf]], np.float32), np.array([1], np.int32))
+    e = (np.array([[-1, -1, -1]]), np.full((1, 3), -np.inf, np.float32), np.array([0], np.int32))
+    f = Combined(features={"a": {"minmax": 1.0, "rrf": 0.5}, "b": {"zscore_g": 2.0, "present": 0.25},
+                           "c": {"minmax_g": 3.0}, "e": {"zscore": 9.0}}, rrf_k=1.0)
+    assert not f.needs_bounds and Combined(features={"a": {"tmm_g": 1.0}}).needs_bounds
+    ids, scores, n, _ = fuse({"a": a, "b": b, "c": c, "e": e}, 10, f)
+    # leg a: min-max 1, .5, 0; rrf (k + 1) / (k + rank) = 1, 2/3, 1/2, weight .5
+    ca = {1: 1.0 + 0.5, 2: 0.5 + 0.5 * 2 / 3, 3: 0.0 + 0.25}
+    # leg b (float32 scores as float64): z-score with population σ, gap = (max − mean) / σ
+    sb = np.array([0.9, 0.5, 0.4], np.float32).astype(np.float64)
+    mu, sd = sb.mean(), sb.std()
+    g = (sb.max() - mu) / sd
+    cb = {d: 2.0 * (x - mu) / sd * g + 0.25 for d, x in zip((2, 4, 5), sb)}
+    # leg c: one hit: min-max 1.0, gap factor 1.0
+    want = {1: ca[1], 2: ca[2] + cb[2], 3: ca[3], 4: cb[4], 5: cb[5], 7: 3.0}
+    order = sorted(want, key=lambda d: (-want[d], d))
+    assert n[0] == 6 and ids[0, :6].tolist() == order
+    assert np.array_equal(scores[0, :6], np.array([want[d] for d in order], np.float32))
+    assert fusion_from_dict(json.loads(json.dumps(f.to_dict()))) == f
+    with pytest.raises(QueryError, match="unknown features"):
+        Combined(features={"a": {"bm25": 1.0}})
+    with pytest.raises(QueryError, match="need the theoretical score range"):
+        fuse({"a": a}, 10, Combined(features={"a": {"theoretical": 1.0}}))
+
+
+def test_combined_fit_figures_equal_real_searches_and_round_trip(syn, tmp_path):
+    """The "combined" rule: the re-fused figures of a fitted model (and of a model using every
+    feature) equal pytrec_eval on the engine's own search with it, with and without full scoring;
+    the fitted model is stored, used when no fusion= is given, and round-trips."""
+    import shutil
+
+    from retriever.fusion import COMBINED_FEATURES, Combined
+    from retriever.fusion_fit import combined_features, combined_values, fit_combined
+
+    src, qs, qv, sv, n = syn
+    path = tmp_path / "ix"
+    shutil.copytree(src, path)
+    r = Retriever.open(path)
+    queries, qrels = _labels(r, qs, qv, sv)
+    qids = [q for q in queries if q in qrels]
+    rows = [int(q[1:]) for q in qids]
+    data = collect(r, queries, qrels, qids, max_depth=40, k=10, cutoff=10, query_vectors=qv[rows],
+                   sparse_vectors=sv[rows])
+    grid = FitGrid(depths=(20, 40), full_score=(False, True))
+    fitted, _ = fit_combined(data, np.arange(len(qids)), grid)
+    every = [Combined(features={leg: {x: (j + 1) * (-1) ** j / 7 for j, x in enumerate(COMBINED_FEATURES)}
+                                for leg in r.legs}, rrf_k=5.0, depths={leg: 20 for leg in r.legs}, full_score=full)
+             for full in (False, True)]
+    for f in [fitted, *every]:
+        d = int(next(iter(f.depths.values())))
+        X, present, names = combined_features(data, d, f.full_score, COMBINED_FEATURES, rrf_k=f.rrf_k)
+        got = combined_values(data, f, X, present, names)
+        res = r.search_arrays([queries[q] for q in qids], k=10, fusion=f, query_vectors=qv[rows],
+                              sparse_vectors=sv[rows])
+        ids = r.reader.doc_ids()
+        for j, q in enumerate(qids):
+            run = make_run([q], [ids[res.ids[j, :res.n_found[j]]].tolist()], [res.scores[j, :res.n_found[j]].tolist()])
+            ref = evaluate(run, {q: qrels[q]}, metrics={"m": "nDCG@10"})["m"]
+            assert got[j] == pytest.approx(ref, abs=1e-12), (f.to_dict(), q)
+    rep = fit_fusion(r, queries, qrels, folds=2, grid=grid, k=10, split="train", store=True, rule="combined",
+                     query_vectors=qv[rows], sparse_vectors=sv[rows])
+    assert isinstance(rep.setting, Combined) and rep.n_settings == 4 and len(rep.cv["folds"]) == 2
+    assert rep.cv["mean"] == pytest.approx(np.mean(rep.cv["folds"]))
+    r2 = Retriever.open(path)
+    assert r2.reader.fusion["fitted"]["rule"] == "combined" and r2.reader.fusion["method"] == "combined"
+    assert r2.default_fusion() == rep.setting == fusion_from_dict(r2.reader.fusion)
+    a = r2.search_arrays(qs, k=10, query_vectors=qv, sparse_vectors=sv)
+    b = r2.search_arrays(qs, k=10, fusion=rep.setting, query_vectors=qv, sparse_vectors=sv)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores) and a.fusion["method"] == "combined"
+    with pytest.raises(QueryError, match="nDCG only"):
+        fit_fusion(r, queries, qrels, metric="mrr@10", rule="combined", query_vectors=qv[rows], sparse_vectors=sv[rows])
