@@ -38,14 +38,14 @@ from retriever.index.pipeline import build_index
 from retriever.index.updates import CompactPolicy, IndexUpdater
 
 from .api import Retriever
-from .fusion import RRF, Linear
+from .fusion import RRF, Combined, Linear
 from .params import BM25SearchParams, DenseSearchParams, SparseSearchParams
 from .results import BatchResult, Hit, LegArrays, LegHit
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Retriever", "build_index", "IndexUpdater", "CompactPolicy", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear",
+    "Retriever", "build_index", "IndexUpdater", "CompactPolicy", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear", "Combined",
     "BuildConfig", "BM25Params", "AnalyzerConfig", "DenseConfig",
     "BM25SearchParams", "DenseSearchParams", "SparseSearchParams",
     "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",

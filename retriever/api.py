@@ -315,7 +315,7 @@ class Retriever:
     @staticmethod
     def _check_options(fusion: "RRF | Linear", leg_params: Any, legs: Sequence[str]) -> dict[str, LegParams]:
         """Validate the legs named by the fusion's per-leg settings (``weights``, ``depths``,
-        ``leg_k``) and by ``leg_params`` (``{leg: options}``, options a :mod:`retriever.params`
+        ``leg_k``, :class:`~retriever.fusion.Combined` ``features``) and by ``leg_params`` (``{leg: options}``, options a :mod:`retriever.params`
         object or a dict of its fields) against ``legs``, the legs of the searched index: a setting
         for a leg the index lacks would otherwise be silently ignored.
 
@@ -326,6 +326,7 @@ class Retriever:
         named = [("fusion weights", leg) for leg in fusion.weights]
         named += [("fusion depths", leg) for leg in fusion.depths]
         named += [("fusion leg_k", leg) for leg in getattr(fusion, "leg_k", {})]
+        named += [("fusion features", leg) for leg in getattr(fusion, "features", {})]
         for what, leg in named:
             if leg not in LEGS:
                 raise QueryError(f"{what}: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")

@@ -16,7 +16,7 @@ from conftest import cli_error as _cli_error, random_corpus
 from retriever.index.config import BuildConfig
 from retriever.index.errors import CorpusError, IndexFormatError, QueryError
 from retriever.index.readers import read_corpus, read_qrels, read_queries
-from retriever import RRF, Linear, Retriever, build_index
+from retriever import RRF, Combined, Linear, Retriever, build_index
 from retriever.cli import main
 
 
@@ -136,6 +136,7 @@ def test_fusion_weight_for_unknown_leg(small, capsys):
     ({"fusion": RRF(leg_k={"sparse": 20})}, "fusion leg_k"),
     ({"fusion": Linear("minmax", depths={"dense": 50})}, "fusion depths"),
     ({"leg_params": {"sparse": {"algorithm": "seismic"}}}, "leg_params"),
+    ({"fusion": Combined(features={"bm25": {"zscore": 1.0}, "dense": {"rrf": 0.5}})}, "fusion features"),
 ])
 def test_settings_for_a_leg_the_index_lacks(small, kwargs, what):
     # a BM25-only index: a setting for a real leg it does not hold is an error, not silently ignored
