@@ -17,6 +17,10 @@ are the non-model rates), legs BM25 + dense flat:
 - with ``--encoder-docs N``: the add rate with the bundled encoders (dense MiniLM + SPLADE) on N
   documents added to a small index, against the raw encoders on the same texts (interleaved).
 
+``--only build-add`` times only the fresh build and the add rate (no cache, no other part: the
+figures the add-rate target is about, in a run of a few minutes), then the 1,000-document add
+and commit rounds on that index.
+
 ``--cache DIR`` keeps the fresh-build and add figures and the half-built-then-added index in DIR
 (outside the repository) and reuses them in a later run of the same ``--docs`` / ``--batch``
 (copied, so the cached index stays as built); the JSON says which figures came from the cache.
@@ -240,6 +244,32 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     return out
 
 
+def build_add(n_docs: int, batch: int, rounds: int, tmp: Path) -> dict[str, Any]:
+    """Only the fresh build, the add rate (as :func:`living`, never cached) and ``rounds`` adds of
+    1,000 documents, each committed (the add and the commit timed apart)."""
+    from retriever import IndexUpdater
+
+    col = synthetic_bm25(n_docs, n_queries=10)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    path, built = _built(n_docs, batch, docs, vecs, tmp, None)
+    out: dict[str, Any] = {k: built[k] for k in ("fresh_build", "add")}
+    adds, commits = [], []
+    with IndexUpdater.open(path) as u:
+        for k in range(rounds):
+            recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
+            v = _vectors(1000, 1000 + k)
+            t0 = time.perf_counter()
+            u.add(recs, dense_vectors=v)
+            t1 = time.perf_counter()
+            u.commit()
+            adds.append(t1 - t0)
+            commits.append(time.perf_counter() - t1)
+    out["add_1000"] = {"add_s": _spread(adds), "commit_s": _spread(commits),
+                       "add_plus_commit_ms_median": 1e3 * statistics.median([a + c for a, c in zip(adds, commits)])}
+    return out
+
+
 def lancedb_peer(n_docs: int, tmp: Path, seconds: float) -> dict[str, Any]:
     import lancedb
     import pyarrow as pa
@@ -349,20 +379,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
                                                                 "(0: skip)")
     ap.add_argument("--encoder-rounds", type=int, default=3)
+    ap.add_argument("--only", choices=("build-add",), default=None,
+                    help="build-add: only the fresh build, the add rate and the 1,000-document add + commit "
+                         "rounds (no cache, no peers, no queries, no compaction)")
     ap.add_argument("--out", default="benchmarks/results/updates.json")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
                                "machine": machine(), "docs": args.docs}
-        if not args.skip_living:
+        if args.only == "build-add":
+            rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp)
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
+        elif not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
                                       None if args.cache is None else Path(args.cache))
             print(json.dumps(rep["retriever"], indent=1), flush=True)
-        if args.encoder_docs:
+        if args.encoder_docs and args.only is None:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
             print(json.dumps(rep["encoders"], indent=1), flush=True)
-        if not args.skip_peers:
+        if not args.skip_peers and args.only is None:
             rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
             rep["bm25s"] = bm25s_peer(args.docs)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
