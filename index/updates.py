@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
@@ -57,6 +58,8 @@ __all__ = ["CompactPolicy", "CompactReport", "DeleteReport", "IndexUpdater"]
 _SHARD_DIR = re.compile(r"^shards/(\d{5,})$")
 _BM25 = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 _SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
+_ROW_BITS = 32  # an id-map code is (segment number << 32) | row (rows are uint32 in every file)
+_ROW_MASK = (1 << _ROW_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -218,6 +221,9 @@ class IndexUpdater:
         if not (self.root / CURRENT).is_file():
             read_manifest(self.root)  # the reader's error for a missing / format-1 index
         self._stack.enter_context(writer_lock(self.root))
+        # segment numbers of the id map's codes (append-only for the updater's life)
+        self._seg_dirs: list[str] = []
+        self._seg_nums: dict[str, int] = {}
         try:
             self._load()
             if self.config.legs and "dense" in self.config.legs and dense_model is not None:
@@ -229,6 +235,9 @@ class IndexUpdater:
             self._stack.close()
             raise
         self._builders: dict[str, Any] = {}
+        # manifest ``files`` entries (size, SHA-256) recorded when this session wrote a file:
+        # a commit lists new segments without reading and hashing their files again
+        self._recorded: dict[str, dict[str, Any]] = {}
         self._closed = False
 
     @classmethod
@@ -259,7 +268,7 @@ class IndexUpdater:
         self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
         self._vocab: list[str] | None = None  # loaded on first add / compaction
         self._n_committed_terms = int(m["stats"].get("n_terms", 0))
-        self._ids: dict[str, tuple[str, int]] | None = None
+        self._ids: dict[str, int] | None = None
         self._by_dir = {s.dir: s for s in self.segments}
         self._dropped: list[str] = []  # segment directories a pending compaction replaced
 
@@ -268,15 +277,38 @@ class IndexUpdater:
         """True when there are changes :meth:`commit` has not written yet."""
         return bool(self._dropped) or any(s.new or s.pending for s in self.segments)
 
-    def _id_map(self) -> dict[str, tuple[str, int]]:
-        """id -> (segment directory, row) of every live document (built on first use)."""
+    def _seg_base(self, rel_dir: str) -> int:
+        """The id-map code of row 0 of the segment ``rel_dir`` (its number << 32)."""
+        k = self._seg_nums.get(rel_dir)
+        if k is None:
+            k = self._seg_nums[rel_dir] = len(self._seg_dirs)
+            self._seg_dirs.append(rel_dir)
+        return k << _ROW_BITS
+
+    def _where(self, code: int) -> tuple[str, int]:
+        """(segment directory, row) of an id-map code."""
+        return self._seg_dirs[code >> _ROW_BITS], code & _ROW_MASK
+
+    def _id_map(self) -> dict[str, int]:
+        """id -> code of every live document (built on first use); :meth:`_where` decodes a code
+        into (segment directory, row).
+
+        The values are plain ints (segment number << 32 | row), not tuples: a dict of strings and
+        ints is not tracked by the cyclic garbage collector, which otherwise walks the whole map
+        (one tuple per document of the index) in every full collection during adds."""
         if self._ids is None:
-            ids: dict[str, tuple[str, int]] = {}
+            ids: dict[str, int] = {}
             for s in self.segments:
                 col = read_table(self.root / s.dir / "docs.arrow").column("id").to_pylist()
-                dead = set(s.all_deleted().tolist())
-                d = s.dir
-                ids.update((i, (d, r)) for r, i in enumerate(col) if r not in dead)
+                base = self._seg_base(s.dir)
+                dead = s.all_deleted()
+                if len(dead) == 0:
+                    ids.update(zip(col, range(base, base + len(col))))
+                else:
+                    live = np.ones(len(col), dtype=bool)
+                    live[dead] = False
+                    ids.update(zip(itertools.compress(col, live.tolist()),
+                                   (np.flatnonzero(live) + base).tolist()))
             self._ids = ids
         return self._ids
 
@@ -499,18 +531,23 @@ class IndexUpdater:
         docs = list(read_corpus(records))
         if not docs:
             return 0
-        first: dict[str, int] = {}
-        for pos, d in enumerate(docs):
-            p = first.setdefault(d.id, pos)
-            if p != pos:
-                raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
-                                  f"(counting from 0)", path=d.path, line=d.line, field="_id")
+        batch_ids = [d.id for d in docs]
+        if len(set(batch_ids)) != len(batch_ids):  # find the first repeat (positions in the message)
+            first: dict[str, int] = {}
+            for pos, d in enumerate(docs):
+                p = first.setdefault(d.id, pos)
+                if p != pos:
+                    raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
+                                      f"(counting from 0)", path=d.path, line=d.line, field="_id")
         ids = self._id_map()
-        replaced = [ids[d.id] for d in docs if d.id in ids]
-        if replaced and not replace:
-            d = next(d for d in docs if d.id in ids)
-            raise CorpusError(f"document id {d.id!r} is already in the index ({ids[d.id][0]}, row {ids[d.id][1]}); "
-                              f"use upsert to replace it", path=d.path, line=d.line, field="_id")
+        replaced: list[int] = []
+        if not ids.keys().isdisjoint(batch_ids):
+            if not replace:
+                d = next(d for d in docs if d.id in ids)
+                where, row = self._where(ids[d.id])
+                raise CorpusError(f"document id {d.id!r} is already in the index ({where}, row {row}); "
+                                  f"use upsert to replace it", path=d.path, line=d.line, field="_id")
+            replaced = [ids[i] for i in batch_ids if i in ids]
         schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
                                                   if s.dir not in self._dropped).items() if v is not None}
         MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
@@ -519,13 +556,14 @@ class IndexUpdater:
             seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
             self.segments.append(seg)
             self._by_dir[seg.dir] = seg
-        for d, row in replaced:
+        for code in replaced:
+            d, row = self._where(code)
             self._by_dir[d].pending.add(row)
         k = 0
         for entry, _ in written:
-            for r in range(entry["rows"]):
-                ids[docs[k].id] = (entry["dir"], r)
-                k += 1
+            base, n = self._seg_base(entry["dir"]), int(entry["rows"])
+            ids.update(zip(batch_ids[k:k + n], range(base, base + n)))
+            k += n
         return len(docs)
 
     def _build_segments(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, *,
@@ -568,6 +606,7 @@ class IndexUpdater:
                     raise ConfigError(f"sparse_vectors has {len(b._vectors[0]) - 1} rows, the batch {len(docs)} documents")
             out = writer.finish_segments()
             self._faults("update_segments")
+            self._recorded.update(writer.files)
             return out
         except BaseException:
             writer.abort()
@@ -608,9 +647,10 @@ class IndexUpdater:
         unknown = [i for i in want if i not in m]
         n = 0
         for i in want:
-            loc = m.pop(i, None)
-            if loc is not None:
-                self._by_dir[loc[0]].pending.add(loc[1])
+            code = m.pop(i, None)
+            if code is not None:
+                d, row = self._where(code)
+                self._by_dir[d].pending.add(row)
                 n += 1
         return DeleteReport(n, unknown)
 
@@ -640,8 +680,9 @@ class IndexUpdater:
         for s in self.segments:
             e = dict(s.entry)
             if s.new:
-                for rel in [f for f in _files_of(self.root, s.dir)]:
-                    files[rel] = file_entry(self.root, rel)
+                for rel in _files_of(self.root, s.dir):
+                    rec = self._recorded.get(rel)
+                    files[rel] = rec if rec is not None else file_entry(self.root, rel)
             if s.pending:
                 rows = s.all_deleted()
                 rel = f"{s.dir}/deletes.{gen:06d}.arrow"
@@ -682,7 +723,9 @@ class IndexUpdater:
             "metadata_schema": combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments)}
         if vocab_files and (vocab_files != ["vocab.arrow"] or "vocab" in self.manifest):
             changes["vocab"] = vocab_files
-        m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True)
+        m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True,
+                              parent_manifest=self.manifest)
+        self._recorded.clear()
         ids = self._ids  # still exact: the commit applied every pending change (None after a compaction)
         self._load(m)
         # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
