@@ -246,7 +246,7 @@ def test_input_rules_and_nothing_written_when_rejected(tmp_path):
         with pytest.raises(CorpusError, match=r"'a1' appears twice in this batch: positions 1 and 3"):
             u.add([{"_id": "a0", "text": "x"}, {"_id": "a1", "text": "y"}, {"_id": "a2", "text": "z"},
                    {"_id": "a1", "text": "w"}])
-        with pytest.raises(CorpusError, match=r"'d2' is already in the index.*use upsert"):
+        with pytest.raises(CorpusError, match=r"'d2' is already in the index \(shards/00000, row 2\); use upsert"):
             u.add([{"_id": "new", "text": "x"}, {"_id": "d2", "text": "y"}])
         with pytest.raises(CorpusError, match=r"'year'.*int64.*string"):
             u.add([{"_id": "new", "text": "x", "year": "nineteen"}])
@@ -259,6 +259,37 @@ def test_input_rules_and_nothing_written_when_rejected(tmp_path):
         assert u.delete(["d1"]).unknown == ["d1"]  # already deleted (pending)
     files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
     assert files_after == files_before  # closed without commit: nothing left behind
+
+
+def test_existing_id_error_names_segment_and_row_across_deletes_adds_and_commits(tmp_path):
+    """The id map (built from the segments' id columns minus their deleted rows, then kept across
+    adds, upserts, deletes and commits) names the segment and row of the live document."""
+    path, m = start(tmp_path, ("bm25",), n=30, shard_size=12)
+    with IndexUpdater.open(path) as u:
+        assert u.delete(["d13", "d25"]).deleted == 2
+        u.commit()
+    with IndexUpdater.open(path) as u:  # map built from segments with tombstones
+        with pytest.raises(CorpusError, match=r"'d14' is already in the index \(shards/00001, row 2\)"):
+            u.add([{"_id": "d14", "text": "x"}])
+        with pytest.raises(CorpusError, match=r"'d26' is already in the index \(shards/00002, row 2\)"):
+            u.add([{"_id": "d26", "text": "x"}])
+        assert u.add([{"_id": "d13", "text": "back"}, {"_id": "n1", "text": "new"}]) == 2  # deleted ids are free
+        with pytest.raises(CorpusError, match=r"'n1' is already in the index \(shards/00003, row 1\)"):
+            u.add([{"_id": "n1", "text": "x"}])
+        assert u.upsert([{"_id": "d14", "text": "again"}, {"_id": "n2", "text": "y"}]) == 2
+        with pytest.raises(CorpusError, match=r"'d14' is already in the index \(shards/00004, row 0\)"):
+            u.add([{"_id": "d14", "text": "x"}])
+        u.commit()
+        with pytest.raises(CorpusError, match=r"'n2' is already in the index \(shards/00004, row 1\)"):
+            u.add([{"_id": "n2", "text": "x"}])
+        rep = u.delete(["d14", "d14", "n1", "d25", "zz"])
+        assert (rep.deleted, rep.unknown) == (2, ["d25", "zz"])
+        u.commit()
+    with IndexUpdater.open(path) as u:
+        assert u.add([{"_id": "d14", "text": "third"}, {"_id": "n1", "text": "again"}]) == 2
+        u.commit()
+        with pytest.raises(CorpusError, match=r"'n1' is already in the index \(shards/00005, row 1\)"):
+            u.add([{"_id": "n1", "text": "x"}])
 
 
 def test_one_writer_at_a_time_names_the_holder(tmp_path):
