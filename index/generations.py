@@ -128,7 +128,9 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
         rel = manifest_name(gen)
         _write_atomic(root / rel, json.dumps(m, indent=1).encode("utf-8"))
         try:
-            read_manifest(root, gen)  # the same checks as opening it, before CURRENT is switched
+            # the same checks as opening it, before CURRENT is switched (the parent's files, which
+            # the caller checked under the lock it still holds, are not opened again)
+            read_manifest(root, gen, checked=parent_manifest)
         except IndexFormatError:
             (root / rel).unlink()
             raise

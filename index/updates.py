@@ -252,18 +252,32 @@ class IndexUpdater:
         self.close()
 
     # ------------------------------------------------------------------ state
-    def _load(self, manifest: dict[str, Any] | None = None) -> None:
-        """The current generation (or ``manifest``, just committed) as working state."""
+    def _load(self, manifest: dict[str, Any] | None = None, known: Mapping[str, _Segment] | None = None) -> None:
+        """The current generation (or ``manifest``, just committed) as working state.
+
+        Args:
+            known: the segments of the generation before ``manifest`` (by directory): a segment
+                listed by both with the same statistics and tombstone files keeps its statistics
+                and deleted rows as read then (a commit reads only the files it wrote).
+        """
         m = manifest if manifest is not None else read_manifest(self.root)
         self.manifest = m
         self.generation: int = m["generation"]
         self.config = BuildConfig.from_dict(m["build_config"])
         self.segments: list[_Segment] = []
+        known = known or {}
         for e in m["shards"]:
-            st = read_shard_stats(self.root / e["stats"], e["rows"])
-            deleted = np.zeros(0, dtype=np.int64)
-            if e.get("deletes"):
+            old = known.get(e["dir"])
+            if old is not None and not old.new and old.entry.get("stats") == e["stats"]:
+                st = old.stats
+            else:
+                st = read_shard_stats(self.root / e["stats"], e["rows"])
+            if old is not None and not old.new and not old.pending and old.entry.get("deletes") == e.get("deletes"):
+                deleted = old.deleted
+            elif e.get("deletes"):
                 deleted = read_arrays(self.root / e["deletes"], {"rows": np.uint32})["rows"].astype(np.int64)
+            else:
+                deleted = np.zeros(0, dtype=np.int64)
             self.segments.append(_Segment(dict(e), st, deleted))
         self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
         self._vocab: list[str] | None = None  # loaded on first add / compaction
@@ -383,16 +397,19 @@ class IndexUpdater:
                 removed.append(p.name)
         shards = root / "shards"
         dirs_in_use = {f.rsplit("/", 1)[0] for f in files if f.startswith("shards/")}
-        for d in sorted(shards.iterdir()) if shards.is_dir() else []:
-            rel = f"shards/{d.name}"
+        # plain strings (not Path objects): this walks every segment after each commit
+        sroot = os.fspath(shards)
+        for name in sorted(os.listdir(sroot)) if shards.is_dir() else []:
+            rel = f"shards/{name}"
+            d = os.path.join(sroot, name)
             if rel not in dirs_in_use:
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(rel)
                 continue
-            for f in sorted(d.iterdir()):
-                frel = f"{rel}/{f.name}"
+            for fname in sorted(os.listdir(d)):
+                frel = f"{rel}/{fname}"
                 if frel not in files:
-                    f.unlink()
+                    os.unlink(os.path.join(d, fname))
                     removed.append(frel)
         if removed:
             _fsync_dir(root)
@@ -727,7 +744,7 @@ class IndexUpdater:
                               parent_manifest=self.manifest)
         self._recorded.clear()
         ids = self._ids  # still exact: the commit applied every pending change (None after a compaction)
-        self._load(m)
+        self._load(m, self._by_dir)
         # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
         # stay: the next add does not redo work proportional to the index
         self._ids = ids
