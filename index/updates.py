@@ -492,20 +492,31 @@ class IndexUpdater:
         out: list[Any] = []
         for leg in cfg.legs:
             if leg == "bm25":
-                b = self._builders.get("bm25")
-                if b is None:
-                    from .analyzer import Analyzer
-                    from .bm25_build import BM25Builder
-
-                    b = BM25Builder(Analyzer(cfg.analyzer), self._faults,
-                                    vocab=self._vocabulary())
-                    self._builders["bm25"] = b
-                out.append(b)
+                out.append(self._bm25_builder())
             elif leg == "dense":
                 out.append(self._dense_builder(dense_vectors, models.get("dense") or {}, compaction))
             elif leg == "sparse":
                 out.append(self._sparse_builder(sparse_vectors, models.get("sparse") or {}))
         return out
+
+    def _bm25_builder(self) -> Any:
+        """The BM25 builder, seeded with the index's vocabulary (kept across adds and commits)."""
+        b = self._builders.get("bm25")
+        if b is None:
+            from .analyzer import Analyzer
+            from .bm25_build import BM25Builder
+
+            b = BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=self._vocabulary())
+            self._builders["bm25"] = b
+        return b
+
+    def _discard_bm25(self, n_terms_before: int) -> None:
+        """Drop the BM25 builder and the terms a failed batch added (the next batch starts anew
+        from the vocabulary as it was)."""
+        if "bm25" in self._builders:
+            self._builders.pop("bm25").close(raise_errors=False)
+        if self._vocab is not None:
+            del self._vocab[n_terms_before:]
 
     def _dense_builder(self, vectors: Any, model: Mapping[str, Any], compaction: bool) -> Any:
         from .dense_build import DenseBuilder
@@ -603,9 +614,50 @@ class IndexUpdater:
 
     def _add(self, records: Any, dense_vectors: Any, sparse_vectors: Any, *, replace: bool) -> int:
         self._check_open()
-        docs = list(read_corpus(records))
-        if not docs:
-            return 0
+        # The records are read (and validated) first, and every check below runs before anything
+        # is written. Meanwhile the BM25 analysis of the first segment's batches starts on its
+        # worker threads (it writes nothing; a rejected batch drops it with the builder), as in a
+        # build, where reading overlaps the analysis.
+        docs: list[Document] = []
+        prefed = 0
+        bm25 = "bm25" in self.config.legs
+        bs, first_seg = self.config.batch_size, self.config.shard_size
+        n_terms_before = len(self._vocabulary()) if bm25 else 0
+        try:
+            for d in read_corpus(records):
+                docs.append(d)
+                n = len(docs)
+                if bm25 and n - prefed == bs and n <= first_seg:
+                    part = docs[prefed:n]
+                    self._bm25_builder().add(Batch(part, [f"{d.title} {d.text}" if d.title else d.text for d in part]))
+                    prefed = n
+            if not docs:
+                return 0
+            written, replaced, batch_ids, ids = self._checked_build(docs, dense_vectors, sparse_vectors, replace, prefed)
+        except BaseException:
+            if prefed:
+                self._discard_bm25(n_terms_before)
+            raise
+        for entry, st in written:
+            seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
+            self.segments.append(seg)
+            self._by_dir[seg.dir] = seg
+        for code in replaced:
+            d, row = self._where(code)
+            self._by_dir[d].pending.add(row)
+        k = 0
+        for entry, _ in written:
+            base, n = self._seg_base(entry["dir"]), int(entry["rows"])
+            ids.update(zip(batch_ids[k:k + n], range(base, base + n)))
+            k += n
+        return len(docs)
+
+    def _checked_build(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, replace: bool,
+                       prefed: int) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], list[int], list[str],
+                                             dict[str, int]]:
+        """The input checks of :meth:`add`, then the new segments (``prefed``: leading documents
+        already given to the BM25 builder). Returns (segments written, id-map codes replaced,
+        the batch's ids, the id map)."""
         batch_ids = [d.id for d in docs]
         if len(set(batch_ids)) != len(batch_ids):  # find the first repeat (positions in the message)
             first: dict[str, int] = {}
@@ -626,26 +678,16 @@ class IndexUpdater:
         schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
                                                   if s.dir not in self._dropped).items() if v is not None}
         MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
-        written = self._build_segments(docs, dense_vectors, sparse_vectors)
-        for entry, st in written:
-            seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
-            self.segments.append(seg)
-            self._by_dir[seg.dir] = seg
-        for code in replaced:
-            d, row = self._where(code)
-            self._by_dir[d].pending.add(row)
-        k = 0
-        for entry, _ in written:
-            base, n = self._seg_base(entry["dir"]), int(entry["rows"])
-            ids.update(zip(batch_ids[k:k + n], range(base, base + n)))
-            k += n
-        return len(docs)
+        written = self._build_segments(docs, dense_vectors, sparse_vectors, prefed=prefed)
+        return written, replaced, batch_ids, ids
 
     def _build_segments(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, *,
                         compaction: bool = False, metadata: Sequence[tuple[pa.Array, pa.Array]] | None = None,
-                        cuts: Sequence[int] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+                        cuts: Sequence[int] | None = None, prefed: int = 0) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Write ``docs`` as new segments (``shard_size`` rows each, or the given ``cuts``);
-        on any error every segment written is removed and the vocabulary is left as it was."""
+        on any error every segment written is removed and the vocabulary is left as it was.
+        ``prefed``: the first documents were given to the BM25 builder already, in batches of
+        ``batch_size`` (the pipeline's batches of the first segment)."""
         from .pipeline import _ShardDocs, _batches, _write_shard
 
         writer = _SegmentWriter(self.root, self._next_shard(), self._faults)
@@ -655,8 +697,18 @@ class IndexUpdater:
             if cuts is None:
                 meta = MetadataColumns()
                 shard = _ShardDocs()
+                pos = 0
+                rest = [b for b in builders if b.name != "bm25"]
                 for batch, end in _batches(iter(docs), self.config):
-                    self._feed(builders, batch)
+                    if pos < prefed:
+                        if pos + len(batch) > prefed:
+                            raise RuntimeError(f"internal error: a batch of documents {pos}..{pos + len(batch)} "
+                                               f"straddles the {prefed} documents analysed already")
+                        if rest:
+                            self._feed(rest, batch)
+                    else:
+                        self._feed(builders, batch)
+                    pos += len(batch)
                     shard.docs.extend(batch)
                     if end:
                         _write_shard(writer, shard, meta, builders)

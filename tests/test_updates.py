@@ -731,3 +731,67 @@ def test_ivf_segments_added_with_the_trained_quantiser_keep_recall(tmp_path):
     assert live > 0.5 and fresh > 0.5
     print(f"recall@10 living {live:.3f} fresh {fresh:.3f}")
     assert abs(live - fresh) <= 0.05, (live, fresh)
+
+
+def _vocab_terms(path: Path) -> list[str]:
+    from retriever.index.format import read_manifest, read_table
+
+    m = read_manifest(path)
+    terms: list[str] = []
+    for rel in m.get("vocab") or ["vocab.arrow"]:
+        terms += read_table(path / rel, full=True).column("term").to_pylist()
+    return terms
+
+
+def test_batches_analysed_while_reading_are_dropped_with_a_rejected_batch(tmp_path):
+    """With batch_size 4 and shard_size 10, an add analyses its first two batches while it still
+    reads the records; a batch rejected after that (a repeat, an existing id, a bad record, a
+    metadata type conflict, too few vectors) writes nothing and leaves no term behind; the adds
+    that follow equal a fresh build, vocabulary order included."""
+    legs = ("bm25", "dense")
+    m = Model(legs)
+    m.live = [(f"d{i}", 0) for i in range(13)]
+    path = tmp_path / "live"
+    build_index([make_doc(k, v) for k, v in m.live], path, legs=legs, shard_size=10, batch_size=4,
+                show_progress=False, **m.records(m.live))
+    files_before = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    new = [(f"n{i}", 0) for i in range(27)]
+
+    def batch(**change: dict) -> list[dict]:
+        recs = [make_doc(k, v) for k, v in new]
+        for r in recs[:12]:
+            r["text"] += f" novel{r['_id']}"  # terms that must not survive a rejected batch
+        for pos, rec in change.items():
+            recs[int(pos[1:])] = rec
+        return recs
+
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(CorpusError, match=r"'n2' appears twice in this batch: positions 2 and 25"):
+            u.add(batch(p25={**make_doc("n2"), "text": "again"}), **m.records(new))
+        with pytest.raises(CorpusError, match=r"'d4' is already in the index \(shards/00000, row 4\)"):
+            u.add(batch(p20=make_doc("d4")), **m.records(new))
+        with pytest.raises(CorpusError, match="text must be a string"):
+            u.add(batch(p22={"_id": "bad", "text": 5}), **m.records(new))
+        with pytest.raises(CorpusError, match=r"'year'.*int64.*string"):
+            u.add(batch(p21={**make_doc("n21"), "year": "nineteen"}), **m.records(new))
+        with pytest.raises(ConfigError, match="fewer rows"):
+            u.add(batch(), dense_vectors=m.records(new)["dense_vectors"][:20])
+        assert not u.pending
+    files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    assert files_after == files_before
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(CorpusError, match="appears twice"):  # a rejection in the same session as the adds
+            u.add(batch(p25={**make_doc("n2"), "text": "again"}), **m.records(new))
+        assert u.add([make_doc(k, v) for k, v in new], **m.records(new)) == 27
+        m.live += new
+        u.commit()
+        fresh = m.fresh(tmp_path / "fresh")
+        assert assert_same(Retriever.open(path), fresh, legs) > 0
+        # nothing deleted yet: the appended vocabulary is a fresh build's, term for term
+        assert _vocab_terms(path) == _vocab_terms(tmp_path / "fresh")
+        up = [(f"d{i}", 1) for i in range(11)] + [(f"n{i}", 1) for i in range(3)]
+        assert u.upsert([make_doc(k, v) for k, v in up], **m.records(up)) == 14
+        keys = {k for k, _ in up}
+        m.live = [x for x in m.live if x[0] not in keys] + up
+        u.commit()
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
