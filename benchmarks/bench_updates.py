@@ -251,16 +251,34 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     return out
 
 
-def build_add(n_docs: int, batch: int, rounds: int, tmp: Path) -> dict[str, Any]:
-    """Only the fresh build, the add rate (as :func:`living`, never cached) and ``rounds`` adds of
-    1,000 documents, each committed (the add and the commit timed apart)."""
+def build_add(n_docs: int, batch: int, rounds: int, tmp: Path, repeat: int = 1) -> dict[str, Any]:
+    """Only the fresh build and the add rate (as :func:`living`, never cached), ``repeat`` times
+    (each round a fresh build, then the half build + adds: the ratio of a round compares spans a
+    few minutes apart; the medians over rounds are reported), then ``rounds`` adds of 1,000
+    documents, each committed (the add and the commit timed apart)."""
     from retriever import IndexUpdater
 
     col = synthetic_bm25(n_docs, n_queries=10)
     docs = list(col.docs())
     vecs = _vectors(n_docs, 0)
-    path, built = _built(n_docs, batch, docs, vecs, tmp, None)
-    out: dict[str, Any] = {k: built[k] for k in ("fresh_build", "add")}
+    per_round = []
+    for i in range(repeat):
+        sub = tmp / f"round{i}"
+        sub.mkdir()
+        path, built = _built(n_docs, batch, docs, vecs, sub, None)
+        per_round.append({k: built[k] for k in ("fresh_build", "add")})
+        print(json.dumps(per_round[-1]), flush=True)
+        if i + 1 < repeat:
+            shutil.rmtree(sub)
+    out: dict[str, Any] = dict(per_round[-1]) if repeat == 1 else {"rounds": per_round}
+    if repeat > 1:
+        med = lambda xs: _spread(xs)  # noqa: E731
+        out["median"] = {
+            "fresh_docs_per_s": med([r["fresh_build"]["docs_per_s"] for r in per_round]),
+            "add_docs_per_s": med([r["add"]["docs_per_s"] for r in per_round]),
+            "ratio_to_fresh_build": med([r["add"]["ratio_to_fresh_build"] for r in per_round]),
+            "cpu_ratio_to_fresh_build": med([r["add"]["cpu_ratio_to_fresh_build"] for r in per_round]),
+            "add_commit_seconds": med([r["add"]["commit_seconds"] for r in per_round])}
     adds, commits = [], []
     with IndexUpdater.open(path) as u:
         for k in range(rounds):
@@ -389,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", choices=("build-add",), default=None,
                     help="build-add: only the fresh build, the add rate and the 1,000-document add + commit "
                          "rounds (no cache, no peers, no queries, no compaction)")
+    ap.add_argument("--repeat", type=int, default=1, help="with --only build-add: rounds of fresh build + adds "
+                                                          "(medians reported)")
     ap.add_argument("--out", default="benchmarks/results/updates.json")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
@@ -396,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
                                "machine": machine(), "docs": args.docs}
         if args.only == "build-add":
-            rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp)
+            rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp, args.repeat)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         elif not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
