@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from concurrent.futures import Future, ThreadPoolExecutor
 import itertools
 import json
 import os
 import re
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -139,8 +139,8 @@ class _SegmentWriter(IndexWriter):
         self._committed = False
         self.first_shard = first_shard
         # each file is fsynced and hashed on a worker thread while the batch goes on (a build
-        # fsyncs once per 100,000-document shard, an add once per batch: run one after the other,
-        # these waits were a tenth of an add's time); finish_segments waits for all of them
+        # fsyncs a shard's files once per 100,000 documents, an add once per batch: one after the
+        # other, these waits are a large part of a small add); finish_segments waits for them all
         self._pool = ThreadPoolExecutor(4, thread_name_prefix="segment-sync")
         self._syncs: list[tuple[str | None, Future]] = []
 
