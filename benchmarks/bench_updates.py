@@ -17,6 +17,10 @@ are the non-model rates), legs BM25 + dense flat:
 - with ``--encoder-docs N``: the add rate with the bundled encoders (dense MiniLM + SPLADE) on N
   documents added to a small index, against the raw encoders on the same texts (interleaved).
 
+``--only build-add`` times only the fresh build and the add rate (no cache, no other part: the
+figures the add-rate target is about, in a run of a few minutes), then the 1,000-document add
+and commit rounds on that index.
+
 ``--cache DIR`` keeps the fresh-build and add figures and the half-built-then-added index in DIR
 (outside the repository) and reuses them in a later run of the same ``--docs`` / ``--batch``
 (copied, so the cached index stays as built); the JSON says which figures came from the cache.
@@ -112,16 +116,18 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
             return path, out
     out: dict[str, Any] = {"key": key}
     # fresh build of everything (the non-model rate)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     build_index(docs, tmp / "fresh", legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
-    fresh_s = time.perf_counter() - t0
-    out["fresh_build"] = {"docs": n_docs, "seconds": fresh_s, "docs_per_s": n_docs / fresh_s}
+    fresh_s, fresh_cpu = time.perf_counter() - t0, time.process_time() - c0
+    out["fresh_build"] = {"docs": n_docs, "seconds": fresh_s, "docs_per_s": n_docs / fresh_s,
+                          "cpu_seconds": fresh_cpu, "docs_per_cpu_s": n_docs / fresh_cpu}
     shutil.rmtree(tmp / "fresh")
     # half built, half added
     half = n_docs // 2
     build_index(docs[:half], path, legs=("bm25", "dense"), dense_vectors=vecs[:half], show_progress=False)
     add_s = commit_s = 0.0
     with IndexUpdater.open(path) as u:
+        c0 = time.process_time()
         for lo in range(half, n_docs, batch):
             hi = min(n_docs, lo + batch)
             t0 = time.perf_counter()
@@ -130,10 +136,15 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
             u.commit()
             add_s += t1 - t0
             commit_s += time.perf_counter() - t1
+        add_cpu = time.process_time() - c0
     n_add = n_docs - half
     out["add"] = {"docs": n_add, "batch": batch, "add_seconds": add_s, "commit_seconds": commit_s,
                   "docs_per_s": n_add / (add_s + commit_s),
-                  "ratio_to_fresh_build": (n_add / (add_s + commit_s)) / (n_docs / fresh_s)}
+                  "ratio_to_fresh_build": (n_add / (add_s + commit_s)) / (n_docs / fresh_s),
+                  "cpu_seconds": add_cpu, "docs_per_cpu_s": n_add / add_cpu,
+                  "cpu_ratio_to_fresh_build": (n_add / add_cpu) / (n_docs / fresh_cpu),
+                  "note": "cpu: process CPU time (every thread) of the same spans; on a loaded machine the "
+                          "wall-clock ratio also measures the load's changes between the two spans"}
     if meta is not None:
         cache.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(cache / f"live-{n_docs}-{batch}", ignore_errors=True)
@@ -237,6 +248,50 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     with IndexUpdater.open(path, keep_generations=1):
         pass  # the generations before the compaction removed
     out["disk_after_compact_bytes"] = _du(path)
+    return out
+
+
+def build_add(n_docs: int, batch: int, rounds: int, tmp: Path, repeat: int = 1) -> dict[str, Any]:
+    """Only the fresh build and the add rate (as :func:`living`, never cached), ``repeat`` times
+    (each round a fresh build, then the half build + adds: the ratio of a round compares spans a
+    few minutes apart; the medians over rounds are reported), then ``rounds`` adds of 1,000
+    documents, each committed (the add and the commit timed apart)."""
+    from retriever import IndexUpdater
+
+    col = synthetic_bm25(n_docs, n_queries=10)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    per_round = []
+    for i in range(repeat):
+        sub = tmp / f"round{i}"
+        sub.mkdir()
+        path, built = _built(n_docs, batch, docs, vecs, sub, None)
+        per_round.append({k: built[k] for k in ("fresh_build", "add")})
+        print(json.dumps(per_round[-1]), flush=True)
+        if i + 1 < repeat:
+            shutil.rmtree(sub)
+    out: dict[str, Any] = dict(per_round[-1]) if repeat == 1 else {"rounds": per_round}
+    if repeat > 1:
+        med = lambda xs: _spread(xs)  # noqa: E731
+        out["median"] = {
+            "fresh_docs_per_s": med([r["fresh_build"]["docs_per_s"] for r in per_round]),
+            "add_docs_per_s": med([r["add"]["docs_per_s"] for r in per_round]),
+            "ratio_to_fresh_build": med([r["add"]["ratio_to_fresh_build"] for r in per_round]),
+            "cpu_ratio_to_fresh_build": med([r["add"]["cpu_ratio_to_fresh_build"] for r in per_round]),
+            "add_commit_seconds": med([r["add"]["commit_seconds"] for r in per_round])}
+    adds, commits = [], []
+    with IndexUpdater.open(path) as u:
+        for k in range(rounds):
+            recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
+            v = _vectors(1000, 1000 + k)
+            t0 = time.perf_counter()
+            u.add(recs, dense_vectors=v)
+            t1 = time.perf_counter()
+            u.commit()
+            adds.append(t1 - t0)
+            commits.append(time.perf_counter() - t1)
+    out["add_1000"] = {"add_s": _spread(adds), "commit_s": _spread(commits),
+                       "add_plus_commit_ms_median": 1e3 * statistics.median([a + c for a, c in zip(adds, commits)])}
     return out
 
 
@@ -349,20 +404,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
                                                                 "(0: skip)")
     ap.add_argument("--encoder-rounds", type=int, default=3)
+    ap.add_argument("--only", choices=("build-add",), default=None,
+                    help="build-add: only the fresh build, the add rate and the 1,000-document add + commit "
+                         "rounds (no cache, no peers, no queries, no compaction)")
+    ap.add_argument("--repeat", type=int, default=1, help="with --only build-add: rounds of fresh build + adds "
+                                                          "(medians reported)")
     ap.add_argument("--out", default="benchmarks/results/updates.json")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
                                "machine": machine(), "docs": args.docs}
-        if not args.skip_living:
+        if args.only == "build-add":
+            rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp, args.repeat)
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
+        elif not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
                                       None if args.cache is None else Path(args.cache))
             print(json.dumps(rep["retriever"], indent=1), flush=True)
-        if args.encoder_docs:
+        if args.encoder_docs and args.only is None:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
             print(json.dumps(rep["encoders"], indent=1), flush=True)
-        if not args.skip_peers:
+        if not args.skip_peers and args.only is None:
             rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
             rep["bm25s"] = bm25s_peer(args.docs)
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -16,13 +16,15 @@ import pyarrow as pa
 from .errors import IndexFormatError
 
 
-def write_table(path: Path, table: pa.Table) -> None:
-    """Write ``table`` as an uncompressed Arrow IPC file and fsync it."""
+def write_table(path: Path, table: pa.Table, *, sync: bool = True) -> None:
+    """Write ``table`` as an uncompressed Arrow IPC file and fsync it (``sync=False``: the caller
+    fsyncs it before any manifest lists it)."""
     with open(path, "wb") as f:
         with pa.ipc.new_file(f, table.schema) as w:
             w.write_table(table)
         f.flush()
-        os.fsync(f.fileno())
+        if sync:
+            os.fsync(f.fileno())
 
 
 ARROW_MAGIC = b"ARROW1"
@@ -91,8 +93,9 @@ def table_from_map(path: Path, buf: Any, *, full: bool = False) -> pa.Table:
     return table
 
 
-def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
-    """Store named 1-d numpy arrays as one Arrow row of ``large_list`` columns."""
+def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], *, sync: bool = True) -> None:
+    """Store named 1-d numpy arrays as one Arrow row of ``large_list`` columns (fsynced unless
+    ``sync=False``, as :func:`write_table`)."""
     cols = {}
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr)
@@ -100,7 +103,7 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray]) -> None:
             raise ValueError(f"array {name!r} must be 1-d, got shape {arr.shape}")
         offsets = pa.array(np.array([0, len(arr)], dtype=np.int64))
         cols[name] = pa.LargeListArray.from_arrays(offsets, pa.array(arr))
-    write_table(path, pa.table(cols))
+    write_table(path, pa.table(cols), sync=sync)
 
 
 def arrays_of_table(path: Path, table: pa.Table, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:

@@ -341,8 +341,11 @@ class BM25Builder:
         if len(arrays["doc_len"]) != shard.rows:
             raise RuntimeError(f"internal error: {len(arrays['doc_len'])} document lengths for {shard.rows} rows")
         if self._trim:  # the shard's lists end at its last term (later terms have df 0 there)
-            nonempty = np.flatnonzero(np.diff(arrays["offsets"]))
-            arrays = {**arrays, "offsets": arrays["offsets"][:int(nonempty[-1]) + 2 if len(nonempty) else 1]}
+            # offsets never decrease: the first entry equal to the total is the end of the last
+            # non-empty list (a binary search, where a diff would touch the whole vocabulary)
+            offsets = arrays["offsets"]
+            end = int(np.searchsorted(offsets, offsets[-1], side="left"))
+            arrays = {**arrays, "offsets": offsets[:end + 1]}
         rel = writer.write_arrays(f"{shard.dir}/bm25.arrow", arrays)
         self._faults("shard_bm25")
         n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))

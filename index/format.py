@@ -199,12 +199,20 @@ def _check_fields(mpath: Path, m: dict[str, Any]) -> None:
         raise IndexFormatError(f"{mpath}: bad parent_generation {parent!r}")
 
 
-def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
+def read_manifest(root: Path, generation: int | None = None, *,
+                  checked: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Read and validate the manifest of generation ``generation`` (default: the one ``CURRENT``
     points to) of the index at ``root``.
 
     Every file the manifest lists must exist with its recorded size (a fast truncation check;
     :func:`verify_checksums` checks content).
+
+    Args:
+        checked: the validated manifest of an earlier generation of this index, read by a
+            writer that has held the index's lock since (so its files, never modified once
+            listed, are still there): a file listed with the same entry there, and a shard
+            directory listed there, are not checked on disk again (the writer's commit checks
+            only what it added). Everything else is validated as without it.
 
     Raises:
         IndexFormatError: not an index, a format-1 index (names ``retriever index upgrade``),
@@ -240,10 +248,13 @@ def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
         raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
                                f"shard directory listed twice)")
     files = IndexFiles(root, m["files"], str(mpath))
+    known_files: Mapping[str, Any] = checked["files"] if checked is not None else {}
+    known_dirs = {s["dir"] for s in checked["shards"]} if checked is not None else set()
     for frel, info in m["files"].items():
         if not isinstance(info, dict) or not isinstance(info.get("bytes"), int) or not isinstance(info.get("sha256"), str):
             raise IndexFormatError(f"{mpath}: bad entry for file {frel!r}")
-        files.open(frel).close()  # confined, no symlink on the way, a regular file of the listed size
+        if known_files.get(frel) != info:
+            files.open(frel).close()  # confined, no symlink on the way, a regular file of the listed size
     for i, s in enumerate(m["shards"]):
         if not isinstance(s, dict) or not isinstance(s.get("dir"), str) or not isinstance(s.get("rows"), int) or s["rows"] < 0:
             raise IndexFormatError(f"{mpath}: bad shard entry #{i}")
@@ -257,7 +268,8 @@ def read_manifest(root: Path, generation: int | None = None) -> dict[str, Any]:
             if not isinstance(f, str) or f not in m["files"]:
                 raise IndexFormatError(f"{mpath}: shard #{i} ({s['dir']!r}) has no {key} file in the file list "
                                        f"(got {f!r})")
-        safe_join(root, s["dir"], str(mpath))
+        if s["dir"] not in known_dirs:
+            safe_join(root, s["dir"], str(mpath))
     return m
 
 

@@ -78,7 +78,8 @@ def file_entry(root: Path, rel: str) -> dict[str, Any]:
 
 
 def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, Any],
-                      fault: Callable[[str], None] | None = None, lock_held: bool = False) -> dict[str, Any]:
+                      fault: Callable[[str], None] | None = None, lock_held: bool = False,
+                      parent_manifest: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Commit generation ``parent + 1``: the parent's manifest with ``changes`` applied.
 
     Args:
@@ -92,6 +93,9 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
             ``"generation_current"`` after ``CURRENT`` is switched (fault injection in tests).
         lock_held: the caller already holds :func:`writer_lock` for ``root`` (an
             :class:`retriever.index.updates.IndexUpdater` holds it for its whole life).
+        parent_manifest: generation ``parent``'s manifest as the caller read (or committed) it
+            while holding the lock, instead of reading and validating it again (manifests are
+            never modified once written); its ``generation`` must be ``parent``.
 
     Returns:
         the new manifest.
@@ -110,7 +114,10 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
         if current != parent:
             raise IndexFormatError(f"{root}: generation {current} was committed after {parent}; "
                                    f"reopen the index and redo the change")
-        m = dict(read_manifest(root, parent))
+        if parent_manifest is not None and parent_manifest.get("generation") != parent:
+            raise IndexFormatError(f"{root}: internal error, the parent manifest given is generation "
+                                   f"{parent_manifest.get('generation')}, not {parent}; nothing was committed")
+        m = dict(parent_manifest if parent_manifest is not None else read_manifest(root, parent))
         m.update(changes)
         m.pop("manifest_sha256", None)
         gen = parent + 1
@@ -121,7 +128,9 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
         rel = manifest_name(gen)
         _write_atomic(root / rel, json.dumps(m, indent=1).encode("utf-8"))
         try:
-            read_manifest(root, gen)  # the same checks as opening it, before CURRENT is switched
+            # the same checks as opening it, before CURRENT is switched (the parent's files, which
+            # the caller checked under the lock it still holds, are not opened again)
+            read_manifest(root, gen, checked=parent_manifest)
         except IndexFormatError:
             (root / rel).unlink()
             raise

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import re
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -46,7 +48,7 @@ from .config import BuildConfig
 from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
 from .faults import FaultHook, no_faults
 from .format import (CURRENT, manifest_name, read_arrays, read_current, read_manifest, read_shard_stats,
-                     read_table, write_arrays, write_table)
+                     read_table, sha256_file, write_arrays, write_table)
 from .generations import LOCK, commit_generation, file_entry, writer_lock
 from .metadata import MetadataColumns, combine_schema
 from .readers import Document, read_corpus
@@ -57,6 +59,8 @@ __all__ = ["CompactPolicy", "CompactReport", "DeleteReport", "IndexUpdater"]
 _SHARD_DIR = re.compile(r"^shards/(\d{5,})$")
 _BM25 = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 _SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
+_ROW_BITS = 32  # an id-map code is (segment number << 32) | row (rows are uint32 in every file)
+_ROW_MASK = (1 << _ROW_BITS) - 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ class _SegmentWriter(IndexWriter):
     """An :class:`IndexWriter` that writes new segments straight into an existing index directory
     (invisible until a manifest lists them) instead of a temporary one."""
 
+    sync_shard_dirs = False  # finish_segments fsyncs each segment directory after its stats.json
+
     def __init__(self, root: Path, first_shard: int, faults: FaultHook) -> None:  # noqa: D107
         self.out = root
         self.tmp = root
@@ -132,21 +138,76 @@ class _SegmentWriter(IndexWriter):
         self._open: dict[str, dict[str, Any]] = {}
         self._committed = False
         self.first_shard = first_shard
+        # each file is fsynced and hashed on a worker thread while the batch goes on (a build
+        # fsyncs a shard's files once per 100,000 documents, an add once per batch: one after the
+        # other, these waits are a large part of a small add); finish_segments waits for them all
+        self._pool = ThreadPoolExecutor(4, thread_name_prefix="segment-sync")
+        self._syncs: list[tuple[str | None, Future]] = []
+
+    # files: written without fsync, then fsynced + recorded on the pool (finish_segments waits)
+    def _sync_later(self, path: Path) -> None:
+        self._syncs.append((path.relative_to(self.tmp).as_posix(), self._pool.submit(_fsync_and_entry, path)))
+
+    def write_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> str:  # noqa: D102
+        p = self._path(rel)
+        write_arrays(p, arrays, sync=False)
+        self._sync_later(p)
+        return rel
+
+    def write_table(self, rel: str, table: pa.Table) -> str:  # noqa: D102
+        p = self._path(rel)
+        write_table(p, table, sync=False)
+        self._sync_later(p)
+        return rel
+
+    def write_bytes(self, rel: str, data: bytes) -> str:  # noqa: D102
+        p = self._path(rel)
+        with open(p, "wb") as f:
+            f.write(data)
+        self._sync_later(p)
+        return rel
+
+    def _write_json(self, rel: str, obj: Any) -> None:
+        p = self.tmp / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(p, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=1, allow_nan=False)
+        self._sync_later(p)
+
+    def _wait_syncs(self, raise_errors: bool = True) -> None:
+        syncs, self._syncs = self._syncs, []
+        for rel, fut in syncs:
+            if not raise_errors:
+                fut.exception()
+                continue
+            entry = fut.result()
+            if rel is not None:
+                self.files[rel] = entry
 
     def finish_segments(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
-        """Write every new segment's ``stats.json``; returns (manifest entry, statistics) pairs."""
+        """Write every new segment's ``stats.json``; when it returns, every file and directory
+        entry of the new segments is durable (fsynced). Returns (manifest entry, statistics)
+        pairs."""
         out = []
-        for entry in self.shards:
-            rel = f"{entry['dir']}/{SHARD_STATS}"
-            self._write_json(rel, self.shard_stats[entry["dir"]])
-            _fsync_dir(self.tmp / entry["dir"])
-            entry["stats"] = rel
-            entry["deletes"] = None
-            out.append((entry, self.shard_stats[entry["dir"]]))
+        try:
+            for entry in self.shards:
+                rel = f"{entry['dir']}/{SHARD_STATS}"
+                self._write_json(rel, self.shard_stats[entry["dir"]])
+                entry["stats"] = rel
+                entry["deletes"] = None
+                out.append((entry, self.shard_stats[entry["dir"]]))
+            # the directories (their entries: every file above; shards/: the new directories)
+            for d in [self.tmp / e["dir"] for e in self.shards] + ([self.tmp / "shards"] if out else []):
+                self._syncs.append((None, self._pool.submit(_fsync_dir, d)))
+            self._wait_syncs()
+        finally:
+            self._pool.shutdown(wait=True)
         return out
 
     def abort(self) -> None:
         """Remove the segments written so far (the index directory itself stays)."""
+        self._wait_syncs(raise_errors=False)
+        self._pool.shutdown(wait=True)
         for d in list(self.shard_stats) + list(self._open):
             shutil.rmtree(self.tmp / d, ignore_errors=True)
 
@@ -218,6 +279,9 @@ class IndexUpdater:
         if not (self.root / CURRENT).is_file():
             read_manifest(self.root)  # the reader's error for a missing / format-1 index
         self._stack.enter_context(writer_lock(self.root))
+        # segment numbers of the id map's codes (append-only for the updater's life)
+        self._seg_dirs: list[str] = []
+        self._seg_nums: dict[str, int] = {}
         try:
             self._load()
             if self.config.legs and "dense" in self.config.legs and dense_model is not None:
@@ -229,6 +293,9 @@ class IndexUpdater:
             self._stack.close()
             raise
         self._builders: dict[str, Any] = {}
+        # manifest ``files`` entries (size, SHA-256) recorded when this session wrote a file:
+        # a commit lists new segments without reading and hashing their files again
+        self._recorded: dict[str, dict[str, Any]] = {}
         self._closed = False
 
     @classmethod
@@ -243,23 +310,37 @@ class IndexUpdater:
         self.close()
 
     # ------------------------------------------------------------------ state
-    def _load(self, manifest: dict[str, Any] | None = None) -> None:
-        """The current generation (or ``manifest``, just committed) as working state."""
+    def _load(self, manifest: dict[str, Any] | None = None, known: Mapping[str, _Segment] | None = None) -> None:
+        """The current generation (or ``manifest``, just committed) as working state.
+
+        Args:
+            known: the segments of the generation before ``manifest`` (by directory): a segment
+                listed by both with the same statistics and tombstone files keeps its statistics
+                and deleted rows as read then (a commit reads only the files it wrote).
+        """
         m = manifest if manifest is not None else read_manifest(self.root)
         self.manifest = m
         self.generation: int = m["generation"]
         self.config = BuildConfig.from_dict(m["build_config"])
         self.segments: list[_Segment] = []
+        known = known or {}
         for e in m["shards"]:
-            st = read_shard_stats(self.root / e["stats"], e["rows"])
-            deleted = np.zeros(0, dtype=np.int64)
-            if e.get("deletes"):
+            old = known.get(e["dir"])
+            if old is not None and not old.new and old.entry.get("stats") == e["stats"]:
+                st = old.stats
+            else:
+                st = read_shard_stats(self.root / e["stats"], e["rows"])
+            if old is not None and not old.new and not old.pending and old.entry.get("deletes") == e.get("deletes"):
+                deleted = old.deleted
+            elif e.get("deletes"):
                 deleted = read_arrays(self.root / e["deletes"], {"rows": np.uint32})["rows"].astype(np.int64)
+            else:
+                deleted = np.zeros(0, dtype=np.int64)
             self.segments.append(_Segment(dict(e), st, deleted))
         self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
         self._vocab: list[str] | None = None  # loaded on first add / compaction
         self._n_committed_terms = int(m["stats"].get("n_terms", 0))
-        self._ids: dict[str, tuple[str, int]] | None = None
+        self._ids: dict[str, int] | None = None
         self._by_dir = {s.dir: s for s in self.segments}
         self._dropped: list[str] = []  # segment directories a pending compaction replaced
 
@@ -268,15 +349,38 @@ class IndexUpdater:
         """True when there are changes :meth:`commit` has not written yet."""
         return bool(self._dropped) or any(s.new or s.pending for s in self.segments)
 
-    def _id_map(self) -> dict[str, tuple[str, int]]:
-        """id -> (segment directory, row) of every live document (built on first use)."""
+    def _seg_base(self, rel_dir: str) -> int:
+        """The id-map code of row 0 of the segment ``rel_dir`` (its number << 32)."""
+        k = self._seg_nums.get(rel_dir)
+        if k is None:
+            k = self._seg_nums[rel_dir] = len(self._seg_dirs)
+            self._seg_dirs.append(rel_dir)
+        return k << _ROW_BITS
+
+    def _where(self, code: int) -> tuple[str, int]:
+        """(segment directory, row) of an id-map code."""
+        return self._seg_dirs[code >> _ROW_BITS], code & _ROW_MASK
+
+    def _id_map(self) -> dict[str, int]:
+        """id -> code of every live document (built on first use); :meth:`_where` decodes a code
+        into (segment directory, row).
+
+        The values are plain ints (segment number << 32 | row), not tuples: a dict of strings and
+        ints is not tracked by the cyclic garbage collector, which otherwise walks the whole map
+        (one tuple per document of the index) in every full collection during adds."""
         if self._ids is None:
-            ids: dict[str, tuple[str, int]] = {}
+            ids: dict[str, int] = {}
             for s in self.segments:
                 col = read_table(self.root / s.dir / "docs.arrow").column("id").to_pylist()
-                dead = set(s.all_deleted().tolist())
-                d = s.dir
-                ids.update((i, (d, r)) for r, i in enumerate(col) if r not in dead)
+                base = self._seg_base(s.dir)
+                dead = s.all_deleted()
+                if len(dead) == 0:
+                    ids.update(zip(col, range(base, base + len(col))))
+                else:
+                    live = np.ones(len(col), dtype=bool)
+                    live[dead] = False
+                    ids.update(zip(itertools.compress(col, live.tolist()),
+                                   (np.flatnonzero(live) + base).tolist()))
             self._ids = ids
         return self._ids
 
@@ -351,16 +455,19 @@ class IndexUpdater:
                 removed.append(p.name)
         shards = root / "shards"
         dirs_in_use = {f.rsplit("/", 1)[0] for f in files if f.startswith("shards/")}
-        for d in sorted(shards.iterdir()) if shards.is_dir() else []:
-            rel = f"shards/{d.name}"
+        # plain strings (not Path objects): this walks every segment after each commit
+        sroot = os.fspath(shards)
+        for name in sorted(os.listdir(sroot)) if shards.is_dir() else []:
+            rel = f"shards/{name}"
+            d = os.path.join(sroot, name)
             if rel not in dirs_in_use:
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(rel)
                 continue
-            for f in sorted(d.iterdir()):
-                frel = f"{rel}/{f.name}"
+            for fname in sorted(os.listdir(d)):
+                frel = f"{rel}/{fname}"
                 if frel not in files:
-                    f.unlink()
+                    os.unlink(os.path.join(d, fname))
                     removed.append(frel)
         if removed:
             _fsync_dir(root)
@@ -385,20 +492,31 @@ class IndexUpdater:
         out: list[Any] = []
         for leg in cfg.legs:
             if leg == "bm25":
-                b = self._builders.get("bm25")
-                if b is None:
-                    from .analyzer import Analyzer
-                    from .bm25_build import BM25Builder
-
-                    b = BM25Builder(Analyzer(cfg.analyzer), self._faults,
-                                    vocab=self._vocabulary())
-                    self._builders["bm25"] = b
-                out.append(b)
+                out.append(self._bm25_builder())
             elif leg == "dense":
                 out.append(self._dense_builder(dense_vectors, models.get("dense") or {}, compaction))
             elif leg == "sparse":
                 out.append(self._sparse_builder(sparse_vectors, models.get("sparse") or {}))
         return out
+
+    def _bm25_builder(self) -> Any:
+        """The BM25 builder, seeded with the index's vocabulary (kept across adds and commits)."""
+        b = self._builders.get("bm25")
+        if b is None:
+            from .analyzer import Analyzer
+            from .bm25_build import BM25Builder
+
+            b = BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=self._vocabulary())
+            self._builders["bm25"] = b
+        return b
+
+    def _discard_bm25(self, n_terms_before: int) -> None:
+        """Drop the BM25 builder and the terms a failed batch added (the next batch starts anew
+        from the vocabulary as it was)."""
+        if "bm25" in self._builders:
+            self._builders.pop("bm25").close(raise_errors=False)
+        if self._vocab is not None:
+            del self._vocab[n_terms_before:]
 
     def _dense_builder(self, vectors: Any, model: Mapping[str, Any], compaction: bool) -> Any:
         from .dense_build import DenseBuilder
@@ -496,43 +614,80 @@ class IndexUpdater:
 
     def _add(self, records: Any, dense_vectors: Any, sparse_vectors: Any, *, replace: bool) -> int:
         self._check_open()
-        docs = list(read_corpus(records))
-        if not docs:
-            return 0
-        first: dict[str, int] = {}
-        for pos, d in enumerate(docs):
-            p = first.setdefault(d.id, pos)
-            if p != pos:
-                raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
-                                  f"(counting from 0)", path=d.path, line=d.line, field="_id")
-        ids = self._id_map()
-        replaced = [ids[d.id] for d in docs if d.id in ids]
-        if replaced and not replace:
-            d = next(d for d in docs if d.id in ids)
-            raise CorpusError(f"document id {d.id!r} is already in the index ({ids[d.id][0]}, row {ids[d.id][1]}); "
-                              f"use upsert to replace it", path=d.path, line=d.line, field="_id")
-        schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
-                                                  if s.dir not in self._dropped).items() if v is not None}
-        MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
-        written = self._build_segments(docs, dense_vectors, sparse_vectors)
+        # The records are read (and validated) first, and every check below runs before anything
+        # is written. Meanwhile the BM25 analysis of the first segment's batches starts on its
+        # worker threads (it writes nothing; a rejected batch drops it with the builder), as in a
+        # build, where reading overlaps the analysis.
+        docs: list[Document] = []
+        prefed = 0
+        bm25 = "bm25" in self.config.legs
+        bs, first_seg = self.config.batch_size, self.config.shard_size
+        n_terms_before = len(self._vocabulary()) if bm25 else 0
+        try:
+            for d in read_corpus(records):
+                docs.append(d)
+                n = len(docs)
+                if bm25 and n - prefed == bs and n <= first_seg:
+                    part = docs[prefed:n]
+                    self._bm25_builder().add(Batch(part, [f"{d.title} {d.text}" if d.title else d.text for d in part]))
+                    prefed = n
+            if not docs:
+                return 0
+            written, replaced, batch_ids, ids = self._checked_build(docs, dense_vectors, sparse_vectors, replace, prefed)
+        except BaseException:
+            if prefed:
+                self._discard_bm25(n_terms_before)
+            raise
         for entry, st in written:
             seg = _Segment(entry, st, np.zeros(0, dtype=np.int64), new=True)
             self.segments.append(seg)
             self._by_dir[seg.dir] = seg
-        for d, row in replaced:
+        for code in replaced:
+            d, row = self._where(code)
             self._by_dir[d].pending.add(row)
         k = 0
         for entry, _ in written:
-            for r in range(entry["rows"]):
-                ids[docs[k].id] = (entry["dir"], r)
-                k += 1
+            base, n = self._seg_base(entry["dir"]), int(entry["rows"])
+            ids.update(zip(batch_ids[k:k + n], range(base, base + n)))
+            k += n
         return len(docs)
+
+    def _checked_build(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, replace: bool,
+                       prefed: int) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], list[int], list[str],
+                                             dict[str, int]]:
+        """The input checks of :meth:`add`, then the new segments (``prefed``: leading documents
+        already given to the BM25 builder). Returns (segments written, id-map codes replaced,
+        the batch's ids, the id map)."""
+        batch_ids = [d.id for d in docs]
+        if len(set(batch_ids)) != len(batch_ids):  # find the first repeat (positions in the message)
+            first: dict[str, int] = {}
+            for pos, d in enumerate(docs):
+                p = first.setdefault(d.id, pos)
+                if p != pos:
+                    raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
+                                      f"(counting from 0)", path=d.path, line=d.line, field="_id")
+        ids = self._id_map()
+        replaced: list[int] = []
+        if not ids.keys().isdisjoint(batch_ids):
+            if not replace:
+                d = next(d for d in docs if d.id in ids)
+                where, row = self._where(ids[d.id])
+                raise CorpusError(f"document id {d.id!r} is already in the index ({where}, row {row}); "
+                                  f"use upsert to replace it", path=d.path, line=d.line, field="_id")
+            replaced = [ids[i] for i in batch_ids if i in ids]
+        schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
+                                                  if s.dir not in self._dropped).items() if v is not None}
+        MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
+        written = self._build_segments(docs, dense_vectors, sparse_vectors, prefed=prefed)
+        return written, replaced, batch_ids, ids
 
     def _build_segments(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, *,
                         compaction: bool = False, metadata: Sequence[tuple[pa.Array, pa.Array]] | None = None,
-                        cuts: Sequence[int] | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+                        cuts: Sequence[int] | None = None, prefed: int = 0) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Write ``docs`` as new segments (``shard_size`` rows each, or the given ``cuts``);
-        on any error every segment written is removed and the vocabulary is left as it was."""
+        on any error every segment written is removed and the vocabulary is left as it was.
+        ``prefed``: the first documents were given to the BM25 builder already, in batches of
+        ``batch_size`` (the pipeline's batches of the first segment)."""
         from .pipeline import _ShardDocs, _batches, _write_shard
 
         writer = _SegmentWriter(self.root, self._next_shard(), self._faults)
@@ -542,8 +697,18 @@ class IndexUpdater:
             if cuts is None:
                 meta = MetadataColumns()
                 shard = _ShardDocs()
+                pos = 0
+                rest = [b for b in builders if b.name != "bm25"]
                 for batch, end in _batches(iter(docs), self.config):
-                    self._feed(builders, batch)
+                    if pos < prefed:
+                        if pos + len(batch) > prefed:
+                            raise RuntimeError(f"internal error: a batch of documents {pos}..{pos + len(batch)} "
+                                               f"straddles the {prefed} documents analysed already")
+                        if rest:
+                            self._feed(rest, batch)
+                    else:
+                        self._feed(builders, batch)
+                    pos += len(batch)
                     shard.docs.extend(batch)
                     if end:
                         _write_shard(writer, shard, meta, builders)
@@ -568,6 +733,7 @@ class IndexUpdater:
                     raise ConfigError(f"sparse_vectors has {len(b._vectors[0]) - 1} rows, the batch {len(docs)} documents")
             out = writer.finish_segments()
             self._faults("update_segments")
+            self._recorded.update(writer.files)
             return out
         except BaseException:
             writer.abort()
@@ -608,9 +774,10 @@ class IndexUpdater:
         unknown = [i for i in want if i not in m]
         n = 0
         for i in want:
-            loc = m.pop(i, None)
-            if loc is not None:
-                self._by_dir[loc[0]].pending.add(loc[1])
+            code = m.pop(i, None)
+            if code is not None:
+                d, row = self._where(code)
+                self._by_dir[d].pending.add(row)
                 n += 1
         return DeleteReport(n, unknown)
 
@@ -640,8 +807,9 @@ class IndexUpdater:
         for s in self.segments:
             e = dict(s.entry)
             if s.new:
-                for rel in [f for f in _files_of(self.root, s.dir)]:
-                    files[rel] = file_entry(self.root, rel)
+                for rel in _files_of(self.root, s.dir):
+                    rec = self._recorded.get(rel)
+                    files[rel] = rec if rec is not None else file_entry(self.root, rel)
             if s.pending:
                 rows = s.all_deleted()
                 rel = f"{s.dir}/deletes.{gen:06d}.arrow"
@@ -682,9 +850,11 @@ class IndexUpdater:
             "metadata_schema": combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments)}
         if vocab_files and (vocab_files != ["vocab.arrow"] or "vocab" in self.manifest):
             changes["vocab"] = vocab_files
-        m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True)
+        m = commit_generation(self.root, parent=self.generation, changes=changes, fault=self._faults, lock_held=True,
+                              parent_manifest=self.manifest)
+        self._recorded.clear()
         ids = self._ids  # still exact: the commit applied every pending change (None after a compaction)
-        self._load(m)
+        self._load(m, self._by_dir)
         # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
         # stay: the next add does not redo work proportional to the index
         self._ids = ids
@@ -851,6 +1021,16 @@ class IndexUpdater:
                     shutil.rmtree(self.root / s.dir, ignore_errors=True)
         finally:
             self._stack.close()
+
+
+def _fsync_and_entry(path: Path) -> dict[str, Any]:
+    """fsync a file just written; its manifest ``files`` entry (size, SHA-256)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _files_of(root: Path, rel_dir: str) -> list[str]:

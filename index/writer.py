@@ -165,6 +165,9 @@ class IndexWriter:
     #: number of the first shard directory this writer makes (a later generation's new segments
     #: continue after the index's highest one)
     first_shard = 0
+    #: fsync each shard directory when the shard ends (a writer that writes more files into the
+    #: directory afterwards, and fsyncs it then, turns this off)
+    sync_shard_dirs = True
 
     @classmethod
     def for_shards(cls, tmp: str | Path, *, faults: FaultHook = no_faults) -> "IndexWriter":
@@ -284,7 +287,8 @@ class IndexWriter:
             entry.update(out.entry)
             if out.stats is not None:
                 stats[leg] = out.stats
-        _fsync_dir(self.tmp / shard.dir)
+        if self.sync_shard_dirs:
+            _fsync_dir(self.tmp / shard.dir)
         self._faults("shard_done")
         self.shards.append(entry)
         self.shard_stats[shard.dir] = stats

@@ -246,7 +246,7 @@ def test_input_rules_and_nothing_written_when_rejected(tmp_path):
         with pytest.raises(CorpusError, match=r"'a1' appears twice in this batch: positions 1 and 3"):
             u.add([{"_id": "a0", "text": "x"}, {"_id": "a1", "text": "y"}, {"_id": "a2", "text": "z"},
                    {"_id": "a1", "text": "w"}])
-        with pytest.raises(CorpusError, match=r"'d2' is already in the index.*use upsert"):
+        with pytest.raises(CorpusError, match=r"'d2' is already in the index \(shards/00000, row 2\); use upsert"):
             u.add([{"_id": "new", "text": "x"}, {"_id": "d2", "text": "y"}])
         with pytest.raises(CorpusError, match=r"'year'.*int64.*string"):
             u.add([{"_id": "new", "text": "x", "year": "nineteen"}])
@@ -259,6 +259,37 @@ def test_input_rules_and_nothing_written_when_rejected(tmp_path):
         assert u.delete(["d1"]).unknown == ["d1"]  # already deleted (pending)
     files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
     assert files_after == files_before  # closed without commit: nothing left behind
+
+
+def test_existing_id_error_names_segment_and_row_across_deletes_adds_and_commits(tmp_path):
+    """The id map (built from the segments' id columns minus their deleted rows, then kept across
+    adds, upserts, deletes and commits) names the segment and row of the live document."""
+    path, m = start(tmp_path, ("bm25",), n=30, shard_size=12)
+    with IndexUpdater.open(path) as u:
+        assert u.delete(["d13", "d25"]).deleted == 2
+        u.commit()
+    with IndexUpdater.open(path) as u:  # map built from segments with tombstones
+        with pytest.raises(CorpusError, match=r"'d14' is already in the index \(shards/00001, row 2\)"):
+            u.add([{"_id": "d14", "text": "x"}])
+        with pytest.raises(CorpusError, match=r"'d26' is already in the index \(shards/00002, row 2\)"):
+            u.add([{"_id": "d26", "text": "x"}])
+        assert u.add([{"_id": "d13", "text": "back"}, {"_id": "n1", "text": "new"}]) == 2  # deleted ids are free
+        with pytest.raises(CorpusError, match=r"'n1' is already in the index \(shards/00003, row 1\)"):
+            u.add([{"_id": "n1", "text": "x"}])
+        assert u.upsert([{"_id": "d14", "text": "again"}, {"_id": "n2", "text": "y"}]) == 2
+        with pytest.raises(CorpusError, match=r"'d14' is already in the index \(shards/00004, row 0\)"):
+            u.add([{"_id": "d14", "text": "x"}])
+        u.commit()
+        with pytest.raises(CorpusError, match=r"'n2' is already in the index \(shards/00004, row 1\)"):
+            u.add([{"_id": "n2", "text": "x"}])
+        rep = u.delete(["d14", "d14", "n1", "d25", "zz"])
+        assert (rep.deleted, rep.unknown) == (2, ["d25", "zz"])
+        u.commit()
+    with IndexUpdater.open(path) as u:
+        assert u.add([{"_id": "d14", "text": "third"}, {"_id": "n1", "text": "again"}]) == 2
+        u.commit()
+        with pytest.raises(CorpusError, match=r"'n1' is already in the index \(shards/00005, row 1\)"):
+            u.add([{"_id": "n1", "text": "x"}])
 
 
 def test_one_writer_at_a_time_names_the_holder(tmp_path):
@@ -700,3 +731,67 @@ def test_ivf_segments_added_with_the_trained_quantiser_keep_recall(tmp_path):
     assert live > 0.5 and fresh > 0.5
     print(f"recall@10 living {live:.3f} fresh {fresh:.3f}")
     assert abs(live - fresh) <= 0.05, (live, fresh)
+
+
+def _vocab_terms(path: Path) -> list[str]:
+    from retriever.index.format import read_manifest, read_table
+
+    m = read_manifest(path)
+    terms: list[str] = []
+    for rel in m.get("vocab") or ["vocab.arrow"]:
+        terms += read_table(path / rel, full=True).column("term").to_pylist()
+    return terms
+
+
+def test_batches_analysed_while_reading_are_dropped_with_a_rejected_batch(tmp_path):
+    """With batch_size 4 and shard_size 10, an add analyses its first two batches while it still
+    reads the records; a batch rejected after that (a repeat, an existing id, a bad record, a
+    metadata type conflict, too few vectors) writes nothing and leaves no term behind; the adds
+    that follow equal a fresh build, vocabulary order included."""
+    legs = ("bm25", "dense")
+    m = Model(legs)
+    m.live = [(f"d{i}", 0) for i in range(13)]
+    path = tmp_path / "live"
+    build_index([make_doc(k, v) for k, v in m.live], path, legs=legs, shard_size=10, batch_size=4,
+                show_progress=False, **m.records(m.live))
+    files_before = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    new = [(f"n{i}", 0) for i in range(27)]
+
+    def batch(**change: dict) -> list[dict]:
+        recs = [make_doc(k, v) for k, v in new]
+        for r in recs[:12]:
+            r["text"] += f" novel{r['_id']}"  # terms that must not survive a rejected batch
+        for pos, rec in change.items():
+            recs[int(pos[1:])] = rec
+        return recs
+
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(CorpusError, match=r"'n2' appears twice in this batch: positions 2 and 25"):
+            u.add(batch(p25={**make_doc("n2"), "text": "again"}), **m.records(new))
+        with pytest.raises(CorpusError, match=r"'d4' is already in the index \(shards/00000, row 4\)"):
+            u.add(batch(p20=make_doc("d4")), **m.records(new))
+        with pytest.raises(CorpusError, match="text must be a string"):
+            u.add(batch(p22={"_id": "bad", "text": 5}), **m.records(new))
+        with pytest.raises(CorpusError, match=r"'year'.*int64.*string"):
+            u.add(batch(p21={**make_doc("n21"), "year": "nineteen"}), **m.records(new))
+        with pytest.raises(ConfigError, match="fewer rows"):
+            u.add(batch(), dense_vectors=m.records(new)["dense_vectors"][:20])
+        assert not u.pending
+    files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    assert files_after == files_before
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(CorpusError, match="appears twice"):  # a rejection in the same session as the adds
+            u.add(batch(p25={**make_doc("n2"), "text": "again"}), **m.records(new))
+        assert u.add([make_doc(k, v) for k, v in new], **m.records(new)) == 27
+        m.live += new
+        u.commit()
+        fresh = m.fresh(tmp_path / "fresh")
+        assert assert_same(Retriever.open(path), fresh, legs) > 0
+        # nothing deleted yet: the appended vocabulary is a fresh build's, term for term
+        assert _vocab_terms(path) == _vocab_terms(tmp_path / "fresh")
+        up = [(f"d{i}", 1) for i in range(11)] + [(f"n{i}", 1) for i in range(3)]
+        assert u.upsert([make_doc(k, v) for k, v in up], **m.records(up)) == 14
+        keys = {k for k, _ in up}
+        m.live = [x for x in m.live if x[0] not in keys] + up
+        u.commit()
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
