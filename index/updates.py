@@ -43,6 +43,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 import pyarrow as pa
 
+from .analyzer_kernels import masked_df
 from .builders import Batch, ShardHandle, ShardOutput
 from .config import BuildConfig
 from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
@@ -1050,18 +1051,19 @@ def _stored_vectors(path: Path, rows: int) -> np.ndarray:
 
 def _deleted_df(shard_dir: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Per-term df of the deleted ``rows`` of a segment, from its postings: (term ids u32
-    ascending, counts u32), terms with a count of 0 left out. One pass over the segment's doc ids
-    (numpy), done once per commit that deletes from the segment; readers then read it."""
+    ascending, counts u32), terms with a count of 0 left out. One compiled pass over the segment's
+    postings (:func:`~retriever.index.analyzer_kernels.masked_df`), done once per commit that deletes
+    from the segment; readers then read it.
+
+    Raises:
+        IndexFormatError: the segment's postings are not valid CSR (names the file)."""
     a = read_arrays(shard_dir / "bm25.arrow", _BM25)
-    n = len(a["doc_len"])
-    mask = np.zeros(n, dtype=bool)
-    mask[rows] = True
-    hit = np.flatnonzero(mask[a["doc_ids"]])
-    t_s = len(a["offsets"]) - 1
-    term_of = np.searchsorted(a["offsets"].astype(np.int64), hit, side="right") - 1
-    counts = np.bincount(term_of, minlength=t_s)
+    try:
+        counts = masked_df(a["offsets"], a["doc_ids"], rows, len(a["doc_len"]))
+    except ValueError as e:
+        raise IndexFormatError(f"{shard_dir / 'bm25.arrow'}: {e}") from None
     terms = np.flatnonzero(counts)
-    return terms.astype(np.uint32), counts[terms].astype(np.uint32)
+    return terms.astype(np.uint32), counts[terms]
 
 
 def _check_model(leg: str, recorded: Mapping[str, Any], now: Mapping[str, Any]) -> None:

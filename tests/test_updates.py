@@ -795,3 +795,25 @@ def test_batches_analysed_while_reading_are_dropped_with_a_rejected_batch(tmp_pa
         m.live = [x for x in m.live if x[0] not in keys] + up
         u.commit()
     assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
+
+
+def test_masked_df_counts_each_subset_document_once_per_term():
+    # the delete commit's per-term df of the deleted rows: equal to counting in Python
+    from retriever.index.analyzer_kernels import masked_df
+    rng = np.random.default_rng(3)
+    n_docs, n_terms = 300, 40
+    lists = [np.sort(rng.choice(n_docs, int(rng.integers(0, 60)), replace=False)) for _ in range(n_terms)]
+    offsets = np.zeros(n_terms + 1, np.uint64)
+    np.cumsum([len(x) for x in lists], out=offsets[1:])
+    doc_ids = np.concatenate(lists).astype(np.uint32)
+    rows = rng.integers(0, n_docs, 50)  # repeats allowed
+    subset = set(rows.tolist())
+    want = [sum(int(d) in subset for d in x) for x in lists]
+    assert masked_df(offsets, doc_ids, rows, n_docs).tolist() == want
+    assert masked_df(offsets, doc_ids, rows[:0], n_docs).tolist() == [0] * n_terms
+    with pytest.raises(ValueError, match="rows out of range"):
+        masked_df(offsets, doc_ids, np.array([n_docs]), n_docs)
+    with pytest.raises(ValueError, match="doc id"):
+        masked_df(offsets, doc_ids, np.array([0]), int(doc_ids.max()))  # a doc id past the shard
+    with pytest.raises(ValueError, match="CSR offsets"):
+        masked_df(offsets[::-1].copy(), doc_ids, rows, n_docs)
