@@ -388,6 +388,8 @@ class IndexWriter:
             manifest.update(extra)
         manifest["manifest_sha256"] = manifest_digest(manifest)
         mpath = self.tmp / manifest_name(1)
+        for parent in sorted({(self.tmp / e["dir"]).parent for e in self.shards}):
+            _fsync_dir(parent)  # the entries naming the shard directories (shards/), durable before the manifest
         mpath.parent.mkdir()
 
         with open(mpath, "w", encoding="utf-8") as f:
