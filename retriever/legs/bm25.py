@@ -272,7 +272,10 @@ class BM25Leg:
         if carried:
             avg0, term_ub0, block_offsets, block_ub0 = prev["exact"]
             g = bm25_carry.ub_factor(avg0, avg)
-            term_ub, block_ub = bm25_carry.scaled_up(term_ub0, g), bm25_carry.scaled_up(block_ub0, g)
+            if prev.get("ub_g") == g:  # the same grid factor of the same exact bounds: shared
+                term_ub, block_ub = prev["term_ub"], prev["block_ub"]
+            else:
+                term_ub, block_ub = bm25_carry.scaled_up(term_ub0, g), bm25_carry.scaled_up(block_ub0, g)
             impacts, rows = None, {}
             exact = prev["exact"]
             # the previous state's thresholds, converted on first use (see _term_kth)
@@ -285,6 +288,7 @@ class BM25Leg:
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
             rows = self._impact_rows(s.rows, a, impacts)
             exact = (avg, term_ub, block_offsets, block_ub)
+            g = 1.0
             prior = []
             kth_ok = None  # checked on first use (see _term_kth)
         # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
@@ -302,7 +306,7 @@ class BM25Leg:
               "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
               "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
               "kth": kth, "kth_lock": threading.Lock(), "kth_ok": kth_ok, "bundle": bundle,
-              "avgdl": avg, "exact": exact, "kth_prior": prior}
+              "avgdl": avg, "exact": exact, "ub_g": g, "kth_prior": prior}
         seg.record(key, ks)
         return ks
 
