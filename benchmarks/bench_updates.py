@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import sys
@@ -72,13 +73,22 @@ def _latencies(r: Any, queries: list[str], seconds: float) -> list[float]:
     return out
 
 
-def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, active: Any, stop: Any) -> None:
+def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, active: Any, stop: Any,
+           done: Any = None, nice: int = 0) -> None:
     """Writer process: while ``active`` is set, every second add ``rate // 2`` documents and delete
-    ``rate // 2``, one commit; idle otherwise; ends when ``stop`` is set."""
+    ``rate // 2``, one commit; idle otherwise; ends when ``stop`` is set. ``done`` (a shared
+    double array of 3: commits, documents added + deleted, seconds spent writing) receives what it
+    did; ``nice`` > 0 lowers its CPU priority (``os.nice``) before it opens the index."""
+    import os
+
     from retriever import IndexUpdater
 
+    if nice:
+        os.nice(nice)
     per = max(1, rate // 2)
     with IndexUpdater.open(path) as u:
+        # the id map of the whole index is built by the first add / delete: not part of the rate
+        u.delete(["no-such-id"])
         ready.set()
         nxt, victim = start_id, 0
         while not stop.is_set():
@@ -88,11 +98,16 @@ def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, ac
             t0 = time.perf_counter()
             recs = [{"_id": f"c{nxt + j}", "text": texts[(nxt + j) % len(texts)]} for j in range(per)]
             u.add(recs, dense_vectors=_vectors(per, nxt))
-            u.delete([str(victim + j) for j in range(per)])
+            gone = u.delete([str(victim + j) for j in range(per)]).deleted
             u.commit()
             nxt += per
             victim += per
-            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+            spent = time.perf_counter() - t0
+            if done is not None:
+                done[0] += 1
+                done[1] += per + gone
+                done[2] += spent
+            time.sleep(max(0.0, 1.0 - spent))
 
 
 def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Path, cache: Path | None
@@ -144,7 +159,7 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
 
 
 def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path,
-           cache: Path | None = None) -> dict[str, Any]:
+           cache: Path | None = None, writer_nice: int = 0) -> dict[str, Any]:
     from retriever import IndexUpdater, Retriever
 
     col = synthetic_bm25(n_docs, n_queries=500)
@@ -197,24 +212,32 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
         r.search_arrays([q], k=10, mode="bm25")
     ctx = mp.get_context("spawn")
     ready, active, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    done = ctx.Array("d", 3)
     proc = ctx.Process(target=_churn, args=(str(path), churn_rate, 10 ** 7, [d["text"] for d in docs[:5000]],
-                                            ready, active, stop))
+                                            ready, active, stop, done, writer_nice))
     proc.start()
-    ready.wait(300)
+    ready.wait(600)
+    load_before = os.getloadavg()
     static: list[float] = []
     busy: list[float] = []
-    refreshes: list[float] = []
+    refreshes: list[float] = []  # the refreshes that found a newer generation
+    no_change = 0
     window = churn_seconds / 4
+    active_s = 0.0
     for _ in range(4):
         static += _latencies(r, qs, window)
         active.set()
-        t_end = time.perf_counter() + window
+        t_start = time.perf_counter()
+        t_end = t_start + window
         while time.perf_counter() < t_end:
             t0 = time.perf_counter()
-            r.refresh()
-            refreshes.append(time.perf_counter() - t0)
+            if r.refresh():
+                refreshes.append(time.perf_counter() - t0)
+            else:
+                no_change += 1
             busy += _latencies(r, qs, 1.0)
         active.clear()
+        active_s += time.perf_counter() - t_start
         time.sleep(1.5)  # the writer's last commit ends
         r.refresh()
         for q in qs:  # the new generation's lazy state, as a static reader would have it
@@ -225,10 +248,17 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["query_ms"] = {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
                        "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
                                          "docs_per_s": churn_rate, "refresh_every_s": 1.0,
-                                         "refresh_s": _spread(refreshes)},
+                                         "refresh_s": _spread(refreshes) if refreshes else None,
+                                         "refreshes_without_new_generation": no_change,
+                                         "writer": {"nice": writer_nice, "commits": int(done[0]),
+                                                    "docs_added_plus_deleted": int(done[1]),
+                                                    "seconds_writing": done[2], "active_seconds": active_s,
+                                                    "achieved_docs_per_s": done[1] / active_s}},
                        "p99_ratio": q(busy, 99) / q(static, 99),
+                       "load_avg_before_after": [load_before, os.getloadavg()],
                        "note": "4 interleaved windows each; the reader refreshes once a second while the "
-                               "writer runs (refresh time not in the latencies)"}
+                               "writer runs (refresh time not in the latencies); the writer's achieved rate "
+                               "is what it committed over the churn windows' length"}
     t0 = time.perf_counter()
     with IndexUpdater.open(path) as u:
         rep = u.compact(full=True)
@@ -342,6 +372,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the 1,000-document add / delete / refresh")
     ap.add_argument("--churn-rate", type=int, default=1000, help="documents/s the writer adds + deletes")
     ap.add_argument("--churn-seconds", type=float, default=20.0, help="seconds of each kind of query window, in all")
+    ap.add_argument("--writer-nice", type=int, default=0, help="CPU niceness increment of the churn writer process "
+                                                                  "(0: the reader's priority)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-living", action="store_true", help="only the peers (and --encoder-docs): a run of its own")
     ap.add_argument("--cache", default=None, help="directory (outside the repository) keeping the built index and "
@@ -354,10 +386,10 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
-                               "machine": machine(), "docs": args.docs}
+                               "machine": machine(), "docs": args.docs, "load_avg_start": os.getloadavg()}
         if not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
-                                      None if args.cache is None else Path(args.cache))
+                                      None if args.cache is None else Path(args.cache), args.writer_nice)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         if args.encoder_docs:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
@@ -365,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_peers:
             rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
             rep["bm25s"] = bm25s_peer(args.docs)
+        rep["load_avg_end"] = os.getloadavg()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rep, indent=1))
         print(json.dumps({k: v for k, v in rep.items() if k != "retriever"}, indent=1))
