@@ -267,3 +267,42 @@ def test_small_commits_share_the_scaled_bounds_of_the_previous_generation(tmp_pa
             assert_same_as_fresh_open(r, qs)
     shared = sum(ks["block_ub"] is pk["block_ub"] for ks, pk in zip(leg.kernel_shards[:4], first.kernel_shards[:4]))
     assert shared == 4  # avgdl moved by far less than a grid step: every old segment shares them
+
+
+def test_union_thresholds_are_carried_across_a_refresh_and_stay_below_the_exact_ones(tmp_path):
+    path, rng = build(tmp_path, n=1600, shard_size=400)  # no tombstones: union thresholds in use
+    qs = queries()
+    r = Retriever.open(path)
+    r.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    old = r.engine.legs["bm25"]
+    (okey, old_arr), = [(k, v) for k, v in old.kernel_shards[0]["shared"]["union_kth"].items() if k[1] == 10]
+    filled = np.flatnonzero(~np.isnan(old_arr))
+    assert len(filled) > 0
+    with IndexUpdater.open(path) as u:
+        u.add([doc(50_000 + j, rng, long=True) for j in range(12)])  # avgdl grows: the factor is < 1
+        u.commit()
+    assert r.refresh()
+    leg = r.engine.legs["bm25"]
+    assert leg.avgdl > old.avgdl
+    r.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    key = (tuple(range(len(leg.kernel_shards))), 10)  # the old shards plus the new one
+    arr = leg.kernel_shards[0]["shared"]["union_kth"][key]
+    want = bm25_carry.scaled_down(old_arr[filled], bm25_carry.kth_factor(old.avgdl, leg.avgdl))
+    assert np.array_equal(arr[filled], want, equal_nan=True)  # carried, not recomputed
+    # a fresh open's exact union thresholds over the same segments are at least the carried ones
+    fresh = Retriever.open(path)
+    fresh.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    exact = fresh.engine.legs["bm25"].kernel_shards[0]["shared"]["union_kth"][key]
+    finite = np.isfinite(arr[filled])
+    assert finite.sum() > 0
+    assert (arr[filled][finite] <= exact[filled][finite]).all()
+    assert (arr[filled][finite] < exact[filled][finite]).any()  # really carried (avgdl moved)
+    assert_same_as_fresh_open(r, qs)
+    # a compaction replaces the segments: nothing carried from a union over segments now gone
+    with IndexUpdater.open(path) as u:
+        u.compact(full=True)
+    assert r.refresh()
+    leg = r.engine.legs["bm25"]
+    assert all(any(id(g) not in {id(x) for x in leg._segs} for g in segs)
+               for _, segs, _, _ in leg.kernel_shards[0]["shared"].get("union_prior", []))
+    assert_same_as_fresh_open(r, qs)
