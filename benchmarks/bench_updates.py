@@ -34,6 +34,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -159,7 +160,7 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
 
 
 def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path,
-           cache: Path | None = None, writer_nice: int = 0) -> dict[str, Any]:
+           cache: Path | None = None, writer_nice: int = 0, refresh_thread: bool = False) -> dict[str, Any]:
     from retriever import IndexUpdater, Retriever
 
     col = synthetic_bm25(n_docs, n_queries=500)
@@ -229,7 +230,25 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
         active.set()
         t_start = time.perf_counter()
         t_end = t_start + window
-        while time.perf_counter() < t_end:
+        if refresh_thread:  # a background thread refreshes once a second; its time is the queries' too
+            halt = threading.Event()
+
+            def refresher() -> None:
+                nonlocal no_change
+                while not halt.is_set():
+                    t0 = time.perf_counter()
+                    if r.refresh():
+                        refreshes.append(time.perf_counter() - t0)
+                    else:
+                        no_change += 1
+                    halt.wait(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+            th = threading.Thread(target=refresher)
+            th.start()
+            busy += _latencies(r, qs, window)
+            halt.set()
+            th.join()
+        while not refresh_thread and time.perf_counter() < t_end:
             t0 = time.perf_counter()
             if r.refresh():
                 refreshes.append(time.perf_counter() - t0)
@@ -248,6 +267,7 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["query_ms"] = {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
                        "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
                                          "docs_per_s": churn_rate, "refresh_every_s": 1.0,
+                                         "refresh_in_background_thread": refresh_thread,
                                          "refresh_s": _spread(refreshes) if refreshes else None,
                                          "refreshes_without_new_generation": no_change,
                                          "writer": {"nice": writer_nice, "commits": int(done[0]),
@@ -257,8 +277,10 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
                        "p99_ratio": q(busy, 99) / q(static, 99),
                        "load_avg_before_after": [load_before, os.getloadavg()],
                        "note": "4 interleaved windows each; the reader refreshes once a second while the "
-                               "writer runs (refresh time not in the latencies); the writer's achieved rate "
-                               "is what it committed over the churn windows' length"}
+                               "writer runs (between queries, refresh time not in the latencies; with "
+                               "--refresh-thread in a background thread, so the queries share the "
+                               "process with it); the writer's achieved rate is what it committed over "
+                               "the churn windows' length"}
     t0 = time.perf_counter()
     with IndexUpdater.open(path) as u:
         rep = u.compact(full=True)
@@ -374,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn-seconds", type=float, default=20.0, help="seconds of each kind of query window, in all")
     ap.add_argument("--writer-nice", type=int, default=0, help="CPU niceness increment of the churn writer process "
                                                                   "(0: the reader's priority)")
+    ap.add_argument("--refresh-thread", action="store_true", help="refresh from a background thread while the "
+                                                                   "queries run (default: between queries)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-living", action="store_true", help="only the peers (and --encoder-docs): a run of its own")
     ap.add_argument("--cache", default=None, help="directory (outside the repository) keeping the built index and "
@@ -389,7 +413,8 @@ def main(argv: list[str] | None = None) -> int:
                                "machine": machine(), "docs": args.docs, "load_avg_start": os.getloadavg()}
         if not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
-                                      None if args.cache is None else Path(args.cache), args.writer_nice)
+                                      None if args.cache is None else Path(args.cache), args.writer_nice,
+                                      args.refresh_thread)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         if args.encoder_docs:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
