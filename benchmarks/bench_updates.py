@@ -8,7 +8,9 @@ are the non-model rates), legs BM25 + dense flat:
   :class:`retriever.IndexUpdater` in batches of ``--batch`` documents, a commit after each;
 - commit latency of 1,000 added documents (the add itself and the commit, medians of rounds);
 - delete throughput (ids/s of ``delete``) and the commit of 1,000 deletes;
-- ``Retriever.refresh`` after a 1,000-document commit, against a full ``Retriever.open``;
+- ``Retriever.refresh`` after a 1,000-document commit, against a full ``Retriever.open``; the
+  per-query BM25 time of the refreshed reader against a fresh open of the same generation
+  (interleaved passes; results checked identical);
 - full compaction time; bytes on disk after the churn and after compaction;
 - BM25 query latency (one query at a time, k = 10) p50 / p99 on a static index and while a
   writer process adds and deletes ``--churn-rate`` documents/s (commit every second);
@@ -72,6 +74,41 @@ def _latencies(r: Any, queries: list[str], seconds: float) -> list[float]:
         out.append(time.perf_counter() - t0)
         i += 1
     return out
+
+
+def _refreshed_vs_open(r: Any, path: Path, qs: list[str], rounds: int = 5) -> dict[str, Any]:
+    """Per-query BM25 time (one query at a time, k = 10) of ``r`` refreshed to the current
+    generation (segments carried from earlier generations score from tf, bounds carried) against a
+    fresh ``Retriever.open`` of the same generation: both warmed with every query once, then
+    ``rounds`` interleaved passes over ``qs``; the ratio of each round's total time."""
+    from retriever import Retriever
+
+    r.refresh()
+    f = Retriever.open(path)
+    assert f.reader.generation == r.reader.generation
+    a = r.search_arrays(qs, k=10, mode="bm25", n_threads=1)
+    b = f.search_arrays(qs, k=10, mode="bm25", n_threads=1)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
+    for x in (r, f):
+        for q in qs:
+            x.search_arrays([q], k=10, mode="bm25", n_threads=1)
+
+    def one_pass(x: Any) -> float:
+        total = 0.0
+        for q in qs:
+            t0 = time.perf_counter()
+            x.search_arrays([q], k=10, mode="bm25", n_threads=1)
+            total += time.perf_counter() - t0
+        return total
+
+    ratios, rs, fs = [], [], []
+    for _ in range(rounds):
+        tr, tf = one_pass(r), one_pass(f)
+        rs.append(1e3 * tr / len(qs))
+        fs.append(1e3 * tf / len(qs))
+        ratios.append(tr / tf)
+    return {"refreshed_mean_ms": _spread(rs), "fresh_open_mean_ms": _spread(fs), "ratio": _spread(ratios),
+            "queries": len(qs), "results_identical": True}
 
 
 def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, active: Any, stop: Any,
@@ -206,6 +243,7 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["refresh_after_1000_s"] = _spread(refresh_s)
     out["full_open_s"] = _spread(open_s)
     out["disk_after_churn_bytes"] = _du(path)
+    out["refreshed_vs_fresh_open"] = _refreshed_vs_open(r, path, col.queries[:200])
     # queries: interleaved windows without and with a writer adding and deleting
     r = Retriever.open(path, n_threads=1)
     qs = col.queries[:200]
