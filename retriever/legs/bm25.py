@@ -147,7 +147,8 @@ class BM25Leg:
         segments takes them times :func:`bm25_carry.kth_factor` (see :meth:`_carried_union_kth`),
         so the first searches after a refresh do not pass over their terms' postings again. The
         arrays are referenced, not copied (4 bytes per term and entry, at most
-        :attr:`KTH_CACHE` entries); nothing older than ``prev`` is kept."""
+        :attr:`KTH_CACHE` entries); nothing older than ``prev`` is kept, nor an entry over a
+        segment this generation no longer lists."""
         if prev is None or not self.kernel_shards or not prev.kernel_shards:
             return
         if (float(prev.params.k1), float(prev.params.b)) != (float(self.params.k1), float(self.params.b)):
@@ -156,8 +157,12 @@ class BM25Leg:
         with prev._cache_lock:
             items = list(old.items())
         avg_then = prev.avgdl if prev.avgdl > 0 else 1.0
-        self.kernel_shards[0]["shared"]["union_prior"] = [
-            (avg_then, tuple(prev._segs[s] for s in order), depth, arr) for (order, depth), arr in items]
+        mine = {id(seg) for seg in self._segs}
+        prior = [(avg_then, tuple(prev._segs[s] for s in order), depth, arr) for (order, depth), arr in items]
+        # only entries whose segments are all still listed can ever be used (not after a compaction)
+        prior = [p for p in prior if all(id(g) in mine for g in p[1])]
+        if prior:
+            self.kernel_shards[0]["shared"]["union_prior"] = prior
 
     def _carry_tokens(self, cache: SegmentCache, reader: IndexReader) -> "BM25Leg | None":
         """Start from the query token caches of the newest BM25 leg of the same index in ``cache``
