@@ -314,17 +314,29 @@ class Retriever:
         depth = int(min(depth, max(n_docs, 1)))
         return qs, k, depth
 
-    def _check_options(self, fusion: "RRF | Linear", leg_params: Any) -> dict[str, LegParams]:
-        """Validate fusion weight names and ``leg_params`` (``{leg: options}``, options a
-        :mod:`retriever.params` object or a dict of its fields).
+    @staticmethod
+    def _check_options(fusion: "RRF | Linear", leg_params: Any, legs: Sequence[str]) -> dict[str, LegParams]:
+        """Validate the legs named by the fusion's per-leg settings (``weights``, ``depths``,
+        ``leg_k``) and by ``leg_params`` (``{leg: options}``, options a :mod:`retriever.params`
+        object or a dict of its fields) against ``legs``, the legs of the searched index: a setting
+        for a leg the index lacks would otherwise be silently ignored.
 
         Raises:
-            QueryError: names the leg or option and the offending value.
+            QueryError: names the leg or option and the offending value, or the leg the index
+                lacks and the legs it has.
         """
-        for leg in fusion.weights:
+        named = [("fusion weights", leg) for leg in fusion.weights]
+        named += [("fusion depths", leg) for leg in fusion.depths]
+        named += [("fusion leg_k", leg) for leg in getattr(fusion, "leg_k", {})]
+        for what, leg in named:
             if leg not in LEGS:
-                raise QueryError(f"fusion weights: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
-        return parse_leg_params(leg_params)
+                raise QueryError(f"{what}: unknown leg {leg!r}; expected some of {', '.join(LEGS)}")
+        params = parse_leg_params(leg_params)
+        named += [("leg_params", leg) for leg in params]
+        for what, leg in named:
+            if leg not in legs:
+                raise QueryError(f"{what}: this index has no {leg!r} leg; its legs: {', '.join(legs)}")
+        return params
 
     def search_arrays(self, queries: Sequence[str], k: int = 10, *, mode: str = "hybrid",
                       fusion: "str | RRF | Linear | None" = None, depth: int | None = None,
@@ -384,7 +396,7 @@ class Retriever:
         if concurrent_legs is not None and not isinstance(concurrent_legs, bool):
             raise QueryError(f"concurrent_legs must be True, False or None, got {concurrent_legs!r}")
         fz = self.default_fusion(engine.reader) if fusion is None else parse_fusion(fusion)
-        params = self._check_options(fz, leg_params)
+        params = self._check_options(fz, leg_params, engine.reader.legs)
         threads = min(int(n_threads or self.n_threads), MAX_THREADS)
         if isinstance(filter, (list, tuple)):
             return self._search_per_filter(engine, qs, list(filter), k, mode, fz, depth, threads, params,

@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -486,16 +487,22 @@ COMMANDS = {("index", "build"): cmd_build, ("index", "info"): cmd_info, ("index"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry point: parse ``argv`` (default ``sys.argv[1:]``), run the sub-command; returns the exit status (a library error or OSError prints one ``error:`` line and returns 1; Ctrl-C returns 130)."""
+    """CLI entry point: parse ``argv`` (default ``sys.argv[1:]``), run the sub-command; returns the exit status (a library error or OSError prints one ``error:`` line and returns 1; Ctrl-C returns 130; a closed output pipe, as with ``| head``, returns 141 quietly)."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     fn = COMMANDS[(args.command, getattr(args, "index_command", None) or getattr(args, "fusion_command", None))]
     try:
-        return fn(args)
+        status = fn(args)
+        sys.stdout.flush()  # inside the try: a closed pipe shows here, not at the interpreter's exit
+        return status
     except RetrieverError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of our output went away (`retriever ... | head`): not an error to report
+        # stdout onto /dev/null so that the interpreter's final flush does not raise again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a tool killed by the signal reports to the shell
     except OSError as e:  # the environment, not a bug: a path that is a file, permissions, disk full
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -16,7 +16,7 @@ from conftest import cli_error as _cli_error, random_corpus
 from retriever.index.config import BuildConfig
 from retriever.index.errors import CorpusError, IndexFormatError, QueryError
 from retriever.index.readers import read_corpus, read_qrels, read_queries
-from retriever import RRF, Retriever, build_index
+from retriever import RRF, Linear, Retriever, build_index
 from retriever.cli import main
 
 
@@ -129,6 +129,24 @@ def test_fusion_weight_for_unknown_leg(small, capsys):
         small.search("vitamin", fusion=RRF(weights={"dnse": 2.0}))
     err = _cli_error(capsys, ["search", str(small.reader.path), "vitamin", "--weights", "dnse=2"])
     assert "dnse" in err
+
+
+@pytest.mark.parametrize("kwargs, what", [
+    ({"fusion": RRF(weights={"dense": 2.0})}, "fusion weights"),
+    ({"fusion": RRF(leg_k={"sparse": 20})}, "fusion leg_k"),
+    ({"fusion": Linear("minmax", depths={"dense": 50})}, "fusion depths"),
+    ({"leg_params": {"sparse": {"algorithm": "seismic"}}}, "leg_params"),
+])
+def test_settings_for_a_leg_the_index_lacks(small, kwargs, what):
+    # a BM25-only index: a setting for a real leg it does not hold is an error, not silently ignored
+    with pytest.raises(QueryError) as e:
+        small.search("vitamin", **kwargs)
+    assert what in str(e.value) and "no '" in str(e.value) and "its legs: bm25" in str(e.value)
+
+
+def test_setting_for_a_missing_leg_through_cli(small, capsys):
+    err = _cli_error(capsys, ["search", str(small.reader.path), "vitamin", "--weights", "dense=2"])
+    assert "no 'dense' leg" in err
 
 
 def test_leg_params_errors_through_cli(small, capsys):

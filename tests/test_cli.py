@@ -4,6 +4,8 @@ build a hybrid index (sharded), query it, evaluate it, write a run file."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -90,3 +92,16 @@ def test_bad_input_exit_codes(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["search", str(tmp_path), "x", "-k", "0"])
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("argv", [["index", "info"], ["search", None, "vitamin d", "-k", "50"]])
+def test_closed_output_pipe_is_quiet(medline_index, argv):
+    # `retriever ... | head`: the reader closes the pipe before we write; no 'error:' line, status 141
+    argv = [str(medline_index) if a is None else a for a in argv]
+    if argv[0] == "index":
+        argv.append(str(medline_index))
+    p = subprocess.Popen([sys.executable, "-m", "retriever", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # long before the child has imported anything and written
+    err = p.stderr.read().decode()
+    assert p.wait(timeout=120) == 141, err
+    assert "error" not in err and "Traceback" not in err, err
