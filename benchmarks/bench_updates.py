@@ -8,7 +8,9 @@ are the non-model rates), legs BM25 + dense flat:
   :class:`retriever.IndexUpdater` in batches of ``--batch`` documents, a commit after each;
 - commit latency of 1,000 added documents (the add itself and the commit, medians of rounds);
 - delete throughput (ids/s of ``delete``) and the commit of 1,000 deletes;
-- ``Retriever.refresh`` after a 1,000-document commit, against a full ``Retriever.open``;
+- ``Retriever.refresh`` after a 1,000-document commit, against a full ``Retriever.open``; the
+  per-query BM25 time of the refreshed reader against a fresh open of the same generation
+  (interleaved passes; results checked identical);
 - full compaction time; bytes on disk after the churn and after compaction;
 - BM25 query latency (one query at a time, k = 10) p50 / p99 on a static index and while a
   writer process adds and deletes ``--churn-rate`` documents/s (commit every second);
@@ -33,10 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -76,13 +80,57 @@ def _latencies(r: Any, queries: list[str], seconds: float) -> list[float]:
     return out
 
 
-def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, active: Any, stop: Any) -> None:
+def _refreshed_vs_open(r: Any, path: Path, qs: list[str], rounds: int = 5) -> dict[str, Any]:
+    """Per-query BM25 time (one query at a time, k = 10) of ``r`` refreshed to the current
+    generation (segments carried from earlier generations score from tf, bounds carried) against a
+    fresh ``Retriever.open`` of the same generation: both warmed with every query once, then
+    ``rounds`` interleaved passes over ``qs``; the ratio of each round's total time."""
+    from retriever import Retriever
+
+    r.refresh()
+    f = Retriever.open(path)
+    assert f.reader.generation == r.reader.generation
+    a = r.search_arrays(qs, k=10, mode="bm25", n_threads=1)
+    b = f.search_arrays(qs, k=10, mode="bm25", n_threads=1)
+    assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores)
+    for x in (r, f):
+        for q in qs:
+            x.search_arrays([q], k=10, mode="bm25", n_threads=1)
+
+    def one_pass(x: Any) -> float:
+        total = 0.0
+        for q in qs:
+            t0 = time.perf_counter()
+            x.search_arrays([q], k=10, mode="bm25", n_threads=1)
+            total += time.perf_counter() - t0
+        return total
+
+    ratios, rs, fs = [], [], []
+    for _ in range(rounds):
+        tr, tf = one_pass(r), one_pass(f)
+        rs.append(1e3 * tr / len(qs))
+        fs.append(1e3 * tf / len(qs))
+        ratios.append(tr / tf)
+    return {"refreshed_mean_ms": _spread(rs), "fresh_open_mean_ms": _spread(fs), "ratio": _spread(ratios),
+            "queries": len(qs), "results_identical": True}
+
+
+def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, active: Any, stop: Any,
+           done: Any = None, nice: int = 0) -> None:
     """Writer process: while ``active`` is set, every second add ``rate // 2`` documents and delete
-    ``rate // 2``, one commit; idle otherwise; ends when ``stop`` is set."""
+    ``rate // 2``, one commit; idle otherwise; ends when ``stop`` is set. ``done`` (a shared
+    double array of 3: commits, documents added + deleted, seconds spent writing) receives what it
+    did; ``nice`` > 0 lowers its CPU priority (``os.nice``) before it opens the index."""
+    import os
+
     from retriever import IndexUpdater
 
+    if nice:
+        os.nice(nice)
     per = max(1, rate // 2)
     with IndexUpdater.open(path) as u:
+        # the id map of the whole index is built by the first add / delete: not part of the rate
+        u.delete(["no-such-id"])
         ready.set()
         nxt, victim = start_id, 0
         while not stop.is_set():
@@ -92,11 +140,16 @@ def _churn(path: str, rate: int, start_id: int, texts: list[str], ready: Any, ac
             t0 = time.perf_counter()
             recs = [{"_id": f"c{nxt + j}", "text": texts[(nxt + j) % len(texts)]} for j in range(per)]
             u.add(recs, dense_vectors=_vectors(per, nxt))
-            u.delete([str(victim + j) for j in range(per)])
+            gone = u.delete([str(victim + j) for j in range(per)]).deleted
             u.commit()
             nxt += per
             victim += per
-            time.sleep(max(0.0, 1.0 - (time.perf_counter() - t0)))
+            spent = time.perf_counter() - t0
+            if done is not None:
+                done[0] += 1
+                done[1] += per + gone
+                done[2] += spent
+            time.sleep(max(0.0, 1.0 - spent))
 
 
 def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Path, cache: Path | None
@@ -155,7 +208,7 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
 
 
 def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path,
-           cache: Path | None = None) -> dict[str, Any]:
+           cache: Path | None = None, writer_nice: int = 0, refresh_thread: bool = False) -> dict[str, Any]:
     from retriever import IndexUpdater, Retriever
 
     col = synthetic_bm25(n_docs, n_queries=500)
@@ -201,6 +254,7 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["refresh_after_1000_s"] = _spread(refresh_s)
     out["full_open_s"] = _spread(open_s)
     out["disk_after_churn_bytes"] = _du(path)
+    out["refreshed_vs_fresh_open"] = _refreshed_vs_open(r, path, col.queries[:200])
     # queries: interleaved windows without and with a writer adding and deleting
     r = Retriever.open(path, n_threads=1)
     qs = col.queries[:200]
@@ -208,24 +262,50 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
         r.search_arrays([q], k=10, mode="bm25")
     ctx = mp.get_context("spawn")
     ready, active, stop = ctx.Event(), ctx.Event(), ctx.Event()
+    done = ctx.Array("d", 3)
     proc = ctx.Process(target=_churn, args=(str(path), churn_rate, 10 ** 7, [d["text"] for d in docs[:5000]],
-                                            ready, active, stop))
+                                            ready, active, stop, done, writer_nice))
     proc.start()
-    ready.wait(300)
+    ready.wait(600)
+    load_before = os.getloadavg()
     static: list[float] = []
     busy: list[float] = []
-    refreshes: list[float] = []
+    refreshes: list[float] = []  # the refreshes that found a newer generation
+    no_change = 0
     window = churn_seconds / 4
+    active_s = 0.0
     for _ in range(4):
         static += _latencies(r, qs, window)
         active.set()
-        t_end = time.perf_counter() + window
-        while time.perf_counter() < t_end:
+        t_start = time.perf_counter()
+        t_end = t_start + window
+        if refresh_thread:  # a background thread refreshes once a second; its time is the queries' too
+            halt = threading.Event()
+
+            def refresher() -> None:
+                nonlocal no_change
+                while not halt.is_set():
+                    t0 = time.perf_counter()
+                    if r.refresh():
+                        refreshes.append(time.perf_counter() - t0)
+                    else:
+                        no_change += 1
+                    halt.wait(max(0.0, 1.0 - (time.perf_counter() - t0)))
+
+            th = threading.Thread(target=refresher)
+            th.start()
+            busy += _latencies(r, qs, window)
+            halt.set()
+            th.join()
+        while not refresh_thread and time.perf_counter() < t_end:
             t0 = time.perf_counter()
-            r.refresh()
-            refreshes.append(time.perf_counter() - t0)
+            if r.refresh():
+                refreshes.append(time.perf_counter() - t0)
+            else:
+                no_change += 1
             busy += _latencies(r, qs, 1.0)
         active.clear()
+        active_s += time.perf_counter() - t_start
         time.sleep(1.5)  # the writer's last commit ends
         r.refresh()
         for q in qs:  # the new generation's lazy state, as a static reader would have it
@@ -236,10 +316,20 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["query_ms"] = {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
                        "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
                                          "docs_per_s": churn_rate, "refresh_every_s": 1.0,
-                                         "refresh_s": _spread(refreshes)},
+                                         "refresh_in_background_thread": refresh_thread,
+                                         "refresh_s": _spread(refreshes) if refreshes else None,
+                                         "refreshes_without_new_generation": no_change,
+                                         "writer": {"nice": writer_nice, "commits": int(done[0]),
+                                                    "docs_added_plus_deleted": int(done[1]),
+                                                    "seconds_writing": done[2], "active_seconds": active_s,
+                                                    "achieved_docs_per_s": done[1] / active_s}},
                        "p99_ratio": q(busy, 99) / q(static, 99),
+                       "load_avg_before_after": [load_before, os.getloadavg()],
                        "note": "4 interleaved windows each; the reader refreshes once a second while the "
-                               "writer runs (refresh time not in the latencies)"}
+                               "writer runs (between queries, refresh time not in the latencies; with "
+                               "--refresh-thread in a background thread, so the queries share the "
+                               "process with it); the writer's achieved rate is what it committed over "
+                               "the churn windows' length"}
     t0 = time.perf_counter()
     with IndexUpdater.open(path) as u:
         rep = u.compact(full=True)
@@ -397,6 +487,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="rounds of the 1,000-document add / delete / refresh")
     ap.add_argument("--churn-rate", type=int, default=1000, help="documents/s the writer adds + deletes")
     ap.add_argument("--churn-seconds", type=float, default=20.0, help="seconds of each kind of query window, in all")
+    ap.add_argument("--writer-nice", type=int, default=0, help="CPU niceness increment of the churn writer process "
+                                                                  "(0: the reader's priority)")
+    ap.add_argument("--refresh-thread", action="store_true", help="refresh from a background thread while the "
+                                                                   "queries run (default: between queries)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-living", action="store_true", help="only the peers (and --encoder-docs): a run of its own")
     ap.add_argument("--cache", default=None, help="directory (outside the repository) keeping the built index and "
@@ -414,13 +508,14 @@ def main(argv: list[str] | None = None) -> int:
     tmp = Path(tempfile.mkdtemp(prefix="bench-updates-"))
     try:
         rep: dict[str, Any] = {"command": "python -m benchmarks.bench_updates " + " ".join(argv or sys.argv[1:]),
-                               "machine": machine(), "docs": args.docs}
+                               "machine": machine(), "docs": args.docs, "load_avg_start": os.getloadavg()}
         if args.only == "build-add":
             rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp, args.repeat)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         elif not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
-                                      None if args.cache is None else Path(args.cache))
+                                      None if args.cache is None else Path(args.cache), args.writer_nice,
+                                      args.refresh_thread)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         if args.encoder_docs and args.only is None:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
@@ -428,6 +523,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_peers and args.only is None:
             rep["lancedb"] = lancedb_peer(args.docs, tmp, 3.0)
             rep["bm25s"] = bm25s_peer(args.docs)
+        rep["load_avg_end"] = os.getloadavg()
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(rep, indent=1))
         print(json.dumps({k: v for k, v in rep.items() if k != "retriever"}, indent=1))

@@ -196,8 +196,10 @@ class Retriever:
 
         Per-segment state (checked postings and bitmaps, FAISS indexes, sparse arrays, the
         vocabulary) of segments the two generations share is reused; only new segments are
-        loaded, and what depends on corpus-wide statistics (BM25 impacts and bounds) is
-        recomputed. Safe while other threads search: every search runs on the snapshot (reader and
+        loaded; what depends on corpus-wide statistics is updated (N, df, avgdl, idf, length
+        norms: O(rows + vocabulary)) or carried (BM25 bounds and thresholds, see
+        :mod:`retriever.legs.bm25_carry`), never recomputed from every posting while avgdl stays
+        within 5 % of the value a segment's exact bounds were computed at. Safe while other threads search: every search runs on the snapshot (reader and
         engine) it started with, :meth:`search` and :meth:`search_batch` included (their hits are
         made from that snapshot's documents); :meth:`to_hits` of a result from an older
         generation is an error.

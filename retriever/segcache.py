@@ -4,7 +4,8 @@ Segments (shard directories) are immutable once a manifest lists them, so what a
 one at open (checked postings, membership bitmaps, FAISS indexes, sparse arrays, the vocabulary)
 stays valid for every generation that lists the segment. :meth:`retriever.Retriever.refresh` keeps
 one :class:`SegmentCache` across generations: a refresh after a small commit loads only the new
-segments (and what depends on corpus-wide statistics, such as BM25 impacts).
+segments (what depends on corpus-wide statistics, such as BM25 bounds, is carried from the
+previous generation: :mod:`retriever.legs.bm25_carry`).
 """
 
 from __future__ import annotations

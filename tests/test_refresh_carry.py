@@ -7,6 +7,7 @@ carried without hiding new terms."""
 from __future__ import annotations
 
 import random
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -101,7 +102,8 @@ def test_refresh_scores_old_segments_without_a_pass_over_their_postings(tmp_path
             ks["offsets"], ks["doc_ids"], ks["tfs"], ks["doc_norm"], block_size=128, n_threads=1)
         assert np.array_equal(block_offsets, ks["block_offsets"])
         assert (ks["term_ub"] >= term_ub).all() and (ks["block_ub"] >= block_ub).all()
-        loose = bm25_carry.drift(ks["exact"][0], leg.avgdl) ** 2 * (1 + 1e-5)  # within the avgdl drift
+        # within the avgdl drift and one step of the factor's grid
+        loose = bm25_carry.drift(ks["exact"][0], leg.avgdl) ** 2 * (1 + bm25_carry.UB_GRID) * (1 + 1e-5)
         assert (ks["block_ub"] <= block_ub.astype(np.float64) * loose).all()
     # the carried single-term thresholds are at most the exact ones (clean segments only use them)
     checked = 0
@@ -193,3 +195,113 @@ def test_carried_token_caches_find_terms_added_later(tmp_path, batch):
     assert after[0][0].id == "x"
     fresh = Retriever.open(path).search_batch(qs, k=5, mode="bm25")
     assert [[(h.id, h.score) for h in hs] for hs in after] == [[(h.id, h.score) for h in hs] for hs in fresh]
+
+
+def test_scaled_bounds_bracket_the_exact_products():
+    rng = np.random.default_rng(5)
+    a = np.concatenate([rng.random(3000, dtype=np.float32) * rng.choice([1e-30, 1e-3, 1.0, 7.0, 3e30], 3000),
+                        np.array([0.0, np.inf, -np.inf, np.nan, np.finfo(np.float32).tiny,
+                                  np.finfo(np.float32).max / 2], dtype=np.float32)]).astype(np.float32)
+    for g in (1.0, 1.0 + 2.0 ** -30, 1.0009765625, 1.0437, 1.05 * (1 + 4 * bm25_carry.SLACK)):
+        up = bm25_carry.scaled_up(a, g)
+        assert up.dtype == np.float32 and up.shape == a.shape
+        for x, y in zip(a.tolist(), up.tolist()):
+            if np.isnan(x):
+                assert np.isnan(y)
+            elif np.isinf(x):
+                assert y == x
+            else:
+                assert Fraction(y) >= Fraction(x) * Fraction(g), (x, g, y)
+                assert y <= x * g * (1 + 2.0 ** -19) + 1e-45  # and tight
+    for f in (1.0, 1.0 - 2.0 ** -30, 0.97, 0.95 * (1 - 4 * bm25_carry.SLACK)):
+        down = bm25_carry.scaled_down(a, f)
+        for x, y in zip(a.tolist(), down.tolist()):
+            if np.isnan(x):
+                assert np.isnan(y)
+            elif np.isinf(x):
+                assert y == x
+            else:
+                assert Fraction(y) <= Fraction(x) * Fraction(f), (x, f, y)
+                assert y >= x * f * (1 - 2.0 ** -19) - 1e-45
+
+
+def test_ub_factor_is_on_its_grid_and_above_the_drift():
+    step = 1 + bm25_carry.UB_GRID
+    for then, now in ((100.0, 100.0), (100.0, 99.0), (100.0, 100.0001), (60.2, 60.9), (60.0, 63.0), (1.0, 1.05)):
+        g = bm25_carry.ub_factor(then, now)
+        raw = max(1.0, now / then) * (1 + 4 * bm25_carry.SLACK)
+        assert g >= raw and g < raw * step * (1 + 1e-12)
+        j = round(np.log(g) / np.log(step))
+        assert j >= 1 and g == step ** j
+    # nearby avgdl values (a small commit) give the same factor
+    assert bm25_carry.ub_factor(100.0, 100.001) == bm25_carry.ub_factor(100.0, 100.002) == bm25_carry.ub_factor(100.0, 99.0)
+
+
+def test_small_commits_share_the_scaled_bounds_of_the_previous_generation(tmp_path, monkeypatch):
+    path, rng = build(tmp_path, n=1600, shard_size=400)
+    qs = queries()
+    r = Retriever.open(path)
+    nxt = 40_000
+    with IndexUpdater.open(path) as u:
+        u.add([doc(nxt + j, rng) for j in range(4)])
+        u.commit()
+        assert r.refresh()  # the first carry scales every old segment's exact bounds once
+        first = r.engine.legs["bm25"]
+        avg0 = first.kernel_shards[0]["exact"][0]
+        for step in range(3):
+            nxt += 4
+            u.add([doc(nxt + j, rng) for j in range(2)])
+            u.delete([f"d{10 + step}"])
+            u.commit()
+            prev = r.engine.legs["bm25"]
+            scale = Counting(monkeypatch, "bm25_upper_bounds")
+            assert r.refresh()
+            leg = r.engine.legs["bm25"]
+            assert leg.avgdl != prev.avgdl
+            assert scale.calls == 1  # the new segment only
+            for ks, pk in zip(leg.kernel_shards[:4], prev.kernel_shards[:4]):
+                assert ks["exact"][0] == avg0
+                if bm25_carry.ub_factor(avg0, leg.avgdl) == pk["ub_g"]:
+                    # the same grid factor: the very same arrays, nothing rescaled
+                    assert ks["block_ub"] is pk["block_ub"] and ks["term_ub"] is pk["term_ub"]
+            assert_same_as_fresh_open(r, qs)
+    shared = sum(ks["block_ub"] is pk["block_ub"] for ks, pk in zip(leg.kernel_shards[:4], first.kernel_shards[:4]))
+    assert shared == 4  # avgdl moved by far less than a grid step: every old segment shares them
+
+
+def test_union_thresholds_are_carried_across_a_refresh_and_stay_below_the_exact_ones(tmp_path):
+    path, rng = build(tmp_path, n=1600, shard_size=400)  # no tombstones: union thresholds in use
+    qs = queries()
+    r = Retriever.open(path)
+    r.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    old = r.engine.legs["bm25"]
+    (okey, old_arr), = [(k, v) for k, v in old.kernel_shards[0]["shared"]["union_kth"].items() if k[1] == 10]
+    filled = np.flatnonzero(~np.isnan(old_arr))
+    assert len(filled) > 0
+    with IndexUpdater.open(path) as u:
+        u.add([doc(50_000 + j, rng, long=True) for j in range(12)])  # avgdl grows: the factor is < 1
+        u.commit()
+    assert r.refresh()
+    leg = r.engine.legs["bm25"]
+    assert leg.avgdl > old.avgdl
+    r.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    key = (tuple(range(len(leg.kernel_shards))), 10)  # the old shards plus the new one
+    arr = leg.kernel_shards[0]["shared"]["union_kth"][key]
+    want = bm25_carry.scaled_down(old_arr[filled], bm25_carry.kth_factor(old.avgdl, leg.avgdl))
+    assert np.array_equal(arr[filled], want, equal_nan=True)  # carried, not recomputed
+    # a fresh open's exact union thresholds over the same segments are at least the carried ones
+    fresh = Retriever.open(path)
+    fresh.search_arrays(qs, k=10, mode="bm25", leg_params={"bm25": {"algorithm": "maxscore"}})
+    exact = fresh.engine.legs["bm25"].kernel_shards[0]["shared"]["union_kth"][key]
+    finite = np.isfinite(arr[filled])
+    assert finite.sum() > 0
+    assert (arr[filled][finite] <= exact[filled][finite]).all()
+    assert (arr[filled][finite] < exact[filled][finite]).any()  # really carried (avgdl moved)
+    assert_same_as_fresh_open(r, qs)
+    # a compaction replaces the segments: nothing carried from a union over segments now gone
+    with IndexUpdater.open(path) as u:
+        u.compact(full=True)
+    assert r.refresh()
+    leg = r.engine.legs["bm25"]
+    assert not leg.kernel_shards[0]["shared"].get("union_prior")
+    assert_same_as_fresh_open(r, qs)

@@ -135,17 +135,46 @@ class BM25Leg:
         # the LRU caches below (scoring states per (k1, b), single-term thresholds per depth) are
         # shared by concurrent searches: every get / move_to_end / insert / evict holds this lock
         self._cache_lock = threading.Lock()
-        self._carry_tokens(cache, reader)
+        prev = self._carry_tokens(cache, reader)
         self._scoring_cache: OrderedDict[tuple[float, float], list[dict]] = OrderedDict()
         self.kernel_shards = self._scoring(self.params.k1, self.params.b)
+        self._carry_union(prev)
 
-    def _carry_tokens(self, cache: SegmentCache, reader: IndexReader) -> None:
+    def _carry_union(self, prev: "BM25Leg | None") -> None:
+        """Keep the union thresholds of ``prev`` (the leg of the generation a refresh replaces)
+        for :meth:`_union_kth`: each ``(shard positions, depth)`` entry of its index-(k1, b) state
+        as (its avgdl, its segments, depth, array); a later union over a superset of those
+        segments takes them times :func:`bm25_carry.kth_factor` (see :meth:`_carried_union_kth`),
+        so the first searches after a refresh do not pass over their terms' postings again. The
+        arrays are referenced, not copied (4 bytes per term and entry, at most
+        :attr:`KTH_CACHE` entries); nothing older than ``prev`` is kept, nor an entry over a
+        segment this generation no longer lists."""
+        if prev is None or not self.kernel_shards or not prev.kernel_shards:
+            return
+        if (float(prev.params.k1), float(prev.params.b)) != (float(self.params.k1), float(self.params.b)):
+            return
+        old = prev.kernel_shards[0]["shared"]["union_kth"]
+        with prev._cache_lock:
+            items = list(old.items())
+        avg_then = prev.avgdl if prev.avgdl > 0 else 1.0
+        mine = {id(seg) for seg in self._segs}
+        prior = [(avg_then, tuple(prev._segs[s] for s in order), depth, arr) for (order, depth), arr in items]
+        # only entries whose segments are all still listed can ever be used (not after a compaction)
+        prior = [p for p in prior if all(id(g) in mine for g in p[1])]
+        if prior:
+            self.kernel_shards[0]["shared"]["union_prior"] = prior
+
+    def _carry_tokens(self, cache: SegmentCache, reader: IndexReader) -> "BM25Leg | None":
         """Start from the query token caches of the newest BM25 leg of the same index in ``cache``
         (the generation a refresh replaces), so the first searches after a refresh do not analyse
         every token again: the vocabulary is append-only (a generation's vocabulary files extend
         the previous one's), so a token's term id stays valid; tokens that had none (-1) are
         looked up again, since a new term may now match them. Nothing is carried when the
-        vocabulary files are not an extension or the analyzer differs."""
+        vocabulary files are not an extension or the analyzer differs.
+
+        Returns:
+            that leg (None when there is none or it does not qualify), for :meth:`_carry_union`.
+        """
         key = ("bm25-tokens", str(reader.path))
         ref = cache.peek(key)
         cache.put(key, weakref.ref(self))
@@ -154,13 +183,13 @@ class BM25Leg:
         prev = ref() if ref is not None else None
         if (prev is None or prev is self or prev.analyzer.config != self.analyzer.config
                 or prev._vocab_files != self._vocab_files[:len(prev._vocab_files)]):
-            return
+            return None
         self._token_ids = {t: i for t, i in prev._token_ids.copy().items() if i >= 0}
         with prev._table_lock.read():
             table = prev._table.copy() if prev._table is not None and prev._table.n < self.TOKEN_TABLE_MAX else None
             char_args = prev._char_args
         if table is None:
-            return
+            return prev
         absent = np.flatnonzero(table.value[:table.n] < 0)
         if len(absent):
             toks = [table.tokens(int(e), int(e) + 1)[0] for e in absent]
@@ -168,6 +197,7 @@ class BM25Leg:
             table.value[absent] = [-1 if t is None else vocab.get(t, -1) for t in self.analyzer.terms(toks)]
         self._table, self._char_args = table, char_args
         self._slot = np.full(len(self.idf), -1, dtype=np.int64)
+        return prev
 
     def _load_segment(self, reader: IndexReader, s: Shard, n_terms: int) -> SegmentState:
         """One segment's checked ``bm25.arrow`` arrays, membership bitmaps of its long lists and
@@ -272,7 +302,10 @@ class BM25Leg:
         if carried:
             avg0, term_ub0, block_offsets, block_ub0 = prev["exact"]
             g = bm25_carry.ub_factor(avg0, avg)
-            term_ub, block_ub = bm25_carry.scaled_up(term_ub0, g), bm25_carry.scaled_up(block_ub0, g)
+            if prev.get("ub_g") == g:  # the same grid factor of the same exact bounds: shared
+                term_ub, block_ub = prev["term_ub"], prev["block_ub"]
+            else:
+                term_ub, block_ub = bm25_carry.scaled_up(term_ub0, g), bm25_carry.scaled_up(block_ub0, g)
             impacts, rows = None, {}
             exact = prev["exact"]
             # the previous state's thresholds, converted on first use (see _term_kth)
@@ -285,6 +318,7 @@ class BM25Leg:
             impacts = _kernels.bm25_impacts(a["offsets"], a["doc_ids"], a["tfs"], norm, n_threads=0)
             rows = self._impact_rows(s.rows, a, impacts)
             exact = (avg, term_ub, block_offsets, block_ub)
+            g = 1.0
             prior = []
             kth_ok = None  # checked on first use (see _term_kth)
         # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
@@ -302,7 +336,7 @@ class BM25Leg:
               "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
               "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
               "kth": kth, "kth_lock": threading.Lock(), "kth_ok": kth_ok, "bundle": bundle,
-              "avgdl": avg, "exact": exact, "kth_prior": prior}
+              "avgdl": avg, "exact": exact, "ub_g": g, "kth_prior": prior}
         seg.record(key, ks)
         return ks
 
@@ -732,18 +766,18 @@ class BM25Leg:
         """:meth:`_term_kth` over the union of the shard positions ``order``: f32[n_terms] whose
         entry for each of ``terms`` is the ``depth``-th largest impact of the term's postings in
         those shards together (what one shard holding them would give; -inf for fewer than
-        ``depth``; NaN = not computed yet), filled lazily by ``BM25ShardSet.term_kth`` (``_kernels.bm25_term_kth_shards``) and
-        cached on the scoring state (one dict shared by its shards, keyed by the shards and the
-        depth; at most :attr:`KTH_CACHE` entries): 4 bytes per term and entry. ``bm25_topk_shards``
-        starts each query from the best single-term value over the union, so the first shards
-        prune from the threshold a one-shard index would start from. None when a shard's impacts
-        hold a NaN (see :meth:`_term_kth`) or a segment carried across a refresh has none
-        (its own thresholds are carried instead; see :meth:`_carried_kth`)."""
+        ``depth``; NaN = not computed yet), filled lazily: first from the previous generation's
+        union thresholds over a subset of these segments (:meth:`_carried_union_kth`, after a
+        refresh), else by ``BM25ShardSet.term_kth`` (``_kernels.bm25_term_kth_shards``; segments
+        carried across a refresh are read from tf and their length norms), and cached on the
+        scoring state (one dict shared by its shards, keyed by the shards and the depth; at most
+        :attr:`KTH_CACHE` entries): 4 bytes per term and entry. ``bm25_topk_shards`` starts each
+        query from the best single-term value over the union, so the first shards prune from the
+        threshold a one-shard index would start from. None when a shard's tf parts may hold a
+        NaN (see :meth:`_term_kth`)."""
         for s in order:
             ks = scoring[s]
-            if ks["impacts"] is None:  # a segment carried across a refresh scores from tf (no impacts)
-                return None
-            if ks["kth_ok"] is None:
+            if ks["kth_ok"] is None:  # set at carry for a segment without impacts
                 ks["kth_ok"] = not bool(np.isnan(ks["impacts"]).any())
             if not ks["kth_ok"]:
                 return None
@@ -761,9 +795,40 @@ class BM25Leg:
         # concurrent fills of one array write the same values (a term's threshold is deterministic)
         need = terms[np.isnan(arr[terms])]
         if len(need):
-            need = np.unique(need)
+            need = self._carried_union_kth(scoring, order, depth, arr, np.unique(need))
+        if len(need):
             arr[need] = self._shard_set(scoring, order).term_kth(need, depth, n_threads=n_threads)
         return arr
+
+    def _carried_union_kth(self, scoring: list[dict], order: Sequence[int], depth: int, arr: np.ndarray,
+                           need: np.ndarray) -> np.ndarray:
+        """Fill ``arr[need]`` from the previous generation's union thresholds at ``depth`` over a
+        subset of the segments of ``order`` (``shared["union_prior"]``, set by
+        :meth:`_carry_union`), times :func:`bm25_carry.kth_factor`: every posting's tf part now is
+        at least that factor times its tf part then, so the k-th largest over the old segments,
+        scaled, is at most the k-th largest over them now, and the k-th largest over a superset
+        is at least that (tombstones do not matter: union thresholds are only used by searches
+        without an allow mask). Returns the terms still to compute."""
+        prior = scoring[order[0]]["shared"].get("union_prior")
+        if not prior:
+            return need
+        mine = {id(self._segs[s]) for s in order} if scoring is self.kernel_shards else set()
+        avg_now = scoring[order[0]]["avgdl"]
+        for avg_then, segs, d, old in prior:
+            if d != depth or not all(id(g) in mine for g in segs):
+                continue
+            inside = need < len(old)  # terms the older vocabulary did not have: none there
+            idx = need[inside]
+            vals = old[idx]
+            got = ~np.isnan(vals)
+            if got.any():
+                arr[idx[got]] = bm25_carry.scaled_down(vals[got], bm25_carry.kth_factor(avg_then, avg_now))
+                done = np.zeros(len(need), dtype=bool)
+                done[np.flatnonzero(inside)[got]] = True
+                need = need[~done]
+            if not len(need):
+                break
+        return need
 
 
     @staticmethod

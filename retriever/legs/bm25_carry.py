@@ -27,6 +27,7 @@ passes :data:`MAX_DRIFT`.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any, Hashable
 
@@ -43,11 +44,23 @@ SLACK = 2.0 ** -20
 #: computed at; past it a segment's exact bounds are recomputed (one pass over its postings)
 MAX_DRIFT = 1.05
 
+#: carried upper-bound factors are rounded up onto the geometric grid (1 + UB_GRID)^j, so
+#: generations whose avgdl moved by less than a step share one scaled copy of a segment's bounds
+#: (a refresh then does not rescale them: O(blocks) per segment otherwise); looser by < 0.1 %
+UB_GRID = 2.0 ** -10
+
 
 def ub_factor(avgdl_then: float, avgdl_now: float) -> float:
     """g >= 1 with ``tf part at avgdl_now <= g · tf part at avgdl_then`` for every posting,
-    float32 rounding included (see the module docstring)."""
-    return max(1.0, avgdl_now / avgdl_then) * (1.0 + 4 * SLACK)
+    float32 rounding included (see the module docstring), rounded up onto the grid
+    (1 + :data:`UB_GRID`)^j (j >= 1) so that nearby avgdl values give the same factor."""
+    g = max(1.0, avgdl_now / avgdl_then) * (1.0 + 4 * SLACK)
+    j = max(1, math.ceil(math.log(g) / math.log1p(UB_GRID)))
+    q = (1.0 + UB_GRID) ** j
+    while q < g:  # float rounding of log / pow
+        j += 1
+        q = (1.0 + UB_GRID) ** j
+    return q
 
 
 def kth_factor(avgdl_then: float, avgdl_now: float) -> float:
@@ -61,16 +74,30 @@ def drift(avgdl_then: float, avgdl_now: float) -> float:
     return max(avgdl_now / avgdl_then, avgdl_then / avgdl_now)
 
 
+#: relative margin of the float32 factor in :func:`scaled_up` / :func:`scaled_down`: larger than
+#: the float32 product's rounding (2^-24) and the factor's own (2^-24)
+_MUL_MARGIN = 2.0 ** -21
+
+
 def scaled_up(a: np.ndarray, g: float) -> np.ndarray:
-    """float32 ``a · g`` rounded up (never below the exact product; -inf/0 stay)."""
-    out = (a.astype(np.float64) * g).astype(np.float32)
-    return np.nextafter(out, np.float32(np.inf), where=np.isfinite(out) & (out > 0), out=out)
+    """float32 ``a · g'`` with g' >= g, never below the exact product ``a · g`` for ``a >= 0``
+    (0, +-inf and NaN stay): one float32 multiply by ``g · (1 + 2^-21)`` rounded up to float32
+    (the product's rounding, at most 2^-24 relative, stays within that margin)."""
+    m = g * (1.0 + _MUL_MARGIN)
+    g32 = np.float32(m)
+    if float(g32) < m:
+        g32 = np.nextafter(g32, np.float32(np.inf))
+    return np.asarray(a, dtype=np.float32) * g32
 
 
 def scaled_down(a: np.ndarray, f: float) -> np.ndarray:
-    """float32 ``a · f`` rounded down (never above the exact product; NaN and -inf stay)."""
-    out = (a.astype(np.float64) * f).astype(np.float32)
-    return np.nextafter(out, np.float32(-np.inf), where=np.isfinite(out) & (out > 0), out=out)
+    """float32 ``a · f'`` with f' <= f, never above the exact product ``a · f`` for ``a >= 0``
+    (0, -inf and NaN stay; ``f > 0``): one float32 multiply by ``f · (1 − 2^-21)`` rounded down."""
+    m = f * (1.0 - _MUL_MARGIN)
+    f32 = np.float32(m)
+    if float(f32) > m:
+        f32 = np.nextafter(f32, np.float32(-np.inf))
+    return np.asarray(a, dtype=np.float32) * f32
 
 
 class SegmentState:
