@@ -506,24 +506,9 @@ class _Case:
         """``(X float64 (F, nq, U), present bool (nq, U), [(leg, feature)])`` (COMBINED_FEATURES)."""
         key = (depth, full, feats)
         if key not in self._feats:
-            present, normed, ranks, gaps = self.parts(depth, full)
-            d = max(int(depth), self.data.k)
-            X, names = [], []
-            for li, leg in enumerate(self.data.legs):
-                for f in feats:
-                    if f == "rrf":
-                        x = np.where(ranks[li] > 0, 61.0 / (60.0 + np.maximum(ranks[li], 1)), 0.0)
-                    elif f == "present":
-                        if full:
-                            continue  # every leg sees every candidate: a constant
-                        x = (self.data.pos[li] < d).astype(np.float64)
-                    elif f.endswith("_g"):
-                        x = normed[f[:-2]][li] * gaps[li][:, None]
-                    else:
-                        x = normed[f][li]
-                    X.append(np.where(present, x, 0.0))
-                    names.append((leg, f))
-            self._feats[key] = (np.stack(X), present, names)
+            from retriever.fusion_fit import combined_features
+
+            self._feats[key] = combined_features(self.data, depth, full, feats)
         return self._feats[key]
 
     def ndcg(self, X: np.ndarray, present: np.ndarray, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
