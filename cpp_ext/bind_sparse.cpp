@@ -158,18 +158,19 @@ topk_result py_sparse_exact_topk(const carray<uint64_t>& offsets, const carray<u
                                  const carray<uint32_t>& fwd_terms, const carray<uint16_t>& fwd_values,
                                  double scale, const carray<uint64_t>& q_offsets, const carray<uint32_t>& q_terms,
                                  const carray<float>& q_weights, int64_t k, int n_threads, const std::string& impl,
-                                 const opt_carray<uint8_t>& allow) {
+                                 const opt_carray<uint8_t>& allow, const std::string& filter_plan) {
     const forward_view f = make_forward(fwd_offsets, fwd_terms, fwd_values, scale);
     const u16_postings_view p = make_u16_postings(offsets, doc_ids, impacts, scale, static_cast<int64_t>(f.n_docs));
     const query_batch_view queries = make_queries(q_offsets, q_terms, q_weights);
     check_k(k);
     const uint8_t* allow_p = sparse_allow(allow, f.n_docs);
     const forward_score_impl score_impl = parse_forward_score_impl(impl);
+    const sparse_filter_plan plan = parse_sparse_filter_plan(filter_plan);
     topk_arrays res(queries.nq, static_cast<size_t>(k));
     {
         py::gil_scoped_release nogil;
         check_sparse_queries(queries, p.csr.n_terms);
-        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, score_impl, res.out, allow_p);
+        sparse_exact_topk(p, f, queries, p.csr.n_terms, n_threads, score_impl, res.out, allow_p, plan);
     }
     return res.result();
 }
@@ -241,6 +242,7 @@ void register_sparse(py::module_& m) {
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("q_offsets").noconvert(), py::arg("q_terms").noconvert(), py::arg("q_weights").noconvert(),
           py::arg("k"), py::arg("n_threads") = 0, py::arg("impl") = "auto", py::arg("allow").noconvert() = py::none(),
+          py::arg("filter_plan") = "auto",
           "Exact learned-sparse top-k over uint16 impacts: score = scale * sum_t q_t * impact(t, d)\n"
           "(float32, summed in the document's stored term order). Postings must be impact-ordered\n"
           "(index.sparse_index.invert); safe early termination, candidates re-scored from the forward\n"
@@ -248,7 +250,13 @@ void register_sparse(py::module_& m) {
           "and terms unique per query (ValueError otherwise). impl: forward-index score 'auto' (AVX2\n"
           "where available, else SSE2), 'scalar', 'sse2' or 'avx2' (bit-identical scores).\n"
           "allow: None or uint8 (n_docs,), 0 = never returned (applied before top-k: the exact\n"
-          "top-k of the allowed documents). Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
+          "top-k of the allowed documents). filter_plan (with allow; every plan gives the same ids and\n"
+          "scores): 'postings' (the walk tests the mask per posting), 'sentinel' (masked accumulator\n"
+          "entries preset to -inf once per call and thread: no mask read in the walk), 'passing' (every\n"
+          "query scores the allowed documents from the forward index) or 'auto' (per query 'passing'\n"
+          "when at most a quarter of the shard is allowed and the allowed rows hold fewer entries than\n"
+          "the query's lists; else 'sentinel' from 10 % allowed up, 'postings' below).\n"
+          "Returns (ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,)).");
     m.def("sparse_seismic_topk", &py_sparse_seismic_topk, py::arg("fwd_offsets").noconvert(),
           py::arg("fwd_terms").noconvert(), py::arg("fwd_values").noconvert(), py::arg("scale"),
           py::arg("term_blocks").noconvert(), py::arg("block_docs_offsets").noconvert(),

@@ -6,6 +6,7 @@
 #include <functional>
 #include <utility>
 #include <cmath>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <numeric>
@@ -77,6 +78,19 @@ constexpr size_t kColumnMaxBytes = size_t(64) << 20;
 // when at most this fraction of the shard passes; a query then scores them all from the forward
 // index instead of walking its postings when their rows hold fewer entries than its lists.
 constexpr double kPassListFraction = 0.25;
+// Exact kernel with an allow mask, filter_plan "auto", postings walk: the sentinel variant (masked
+// accumulator entries preset to -inf, no mask read per posting) when at least this fraction of the
+// shard is allowed and each worker has at least kSentinelMinQueries queries of the call to share
+// the preset (one pass over n_docs floats per worker and call, and one to zero them); otherwise
+// the mask is tested per posting. Measured at 1M documents: see docs/FILTERS.md.
+#ifndef RETRIEVER_SENTINEL_FRACTION
+#define RETRIEVER_SENTINEL_FRACTION 0.1
+#endif
+#ifndef RETRIEVER_SENTINEL_MIN_QUERIES
+#define RETRIEVER_SENTINEL_MIN_QUERIES 1
+#endif
+constexpr double kSentinelFraction = RETRIEVER_SENTINEL_FRACTION;
+constexpr size_t kSentinelMinQueries = RETRIEVER_SENTINEL_MIN_QUERIES;
 
 // a[d] += w * col[d] for every d (restrict: the loop vectorises with SSE2). Columns hold the
 // impacts as float32 (exact: impacts < 2^24), so the loop is load, mul, add, store per 4 docs with
@@ -716,7 +730,22 @@ struct exact_state {
     std::vector<uint32_t> touched, cand;
     std::vector<term_cursor> terms;
     topk_heap heap;
+    /// Sentinel plan: acc[0, preset_n) holds -inf (or NaN) at the masked documents between this
+    /// worker's queries; zeroed again before the scratch goes back to the pool.
+    size_t preset_n = 0;
+    exact_state() = default;
+    exact_state(const exact_state&) = delete;
+    exact_state& operator=(const exact_state&) = delete;
+    ~exact_state() {
+        if (preset_n != 0 && lease.ok && lease.s) std::fill(lease.s->acc.begin(), lease.s->acc.begin() + preset_n, 0.0f);
+    }
 };
+
+/// acc[d] = -inf where allow[d] == 0, else 0 (acc is all zero before): the sentinel plan's preset.
+void preset_masked(float* __restrict a, const uint8_t* __restrict allow, size_t n_docs) {
+    const float ninf = -std::numeric_limits<float>::infinity();
+    for (size_t d = 0; d < n_docs; ++d) a[d] = allow[d] != 0 ? 0.0f : ninf;
+}
 
 /// Phase 1 of sparse_exact_topk: score-at-a-time over impact-ordered lists, in rounds of
 /// decreasing contribution level lambda. After a round, no unseen
@@ -727,11 +756,18 @@ struct exact_state {
 /// Returns L (0 when every list is exhausted) and raises theta; the touched documents and
 /// their partial scores stay in s.touched / a. With kAllow, postings of documents whose allow
 /// entry is 0 are skipped: they are never touched, so theta is the k-th largest partial score of
-/// allowed documents and the stopping rule holds for the allowed set.
+/// allowed documents and the stopping rule holds for the allowed set. (The sentinel plan runs the
+/// kAllow = false walk over an accumulator whose masked entries are -inf: they never read as 0,
+/// so they are never touched either, with the same effect and no mask read.)
 template <bool kAllow>
 float score_at_a_time(exact_state& s, float* a, const uint32_t* ids, const uint16_t* imp, const uint8_t* allow,
                       size_t k, float ub_max, float avg_nnz, float& theta) {
     float lambda = ub_max * 0.5f;
+    // A weight so large that w * impact overflows float32 (finite weights up to 3.4e38 are
+    // valid): halving inf stays inf and no posting reaches an infinite cut, so the rounds would
+    // never end. One final round over every posting instead (the scores are the forward-index
+    // ones either way).
+    if (!std::isfinite(lambda)) lambda = 0.0f;
     float L = 0.0f;
     for (;;) {
         for (term_cursor& tc : s.terms) {
@@ -891,9 +927,17 @@ forward_score_impl parse_forward_score_impl(const std::string& name) {
     return impl;
 }
 
+sparse_filter_plan parse_sparse_filter_plan(const std::string& name) {
+    if (name == "auto") return sparse_filter_plan::automatic;
+    if (name == "postings") return sparse_filter_plan::postings;
+    if (name == "sentinel") return sparse_filter_plan::sentinel;
+    if (name == "passing") return sparse_filter_plan::passing;
+    bad("filter_plan must be one of 'auto', 'postings', 'sentinel', 'passing'; got '" + name + "'");
+}
+
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
                        size_t vocab, int n_threads, forward_score_impl score_impl, const topk_out& out,
-                       const uint8_t* allow) {
+                       const uint8_t* allow, sparse_filter_plan filter_plan) {
     const forward_score_impl impl =
         score_impl == forward_score_impl::automatic ? forward_score_impl_for_cpu() : score_impl;
     const size_t n_docs = p.n_docs;
@@ -901,18 +945,25 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
     // With an allow mask: the allowed documents, listed when few enough that scoring them all from
     // the forward index can beat walking the query's postings (decided per query below).
     std::vector<uint32_t> pass;
-    bool listed = false;
+    bool listed = false, sentinel = false;
     if (allow != nullptr) {
         size_t n_pass = 0;
         for (size_t d = 0; d < n_docs; ++d) n_pass += allow[d] != 0;
-        if (static_cast<double>(n_pass) <= kPassListFraction * static_cast<double>(n_docs)) {
+        const double frac = n_docs ? static_cast<double>(n_pass) / static_cast<double>(n_docs) : 1.0;
+        if (filter_plan == sparse_filter_plan::passing ||
+            (filter_plan == sparse_filter_plan::automatic && frac <= kPassListFraction)) {
             pass.reserve(n_pass);
             for (size_t d = 0; d < n_docs; ++d) {
                 if (allow[d] != 0) pass.push_back(static_cast<uint32_t>(d));
             }
             listed = true;
         }
+        const size_t per_worker = queries.nq / std::max<size_t>(1, resolve_threads(n_threads, queries.nq));
+        sentinel = filter_plan == sparse_filter_plan::sentinel ||
+                   (filter_plan == sparse_filter_plan::automatic && frac >= kSentinelFraction &&
+                    per_worker >= kSentinelMinQueries);
     }
+    const bool force_pass = filter_plan == sparse_filter_plan::passing && allow != nullptr;
     const double pass_cost = static_cast<double>(pass.size()) * static_cast<double>(avg_nnz);
     // Dense columns shared by the batch's dense-path queries (read-only once built).
     std::vector<int32_t> col_of;
@@ -945,7 +996,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             size_t total = 0;
             for (const term_cursor& tc : s.terms) total += static_cast<size_t>(tc.end - tc.cur);
             float* qd = sc.qd.data();
-            if (listed && pass_cost <= static_cast<double>(total)) {
+            if (force_pass || (listed && pass_cost <= static_cast<double>(total))) {
                 // Filter path: the allowed documents' rows hold fewer entries than the query's
                 // lists; score each allowed document exactly (the same forward score as every
                 // other path, so the same hits).
@@ -961,6 +1012,10 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                 write_row(s.heap, out, q);
                 s.lease.ok = true;
                 return;
+            }
+            if (sentinel && s.preset_n == 0) {  // once per worker, at its first query that walks
+                preset_masked(a, allow, n_docs);
+                s.preset_n = n_docs;
             }
             if (n_docs <= kDenseMaxDocs &&
                 static_cast<double>(total) >= kDenseRatio * static_cast<double>(n_docs)) {
@@ -986,7 +1041,7 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
                 }
                 select_dense(a, n_docs, k, kExactEps, s.bmax, s.buf, s.cand);
                 for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];
-                std::fill(a, a + n_docs, 0.0f);
+                if (s.preset_n != 0) preset_masked(a, allow, n_docs); else std::fill(a, a + n_docs, 0.0f);
                 for (uint32_t d : s.cand) {
                     const float score = forward_score(f, qd, d, impl);
                     if (score > 0.0f) s.heap.push(score, d);
@@ -998,8 +1053,9 @@ void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const 
             }
             // Phase 1: score-at-a-time rounds until no untouched document can enter.
             float theta = 0.0f;
-            const float L = allow != nullptr ? score_at_a_time<true>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta)
-                                             : score_at_a_time<false>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta);
+            const float L = allow != nullptr && !sentinel
+                                ? score_at_a_time<true>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta)
+                                : score_at_a_time<false>(s, a, ids, imp, allow, k, ub_max, avg_nnz, theta);
             // Phase 2: exact scores of the candidates from the forward index.
             const float lim = L == 0.0f ? theta * (1.0f - kExactEps) : theta * (1.0f - kExactEps) - L * (1.0f + kExactEps);
             for (uint64_t j = lo; j < hi; ++j) qd[queries.q_terms[j]] = queries.q_weights[j];

@@ -117,9 +117,30 @@ void check_sparse_queries(const query_batch_view& q, size_t n_terms);
 /// before top-k on every path, so the result is the exact top-k of the allowed documents. When
 /// at most a quarter of the shard is allowed, a query whose lists hold more postings than the
 /// allowed documents' forward rows hold entries scores those documents directly instead.
+///
+/// filter_plan (with allow; every plan gives the same ids and bit-identical scores):
+/// - postings: the score-at-a-time walk reads allow[d] per posting and skips masked documents;
+/// - sentinel: each worker presets the accumulator entries of masked documents to -inf once per
+///   call (and zeroes them when it ends), so the walk reads no mask: a masked entry stays
+///   negative (-inf, or NaN once an infinite contribution meets it), is never 0 and so never
+///   touched, never enters theta nor the candidates; the touched documents, their partial sums,
+///   theta, the rounds and the candidates are those of `postings`;
+/// - passing: every query scores the allowed documents from the forward index (listed once per
+///   call), whatever their number;
+/// - automatic: per query, `passing` when at most kPassListFraction of the shard is allowed and
+///   the allowed rows hold fewer entries than the query's lists; otherwise `sentinel` when at
+///   least kSentinelFraction of the shard is allowed and the call has at least
+///   kSentinelMinQueries queries per worker, else `postings`.
+enum class sparse_filter_plan : uint8_t { automatic, postings, sentinel, passing };
+
+/// Parses "auto" | "postings" | "sentinel" | "passing"; throws std::invalid_argument naming the
+/// value otherwise.
+sparse_filter_plan parse_sparse_filter_plan(const std::string& name);
+
 void sparse_exact_topk(const u16_postings_view& p, const forward_view& f, const query_batch_view& queries,
                        size_t vocab, int n_threads, forward_score_impl impl, const topk_out& out,
-                       const uint8_t* allow = nullptr);
+                       const uint8_t* allow = nullptr,
+                       sparse_filter_plan filter_plan = sparse_filter_plan::automatic);
 
 /// O(nnz) check of impact-ordered postings: offsets valid, doc ids < n_docs,
 /// impacts >= 1 and non-increasing within each term.

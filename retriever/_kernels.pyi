@@ -823,6 +823,7 @@ def sparse_exact_topk(
     n_threads: int = 0,
     impl: Literal["auto", "scalar", "sse2", "avx2"] = "auto",
     allow: npt.NDArray[np.uint8] | None = None,
+    filter_plan: Literal["auto", "postings", "sentinel", "passing"] = "auto",
 ) -> tuple[_I64, _F32, _I32]:
     """Exact learned-sparse top-k over uint16 impacts (cpp_ext/blocked_topk.hpp).
 
@@ -839,7 +840,13 @@ def sparse_exact_topk(
     (bit-identical scores). ``allow``: ``None`` or uint8 ``(n_docs,)`` (0 = never returned),
     applied before top-k on every path: the exact top-k of the allowed documents (when at most a
     quarter of the shard is allowed, a query whose lists are longer than the allowed documents'
-    rows scores those documents directly).
+    rows scores those documents directly). ``filter_plan`` (with ``allow``; every plan returns the
+    same ids and bit-identical scores): ``"postings"`` walks the postings testing the mask per
+    posting; ``"sentinel"`` presets the masked documents' accumulator entries to -inf once per call
+    and thread, so the walk reads no mask (masked entries never read as 0, so are never touched);
+    ``"passing"`` scores every allowed document from the forward index; ``"auto"``: per query
+    ``"passing"`` as above, else ``"sentinel"`` when at least 10 % of the shard is allowed,
+    ``"postings"`` below (docs/FILTERS.md).
 
     Returns:
         ``(ids int64 (nq, k), scores float32 (nq, k), n_found int32 (nq,))``; see the module
@@ -848,7 +855,7 @@ def sparse_exact_topk(
     Raises:
         ValueError: ``k < 1``; ``scale`` not finite and > 0; mismatched lengths; a query term
             ``>= n_terms``, repeated, or a weight negative or not finite; an unknown ``impl`` or one
-            this CPU lacks; ``len(allow)`` != n_docs.
+            this CPU lacks; ``len(allow)`` != n_docs; an unknown ``filter_plan``.
         TypeError: wrong dtype or non-contiguous array.
     """
 

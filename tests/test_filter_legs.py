@@ -215,6 +215,98 @@ def test_sparse_kernel_checks_the_mask_length(collection):
                                    a["fwd_values"], leg.scale, *batch, 5, allow=np.ones(s.rows, bool))
 
 
+SPARSE_PLANS = ("auto", "postings", "sentinel", "passing")
+
+
+def _shard_oracle(leg, si: int, batch, allow: np.ndarray | None, k: int) -> tuple[list, list]:
+    """Per query of ``batch`` the top-k (shard-local ids, float32 scores) of shard ``si``'s passing
+    documents with score > 0, by forward-index scores (score descending, then id)."""
+    s, a = leg.shards[si]
+    nq = len(batch[0]) - 1
+    rows = np.flatnonzero(allow).astype(np.int64) if allow is not None else np.arange(s.rows, dtype=np.int64)
+    sc = forward_scores(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], leg.scale, leg.vocab_size, *batch,
+                        np.arange(nq + 1, dtype=np.int64) * len(rows), np.tile(rows, nq), s.rows)
+    ids_out, sc_out = [], []
+    for q in range(nq):
+        x = sc[q * len(rows):(q + 1) * len(rows)]
+        keep = x > 0
+        order = np.lexsort((rows[keep], -x[keep].astype(np.float64)))[:k]
+        ids_out.append(rows[keep][order])
+        sc_out.append(x[keep][order])
+    return ids_out, sc_out
+
+
+def _exact_kernel(leg, si: int, batch, k: int, allow, plan: str = "auto", threads: int = 1):
+    from retriever import _kernels
+
+    _, a = leg.shards[si]
+    return _kernels.sparse_exact_topk(a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
+                                      a["fwd_values"], leg.scale, *batch, k, n_threads=threads, allow=allow,
+                                      filter_plan=plan)
+
+
+def _assert_oracle(res, want) -> None:
+    ids, scores, n_found = res
+    for q, (w_ids, w_sc) in enumerate(zip(*want)):
+        n = int(n_found[q])
+        assert n == len(w_ids), (q, n, len(w_ids))
+        np.testing.assert_array_equal(ids[q, :n], w_ids)
+        np.testing.assert_array_equal(scores[q, :n].view(np.uint32), w_sc.view(np.uint32))
+
+
+@pytest.mark.parametrize("fraction", SELECTIVITIES)
+@pytest.mark.parametrize("k", [1, 10, 100])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sparse_exact_filter_plans_equal_brute_force(collection, fraction, k, threads):
+    """Every ``filter_plan`` of ``sparse_exact_topk`` (the per-posting mask test, the -inf
+    sentinel accumulator, scoring the passing documents, and the automatic choice) returns the
+    brute-force top-k over the passing documents: ids and float32 scores bit for bit, so the plans
+    are interchangeable. Covers the score-at-a-time walk and the dense path (the collection's long
+    queries), in every shard."""
+    r, _, qsv = collection
+    leg = r.engine.legs["sparse"]
+    batch = leg.check_vectors(qsv)
+    masks = _masks(r, fraction, seed=int(fraction * 1000) + 31 * k)
+    for si in range(leg.n_shards):
+        want = _shard_oracle(leg, si, batch, masks[si], k)
+        for plan in SPARSE_PLANS:
+            _assert_oracle(_exact_kernel(leg, si, batch, k, masks[si], plan, threads), want)
+
+
+def test_sparse_sentinel_plan_leaves_the_scratch_clean(collection):
+    """The sentinel plan presets masked accumulator entries to -inf in scratch reused by later
+    calls: unfiltered and other-mask calls after it, on the same thread, still equal brute force."""
+    r, _, qsv = collection
+    leg = r.engine.legs["sparse"]
+    batch = leg.check_vectors(qsv)
+    m1, m2 = _masks(r, 0.5, seed=3), _masks(r, 0.3, seed=4)
+    for si in range(leg.n_shards):
+        for first in (batch,):
+            _exact_kernel(leg, si, first, 10, m1[si], "sentinel")
+            _assert_oracle(_exact_kernel(leg, si, batch, 10, None), _shard_oracle(leg, si, batch, None, 10))
+            _exact_kernel(leg, si, first, 10, m1[si], "sentinel")
+            _assert_oracle(_exact_kernel(leg, si, batch, 10, m2[si], "postings"),
+                           _shard_oracle(leg, si, batch, m2[si], 10))
+            _exact_kernel(leg, si, first, 10, m1[si], "sentinel")
+            _assert_oracle(_exact_kernel(leg, si, batch, 10, m2[si], "sentinel"),
+                           _shard_oracle(leg, si, batch, m2[si], 10))
+
+
+def test_sparse_filter_plan_without_allow_and_bad_names(collection):
+    """Without a mask every plan is the unfiltered search; an unknown plan is a ValueError naming
+    it and the valid ones."""
+    r, _, qsv = collection
+    leg = r.engine.legs["sparse"]
+    batch = leg.check_vectors(qsv[:6])
+    want = _shard_oracle(leg, 0, batch, None, 10)
+    for plan in SPARSE_PLANS:
+        _assert_oracle(_exact_kernel(leg, 0, batch, 10, None, plan), want)
+    allow = np.ones(leg.shards[0][0].rows, np.uint8)
+    with pytest.raises(ValueError, match="filter_plan must be one of 'auto', 'postings', 'sentinel', 'passing'; "
+                                         "got 'fast'"):
+        _exact_kernel(leg, 0, batch, 10, allow, "fast")
+
+
 # ---------------------------------------------------------------- dense
 
 def _dense_oracle(r: Retriever, qv: np.ndarray, masks, k: int, dim: int | None = None

@@ -85,7 +85,9 @@ def _valid(res, nq, k):
 @given(data=st.data(), seed=st.integers(0, 10_000), n_docs=st.integers(0, 25), n_terms=st.integers(1, 12))
 def test_fuzz_sparse_kernels(data, seed, n_docs, n_terms):
     a, scale = _structure(seed, n_docs, n_terms)
+    a0 = a
     a = _corrupt(data, a)
+    clean = a is a0  # an uncorrupted structure: the postings and the forward rows agree
     try:
         K.check_impact_postings(a["offsets"], a["doc_ids"], a["impacts"], n_docs)
         K.check_sparse_index(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale, n_terms,
@@ -102,6 +104,24 @@ def test_fuzz_sparse_kernels(data, seed, n_docs, n_terms):
         _valid(res, nq, k)
     except ValueError:
         pass
+    # the allow mask and every filter plan (a wrong-length mask or an unknown plan: ValueError);
+    # valid calls of every plan agree with each other
+    n_allow = data.draw(st.sampled_from([n_docs, n_docs, n_docs, max(n_docs - 1, 0), n_docs + 1]))
+    allow = np.array(data.draw(st.lists(st.integers(0, 255), min_size=n_allow, max_size=n_allow)), np.uint8)
+    got = []
+    for plan in ("auto", "postings", "sentinel", "passing", data.draw(st.sampled_from(["auto", "", "fast"]))):
+        try:
+            res = K.sparse_exact_topk(a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"], a["fwd_terms"],
+                                      a["fwd_values"], scale, *q, k, n_threads=data.draw(st.sampled_from([1, 2])),
+                                      allow=allow, filter_plan=plan)
+            _valid(res, nq, k)
+            assert not (allow[res[0][res[0] >= 0]] == 0).any()
+            got.append(res)
+        except ValueError:
+            pass
+    for res in got[1:] if clean else []:
+        for x, y in zip(res, got[0]):
+            np.testing.assert_array_equal(x, y)
     try:
         res = K.sparse_seismic_topk(a["fwd_offsets"], a["fwd_terms"], a["fwd_values"], scale,
                                     *[a[n] for n in BLOCK], *q, k,
