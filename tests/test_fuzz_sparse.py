@@ -147,3 +147,15 @@ def test_sparse_kernels_reject_bad_arguments():
     with pytest.raises(TypeError):
         K.sparse_exact_topk(a["offsets"].astype(np.int64), a["doc_ids"], a["impacts"], a["fwd_offsets"],
                             a["fwd_terms"], a["fwd_values"], scale, *q, 5)
+
+
+def test_sparse_exact_huge_finite_query_weight_returns():
+    # a weight whose products overflow float32 to inf: the kernel returns (it once looped forever);
+    # the documents holding that term come first, with score inf
+    a, scale = _structure(1, 30, 6)
+    q = (np.array([0, 2], np.uint64), np.array([0, 1], np.uint32), np.array([3e38, 1.0], np.float32))
+    ids, scores, n = K.sparse_exact_topk(a["offsets"], a["doc_ids"], a["impacts"], a["fwd_offsets"],
+                                         a["fwd_terms"], a["fwd_values"], scale, *q, 5, n_threads=1)
+    holders = set(a["doc_ids"][int(a["offsets"][0]):int(a["offsets"][1])].tolist())
+    assert 0 < n[0] <= 5
+    assert set(ids[0, :n[0]].tolist()) <= holders and np.isinf(scores[0, :n[0]]).all()
