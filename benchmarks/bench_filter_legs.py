@@ -340,6 +340,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: the modes ``--legs`` can time on their own (name -> (mode, leg params))
+REF_K = 1000  # depth of the reference search that counts the matching passing documents (k-met check)
 LEG_MODES = {"bm25": {"bm25": ("bm25", {})},
              "sparse": {"sparse-exact": ("sparse", {}), "sparse-seismic": ("sparse", {"sparse": {"algorithm": "seismic"}})}}
 
@@ -372,12 +373,12 @@ def run_legs(args: argparse.Namespace, legs: list[str]) -> dict[str, Any]:
     eng = r.engine
     modes = {name: mp for leg in legs for name, mp in LEG_MODES[leg].items()}
 
-    def search(mode: str, masks, params: dict):
+    def search(mode: str, masks, params: dict, k: int = K):
         p = parse_leg_params(params)
         prep = {}
         if mode == "sparse":
             prep["sparse"] = eng.legs["sparse"].prepare_vectors(qsv, p.get("sparse"), args.threads)
-        return eng.search(qs, k=K, mode=mode, fusion=RRF(), depth=100, n_threads=args.threads,
+        return eng.search(qs, k=k, mode=mode, fusion=RRF(), depth=max(100, k), n_threads=args.threads,
                           prepared=prep, params=p, allow=masks)
 
     sels: dict[str, Any] = {"unfiltered": None}
@@ -394,9 +395,14 @@ def run_legs(args: argparse.Namespace, legs: list[str]) -> dict[str, Any]:
         for key, masks in sels.items():
             res = search(mode, masks, params)
             allow = None if masks is None else np.concatenate(masks)
-            n_pass = len(allow) if allow is not None else args.docs
+            # k met: K hits whenever K passing documents match the query (a BM25 / sparse search
+            # returns only matching documents), fewer only when fewer match; how many match is
+            # counted by the exact search (BM25: the exhaustive algorithm) at depth REF_K
+            ref_params = {"bm25": {"algorithm": "exhaustive"}} if mode == "bm25" else {}
+            ref = search(mode, masks, ref_params, k=REF_K)
             c = {"no_masked_doc": bool(allow is None or allow[res.ids[res.ids >= 0]].all()),
-                 "k_met": bool((res.n_found == min(K, n_pass)).all())}
+                 "k_met": bool((res.n_found == np.minimum(K, ref.n_found)).all()),
+                 "queries_with_fewer_than_k_matching": int((ref.n_found < K).sum())}
             if name == "sparse-exact":
                 c["brute_force_equal"] = _sparse_brute_force_equal(eng.legs["sparse"], qsv[:10], allow, res)
             checks[f"{name}@{key}"] = c
