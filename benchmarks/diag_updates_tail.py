@@ -1,16 +1,17 @@
-"""Usage: python -m benchmarks.diag_updates_tail NICE INDEX_COPY.
+"""Usage: python -m benchmarks.diag_updates_tail INDEX_COPY [--nice N].
+
 Writer overlap diagnosis: interleaved windows static / writer-no-refresh / writer+refresh;
 writer busy intervals (CLOCK_MONOTONIC, shared across processes) recorded; query latencies split
 by whether they overlap a writer burst."""
-import os, sys, time, json
+import argparse
+import os
+import time
 import multiprocessing as mp
 import numpy as np
 from pathlib import Path
 from benchmarks.datasets import synthetic_bm25
 from benchmarks.bench_updates import _vectors
 from retriever import Retriever
-
-DST = ""  # set from argv[2]: a copy of an index built by bench_updates (it is changed)
 
 def churn(path, rate, texts, ready, active, stop, spans, nspan, nice):
     from retriever import IndexUpdater
@@ -31,19 +32,21 @@ def churn(path, rate, texts, ready, active, stop, spans, nspan, nice):
             nxt += per; victim += per
             time.sleep(max(0.0, 1.0 - (t1 - t0)))
 
-def main():
-    global DST
-    nice = int(sys.argv[1])
-    DST = sys.argv[2]
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("index", help="a COPY of an index built by bench_updates (the writer changes it)")
+    ap.add_argument("--nice", type=int, default=0, help="niceness added to the writer process")
+    args = ap.parse_args()
+    nice, dst = args.nice, args.index
     col = synthetic_bm25(1_000_000, n_queries=500)
     qs = col.queries[:200]
     texts = [d["text"] for _, d in zip(range(5000), col.docs())]
-    r = Retriever.open(DST, n_threads=1)
+    r = Retriever.open(dst, n_threads=1)
     for q in qs: r.search_arrays([q], k=10, mode="bm25")
     ctx = mp.get_context("spawn")
     ready, active, stop = ctx.Event(), ctx.Event(), ctx.Event()
     spans = ctx.Array("d", 2000); nspan = ctx.Value("i", 0)
-    p = ctx.Process(target=churn, args=(DST, 1000, texts, ready, active, stop, spans, nspan, nice)); p.start()
+    p = ctx.Process(target=churn, args=(dst, 1000, texts, ready, active, stop, spans, nspan, nice)); p.start()
     ready.wait(600)
     print("load", os.getloadavg(), flush=True)
     rec = {"static": [], "w_norefresh": [], "w_refresh": []}  # (t0, t1)
