@@ -67,6 +67,18 @@ def _du(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _add_1000(u: Any, docs: list[dict[str, Any]], k: int) -> tuple[float, float]:
+    """Round ``k`` of the 1,000-document add: seconds of ``u.add`` and of the ``u.commit`` after it
+    (ids ``x{k}_{j}``, the texts of the first 1,000 documents, fresh vectors)."""
+    recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
+    v = _vectors(1000, 1000 + k)
+    t0 = time.perf_counter()
+    u.add(recs, dense_vectors=v)
+    t1 = time.perf_counter()
+    u.commit()
+    return t1 - t0, time.perf_counter() - t1
+
+
 def _latencies(r: Any, queries: list[str], seconds: float) -> list[float]:
     out = []
     t_end = time.perf_counter() + seconds
@@ -224,15 +236,9 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     victims = [str(i) for i in rng.permutation(half)[: rounds * 1000]]
     with IndexUpdater.open(path) as u:
         for k in range(rounds):
-            recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
-            v = _vectors(1000, 1000 + k)
-            t0 = time.perf_counter()
-            u.add(recs, dense_vectors=v)
-            t1 = time.perf_counter()
-            u.commit()
-            t2 = time.perf_counter()
-            adds.append(t1 - t0)
-            commits.append(t2 - t1)
+            a, c = _add_1000(u, docs, k)
+            adds.append(a)
+            commits.append(c)
             t3 = time.perf_counter()
             assert r.refresh()
             refresh_s.append(time.perf_counter() - t3)
@@ -372,14 +378,9 @@ def build_add(n_docs: int, batch: int, rounds: int, tmp: Path, repeat: int = 1) 
     adds, commits = [], []
     with IndexUpdater.open(path) as u:
         for k in range(rounds):
-            recs = [{"_id": f"x{k}_{j}", "text": docs[j]["text"]} for j in range(1000)]
-            v = _vectors(1000, 1000 + k)
-            t0 = time.perf_counter()
-            u.add(recs, dense_vectors=v)
-            t1 = time.perf_counter()
-            u.commit()
-            adds.append(t1 - t0)
-            commits.append(time.perf_counter() - t1)
+            a, c = _add_1000(u, docs, k)
+            adds.append(a)
+            commits.append(c)
     out["add_1000"] = {"add_s": _spread(adds), "commit_s": _spread(commits),
                        "add_plus_commit_ms_median": 1e3 * statistics.median([a + c for a, c in zip(adds, commits)])}
     return out
