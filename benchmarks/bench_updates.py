@@ -220,7 +220,8 @@ def _built(n_docs: int, batch: int, docs: list[dict], vecs: np.ndarray, tmp: Pat
 
 
 def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds: float, tmp: Path,
-           cache: Path | None = None, writer_nice: int = 0, refresh_thread: bool = False) -> dict[str, Any]:
+           cache: Path | None = None, writer_nice: int = 0, refresh_thread: bool = False,
+           windows: int = 4) -> dict[str, Any]:
     from retriever import IndexUpdater, Retriever
 
     col = synthetic_bm25(n_docs, n_queries=500)
@@ -262,15 +263,36 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     out["disk_after_churn_bytes"] = _du(path)
     out["refreshed_vs_fresh_open"] = _refreshed_vs_open(r, path, col.queries[:200])
     # queries: interleaved windows without and with a writer adding and deleting
+    out["query_ms"] = query_windows(path, col.queries[:200], [d["text"] for d in docs[:5000]], churn_rate,
+                                    churn_seconds, windows, writer_nice, refresh_thread)
+    t0 = time.perf_counter()
+    with IndexUpdater.open(path) as u:
+        rep = u.compact(full=True)
+    out["compact_full"] = {"seconds": time.perf_counter() - t0, "segments_in": len(rep.merged),
+                           "segments_out": len(rep.written), "dropped_rows": rep.dropped_rows}
+    with IndexUpdater.open(path, keep_generations=1):
+        pass  # the generations before the compaction removed
+    out["disk_after_compact_bytes"] = _du(path)
+    return out
+
+
+def query_windows(path: Path, qs: list[str], texts: list[str], churn_rate: int, churn_seconds: float,
+                  windows: int = 4, writer_nice: int = 0, refresh_thread: bool = False) -> dict[str, Any]:
+    """BM25 query latencies (one query at a time, k = 10, one thread) in ``windows`` interleaved
+    pairs of windows: static, then while a writer process adds and deletes ``churn_rate``
+    documents/s with the reader refreshing once a second. Returns the pooled p50 / p99 of each kind,
+    their ratio, and each pair's own p99 ratio (median and spread): a pair is measured under the
+    same machine load, so the per-pair ratios show how much of the pooled ratio is load drift."""
+    from retriever import Retriever
+
     r = Retriever.open(path, n_threads=1)
-    qs = col.queries[:200]
     for q in qs:  # warm: every query's lazy per-term state filled once
         r.search_arrays([q], k=10, mode="bm25")
     ctx = mp.get_context("spawn")
     ready, active, stop = ctx.Event(), ctx.Event(), ctx.Event()
     done = ctx.Array("d", 3)
-    proc = ctx.Process(target=_churn, args=(str(path), churn_rate, 10 ** 7, [d["text"] for d in docs[:5000]],
-                                            ready, active, stop, done, writer_nice))
+    proc = ctx.Process(target=_churn, args=(str(path), churn_rate, 10 ** 7, texts, ready, active, stop,
+                                            done, writer_nice))
     proc.start()
     ready.wait(600)
     load_before = os.getloadavg()
@@ -278,10 +300,13 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     busy: list[float] = []
     refreshes: list[float] = []  # the refreshes that found a newer generation
     no_change = 0
-    window = churn_seconds / 4
+    window = churn_seconds / windows
+    pairs: list[tuple[float, float]] = []
     active_s = 0.0
-    for _ in range(4):
-        static += _latencies(r, qs, window)
+    for _ in range(windows):
+        s_win = _latencies(r, qs, window)
+        static += s_win
+        b0 = len(busy)
         active.set()
         t_start = time.perf_counter()
         t_end = t_start + window
@@ -312,6 +337,7 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
             busy += _latencies(r, qs, 1.0)
         active.clear()
         active_s += time.perf_counter() - t_start
+        pairs.append((float(np.percentile(s_win, 99)), float(np.percentile(busy[b0:], 99))))
         time.sleep(1.5)  # the writer's last commit ends
         r.refresh()
         for q in qs:  # the new generation's lazy state, as a static reader would have it
@@ -319,32 +345,37 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     stop.set()
     proc.join()
     q = lambda xs, p: 1e3 * float(np.percentile(xs, p))  # noqa: E731
-    out["query_ms"] = {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
-                       "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
-                                         "docs_per_s": churn_rate, "refresh_every_s": 1.0,
-                                         "refresh_in_background_thread": refresh_thread,
-                                         "refresh_s": _spread(refreshes) if refreshes else None,
-                                         "refreshes_without_new_generation": no_change,
-                                         "writer": {"nice": writer_nice, "commits": int(done[0]),
-                                                    "docs_added_plus_deleted": int(done[1]),
-                                                    "seconds_writing": done[2], "active_seconds": active_s,
-                                                    "achieved_docs_per_s": done[1] / active_s}},
-                       "p99_ratio": q(busy, 99) / q(static, 99),
-                       "load_avg_before_after": [load_before, os.getloadavg()],
-                       "note": "4 interleaved windows each; the reader refreshes once a second while the "
-                               "writer runs (between queries, refresh time not in the latencies; with "
-                               "--refresh-thread in a background thread, so the queries share the "
-                               "process with it); the writer's achieved rate is what it committed over "
-                               "the churn windows' length"}
-    t0 = time.perf_counter()
-    with IndexUpdater.open(path) as u:
-        rep = u.compact(full=True)
-    out["compact_full"] = {"seconds": time.perf_counter() - t0, "segments_in": len(rep.merged),
-                           "segments_out": len(rep.written), "dropped_rows": rep.dropped_rows}
-    with IndexUpdater.open(path, keep_generations=1):
-        pass  # the generations before the compaction removed
-    out["disk_after_compact_bytes"] = _du(path)
-    return out
+    ratios = [b / s for s, b in pairs]
+    return {"static": {"p50": q(static, 50), "p99": q(static, 99), "n": len(static)},
+            "while_writing": {"p50": q(busy, 50), "p99": q(busy, 99), "n": len(busy),
+                              "docs_per_s": churn_rate, "refresh_every_s": 1.0,
+                              "refresh_in_background_thread": refresh_thread,
+                              "refresh_s": _spread(refreshes) if refreshes else None,
+                              "refreshes_without_new_generation": no_change,
+                              "writer": {"nice": writer_nice, "commits": int(done[0]),
+                                         "docs_added_plus_deleted": int(done[1]),
+                                         "seconds_writing": done[2], "active_seconds": active_s,
+                                         "achieved_docs_per_s": done[1] / active_s}},
+            "p99_ratio": q(busy, 99) / q(static, 99),
+            "per_pair_p99_ms": [[1e3 * s, 1e3 * b] for s, b in pairs],
+            "per_pair_p99_ratio": _spread(ratios),
+            "load_avg_before_after": [load_before, os.getloadavg()],
+            "note": f"{windows} interleaved pairs of windows (static, then writing); the reader refreshes once "
+                    "a second while the writer runs (between queries, refresh time not in the latencies; with "
+                    "--refresh-thread in a background thread, so the queries share the process with it); the "
+                    "writer's achieved rate is what it committed over the churn windows' length"}
+
+
+def churn_only(n_docs: int, batch: int, churn_rate: int, churn_seconds: float, tmp: Path, cache: Path | None,
+               windows: int, writer_nice: int = 0, refresh_thread: bool = False) -> dict[str, Any]:
+    """Only :func:`query_windows`, on a copy of the cached half-built-then-added index (built and
+    cached first when missing): repeated p99-under-writes runs without the rest of the bench."""
+    col = synthetic_bm25(n_docs, n_queries=500)
+    docs = list(col.docs())
+    path, built = _built(n_docs, batch, docs, _vectors(n_docs, 0), tmp, cache)
+    return {"from_cache": built["from_cache"],
+            "query_ms": query_windows(path, col.queries[:200], [d["text"] for d in docs[:5000]], churn_rate,
+                                      churn_seconds, windows, writer_nice, refresh_thread)}
 
 
 def build_add(n_docs: int, batch: int, rounds: int, tmp: Path, repeat: int = 1) -> dict[str, Any]:
@@ -499,9 +530,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
                                                                 "(0: skip)")
     ap.add_argument("--encoder-rounds", type=int, default=3)
-    ap.add_argument("--only", choices=("build-add",), default=None,
+    ap.add_argument("--only", choices=("build-add", "churn"), default=None,
                     help="build-add: only the fresh build, the add rate and the 1,000-document add + commit "
-                         "rounds (no cache, no peers, no queries, no compaction)")
+                         "rounds (no cache, no peers, no queries, no compaction); churn: only the query "
+                         "windows, on a copy of the --cache index (built there first when missing)")
+    ap.add_argument("--windows", type=int, default=4, help="interleaved pairs of query windows (static, "
+                                                           "writing) over --churn-seconds")
     ap.add_argument("--repeat", type=int, default=1, help="with --only build-add: rounds of fresh build + adds "
                                                           "(medians reported)")
     ap.add_argument("--out", default="benchmarks/results/updates.json")
@@ -513,10 +547,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.only == "build-add":
             rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp, args.repeat)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
+        elif args.only == "churn":
+            rep["retriever"] = churn_only(args.docs, args.batch, args.churn_rate, args.churn_seconds, tmp,
+                                          None if args.cache is None else Path(args.cache), args.windows,
+                                          args.writer_nice, args.refresh_thread)
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
         elif not args.skip_living:
             rep["retriever"] = living(args.docs, args.batch, args.rounds, args.churn_rate, args.churn_seconds, tmp,
                                       None if args.cache is None else Path(args.cache), args.writer_nice,
-                                      args.refresh_thread)
+                                      args.refresh_thread, args.windows)
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         if args.encoder_docs and args.only is None:
             rep["encoders"] = encoder_add(args.encoder_docs, args.encoder_rounds, tmp)
