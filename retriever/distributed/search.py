@@ -401,19 +401,20 @@ class DistributedEngine(Engine):
         if allow is None:
             return [None] * len(self.assignment)
         key = tuple(id(m) for m in allow)
+        # one lock over lookup, put and insert: the legs of a hybrid search call this at the same
+        # time, and two that both missed the cache would each put the same masks
         with self._mask_lock:
             hit = self._mask_refs.get(key)
             if hit is not None and all(x is y for x, y in zip(hit[0], allow)):
                 self._mask_refs.move_to_end(key)
                 return hit[1]
-        out: list[Any] = []
-        for held in self.assignment:
-            mine = [allow[s] for s in held]
-            big = sum(0 if m is None else int(m.nbytes) for m in mine) > INLINE_BYTES
-            out.append(ray.put(mine) if big else mine)
-        frozen = all(m is None or not m.flags.writeable for m in allow)
-        if frozen and any(isinstance(x, ray.ObjectRef) for x in out):
-            with self._mask_lock:
+            out: list[Any] = []
+            for held in self.assignment:
+                mine = [allow[s] for s in held]
+                big = sum(0 if m is None else int(m.nbytes) for m in mine) > INLINE_BYTES
+                out.append(ray.put(mine) if big else mine)
+            frozen = all(m is None or not m.flags.writeable for m in allow)
+            if frozen and any(isinstance(x, ray.ObjectRef) for x in out):
                 self._mask_refs[key] = (list(allow), out)  # holding the masks keeps their ids unique
                 while len(self._mask_refs) > MASK_REFS_KEPT:
                     self._mask_refs.popitem(last=False)
