@@ -573,13 +573,12 @@ def build_distributed(corpus: Any, out: Path, config: BuildConfig, executor: Ray
         with IndexWriter(out, overwrite=overwrite, faults=faults) as writer:
             return _build(ray, rd, parts, writer, config, executor, faults, pending, t0, corpus, sparse_scale)
     except BaseException as e:
-        for ref in pending:  # nothing may still write into the (removed) temporary directory
-            try:
-                ray.cancel(ref, force=True)
-            except Exception:  # noqa: BLE001 - finished already
-                pass
+        # Nothing may still write into the (removed) temporary directory: the shard tasks still
+        # running are waited for, not cancelled. (``ray.cancel(force=True)`` of a task whose reply
+        # is already on its way makes Ray 2.60's driver fail an internal check and exit the whole
+        # process: "Tried to complete task that was not pending".) A shard task is bounded work.
         if pending:
-            ray.wait(pending, num_returns=len(pending), timeout=30)
+            ray.wait(pending, num_returns=len(pending), timeout=120)
             shutil.rmtree(writer.tmp, ignore_errors=True) if "writer" in locals() else None
         if isinstance(e, RetrieverError):
             raise
