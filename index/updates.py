@@ -148,6 +148,7 @@ class _SegmentWriter(IndexWriter):
         self.first_shard = first_shard
         self._pool = pool  # the updater's: lives as long as it does (no threads started per add)
         self._syncs: list[tuple[str | None, int, list[Future]]] = []
+        self._root_files: list[str] = []  # files written under the root itself
 
     # files: created here, written + fsynced and hashed on the pool (finish_segments waits)
     def _write_later(self, rel: str, data: Any) -> str:
@@ -175,6 +176,14 @@ class _SegmentWriter(IndexWriter):
     def _write_json(self, rel: str, obj: Any) -> None:
         self._write_later(rel, json.dumps(obj, indent=1, allow_nan=False).encode("utf-8"))
 
+    def write_root_table(self, rel: str, table: pa.Table) -> str:
+        """Write an Arrow IPC file directly under the index root (a vocabulary file); its
+        directory entry is fsynced by :meth:`finish_segments`, and :meth:`abort` removes it."""
+        if "/" in rel:
+            raise ValueError(f"internal error: {rel!r} is not a file name of the index root")
+        self._root_files.append(rel)
+        return self._write_later(rel, table_bytes(table))
+
     def _wait_syncs(self, raise_errors: bool = True) -> None:
         syncs, self._syncs = self._syncs, []
         error: BaseException | None = None
@@ -200,7 +209,8 @@ class _SegmentWriter(IndexWriter):
             out.append((entry, self.shard_stats[entry["dir"]]))
         # the directories (their entries: every file above, all created by now; shards/: the new
         # directories), fsynced while the files' jobs run
-        for d in [self.tmp / e["dir"] for e in self.shards] + ([self.tmp / "shards"] if out else []):
+        dirs = [self.tmp / e["dir"] for e in self.shards] + ([self.tmp / "shards"] if out else [])
+        for d in dirs + ([self.tmp] if self._root_files else []):
             self._syncs.append((None, 0, [self._pool.submit(_fsync_dir, d)]))
         self._wait_syncs()
         return out
@@ -210,6 +220,9 @@ class _SegmentWriter(IndexWriter):
         self._wait_syncs(raise_errors=False)
         for d in list(self.shard_stats) + list(self._open):
             shutil.rmtree(self.tmp / d, ignore_errors=True)
+        for rel in self._root_files:
+            with contextlib.suppress(FileNotFoundError):
+                (self.tmp / rel).unlink()
 
 
 @dataclass
@@ -345,6 +358,10 @@ class IndexUpdater:
         self._ids: dict[str, int] | None = None
         self._by_dir = {s.dir: s for s in self.segments}
         self._dropped: list[str] = []  # segment directories a pending compaction replaced
+        # vocabulary files the adds since the last commit wrote (durable, recorded, listed by no
+        # manifest yet): they hold the terms _n_committed_terms .. _vocab_covered - 1, in order
+        self._vocab_pending: list[str] = []
+        self._vocab_covered = self._n_committed_terms
 
     @property
     def pending(self) -> bool:
@@ -396,6 +413,13 @@ class IndexUpdater:
                                        f"manifest says {self._n_committed_terms}")
             self._vocab = terms
         return self._vocab
+
+    def _vocab_name(self) -> str:
+        """The name of the next vocabulary file of the pending generation G: ``vocab.G.arrow``
+        (``vocab.G.K.arrow`` for the K-th after it, when several adds before one commit add
+        terms)."""
+        gen, k = self.generation + 1, len(self._vocab_pending)
+        return f"vocab.{gen:06d}.arrow" if k == 0 else f"vocab.{gen:06d}.{k}.arrow"
 
     def _next_shard(self) -> int:
         nums = [-1]
@@ -758,9 +782,22 @@ class IndexUpdater:
                     raise ConfigError(f"dense_vectors has more rows than the batch ({len(docs)} documents)")
                 if b.name == "sparse" and b._vectors is not None and len(b._vectors[0]) - 1 != b._pos:
                     raise ConfigError(f"sparse_vectors has {len(b._vectors[0]) - 1} rows, the batch {len(docs)} documents")
+            vocab_rel, vocab_end = None, 0
+            if "bm25" in self._builders:
+                # the terms this batch added, written with its segment files (durable when they
+                # are): the commit only lists the file
+                terms = self._builders["bm25"].postings.terms
+                if len(terms) > self._vocab_covered:
+                    vocab_rel = self._vocab_name()
+                    vocab_end = len(terms)
+                    writer.write_root_table(vocab_rel, pa.table(
+                        {"term": pa.array(terms[self._vocab_covered:], pa.large_string())}))
             out = writer.finish_segments()
             self._faults("update_segments")
             self._recorded.update(writer.files)
+            if vocab_rel is not None:
+                self._vocab_pending.append(vocab_rel)
+                self._vocab_covered = vocab_end
             return out
         except BaseException:
             writer.abort()
@@ -856,11 +893,16 @@ class IndexUpdater:
         self._faults("update_deletes")
         vocab_files = list(self.vocab_files)
         if vocab is not None and len(vocab) > self._n_committed_terms:
-            rel = f"vocab.{gen:06d}.arrow"
-            files[rel] = _durable_entry(self.root / rel, table_bytes(
-                pa.table({"term": pa.array(vocab[self._n_committed_terms:], pa.large_string())})))
-            _fsync_dir(self.root)
-            vocab_files.append(rel)
+            # the files the adds wrote, then (only when they do not cover every new term) one more
+            for rel in self._vocab_pending:
+                files[rel] = self._recorded[rel]
+                vocab_files.append(rel)
+            if len(vocab) > self._vocab_covered:
+                rel = self._vocab_name()
+                files[rel] = _durable_entry(self.root / rel, table_bytes(
+                    pa.table({"term": pa.array(vocab[self._vocab_covered:], pa.large_string())})))
+                _fsync_dir(self.root)
+                vocab_files.append(rel)
             self._faults("update_vocab")
         stats = dict(self.manifest["stats"])
         live_stats = [s for s in self.segments]
@@ -1049,6 +1091,9 @@ class IndexUpdater:
             for s in self.segments:
                 if s.new:
                     shutil.rmtree(self.root / s.dir, ignore_errors=True)
+            for rel in self._vocab_pending:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.root / rel).unlink()
         finally:
             self._stack.close()
 
