@@ -495,8 +495,8 @@ class IndexUpdater:
                 if frel not in files:
                     os.unlink(os.path.join(d, fname))
                     removed.append(frel)
-        if removed:
-            _fsync_dir(root)
+        # no directory fsync: a removal that a crash undoes leaves a file no kept manifest lists,
+        # which the next updater removes again (nothing any generation needs is touched here)
         return removed
 
     # ------------------------------------------------------------------ builders
