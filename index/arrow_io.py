@@ -27,6 +27,16 @@ def write_table(path: Path, table: pa.Table, *, sync: bool = True) -> None:
             os.fsync(f.fileno())
 
 
+def table_bytes(table: pa.Table) -> pa.Buffer:
+    """The bytes of the uncompressed Arrow IPC file of ``table`` (what :func:`write_table` writes),
+    in memory: a writer can hash them and write them on another thread without reading the file
+    back."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
 ARROW_MAGIC = b"ARROW1"
 
 
@@ -96,6 +106,15 @@ def table_from_map(path: Path, buf: Any, *, full: bool = False) -> pa.Table:
 def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], *, sync: bool = True) -> None:
     """Store named 1-d numpy arrays as one Arrow row of ``large_list`` columns (fsynced unless
     ``sync=False``, as :func:`write_table`)."""
+    write_table(path, arrays_table(arrays), sync=sync)
+
+
+def arrays_table(arrays: Mapping[str, np.ndarray]) -> pa.Table:
+    """The one-row table of ``large_list`` columns that :func:`write_arrays` stores (no copy of
+    the arrays).
+
+    Raises:
+        ValueError: an array that is not 1-d."""
     cols = {}
     for name, arr in arrays.items():
         arr = np.ascontiguousarray(arr)
@@ -103,7 +122,7 @@ def write_arrays(path: Path, arrays: Mapping[str, np.ndarray], *, sync: bool = T
             raise ValueError(f"array {name!r} must be 1-d, got shape {arr.shape}")
         offsets = pa.array(np.array([0, len(arr)], dtype=np.int64))
         cols[name] = pa.LargeListArray.from_arrays(offsets, pa.array(arr))
-    write_table(path, pa.table(cols), sync=sync)
+    return pa.table(cols)
 
 
 def arrays_of_table(path: Path, table: pa.Table, expected: Mapping[str, np.dtype]) -> dict[str, np.ndarray]:

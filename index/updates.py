@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -48,8 +49,9 @@ from .builders import Batch, ShardHandle, ShardOutput
 from .config import BuildConfig
 from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
 from .faults import FaultHook, no_faults
+from .arrow_io import arrays_table, table_bytes
 from .format import (CURRENT, manifest_name, read_arrays, read_current, read_manifest, read_shard_stats,
-                     read_table, sha256_file, write_arrays, write_table)
+                     read_table)
 from .generations import LOCK, commit_generation, file_entry, writer_lock
 from .metadata import MetadataColumns, combine_schema
 from .readers import Document, read_corpus
@@ -124,11 +126,16 @@ class CompactReport:
 
 class _SegmentWriter(IndexWriter):
     """An :class:`IndexWriter` that writes new segments straight into an existing index directory
-    (invisible until a manifest lists them) instead of a temporary one."""
+    (invisible until a manifest lists them) instead of a temporary one.
+
+    Each file is serialised in memory and created (its directory entry) on the calling thread;
+    its bytes are written and fsynced by one job of ``pool`` and hashed (SHA-256 of the same
+    bytes, never read back) by another, while the batch goes on. :meth:`finish_segments` waits for
+    every job, then the directory fsyncs: when it returns, every file is durable and recorded."""
 
     sync_shard_dirs = False  # finish_segments fsyncs each segment directory after its stats.json
 
-    def __init__(self, root: Path, first_shard: int, faults: FaultHook) -> None:  # noqa: D107
+    def __init__(self, root: Path, first_shard: int, faults: FaultHook, pool: ThreadPoolExecutor) -> None:  # noqa: D107
         self.out = root
         self.tmp = root
         self._faults = faults
@@ -139,78 +146,83 @@ class _SegmentWriter(IndexWriter):
         self._open: dict[str, dict[str, Any]] = {}
         self._committed = False
         self.first_shard = first_shard
-        # each file is fsynced and hashed on a worker thread while the batch goes on (a build
-        # fsyncs a shard's files once per 100,000 documents, an add once per batch: one after the
-        # other, these waits are a large part of a small add); finish_segments waits for them all
-        self._pool = ThreadPoolExecutor(4, thread_name_prefix="segment-sync")
-        self._syncs: list[tuple[str | None, Future]] = []
+        self._pool = pool  # the updater's: lives as long as it does (no threads started per add)
+        self._syncs: list[tuple[str | None, int, list[Future]]] = []
+        self._root_files: list[str] = []  # files written under the root itself
 
-    # files: written without fsync, then fsynced + recorded on the pool (finish_segments waits)
-    def _sync_later(self, path: Path) -> None:
-        self._syncs.append((path.relative_to(self.tmp).as_posix(), self._pool.submit(_fsync_and_entry, path)))
+    # files: created here, written + fsynced and hashed on the pool (finish_segments waits)
+    def _write_later(self, rel: str, data: Any) -> str:
+        p = self._path(rel)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            job = self._pool.submit(_write_fsync, fd, data)
+        except BaseException:
+            os.close(fd)
+            raise
+        futs = [job]
+        self._syncs.append((rel, len(memoryview(data)), futs))
+        futs.append(self._pool.submit(_sha256_hex, data))
+        return rel
 
     def write_arrays(self, rel: str, arrays: dict[str, np.ndarray]) -> str:  # noqa: D102
-        p = self._path(rel)
-        write_arrays(p, arrays, sync=False)
-        self._sync_later(p)
-        return rel
+        return self._write_later(rel, table_bytes(arrays_table(arrays)))
 
     def write_table(self, rel: str, table: pa.Table) -> str:  # noqa: D102
-        p = self._path(rel)
-        write_table(p, table, sync=False)
-        self._sync_later(p)
-        return rel
+        return self._write_later(rel, table_bytes(table))
 
     def write_bytes(self, rel: str, data: bytes) -> str:  # noqa: D102
-        p = self._path(rel)
-        with open(p, "wb") as f:
-            f.write(data)
-        self._sync_later(p)
-        return rel
+        return self._write_later(rel, bytes(data))
 
     def _write_json(self, rel: str, obj: Any) -> None:
-        p = self.tmp / rel
-        p.parent.mkdir(parents=True, exist_ok=True)
-        with open(p, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=1, allow_nan=False)
-        self._sync_later(p)
+        self._write_later(rel, json.dumps(obj, indent=1, allow_nan=False).encode("utf-8"))
+
+    def write_root_table(self, rel: str, table: pa.Table) -> str:
+        """Write an Arrow IPC file directly under the index root (a vocabulary file); its
+        directory entry is fsynced by :meth:`finish_segments`, and :meth:`abort` removes it."""
+        if "/" in rel:
+            raise ValueError(f"internal error: {rel!r} is not a file name of the index root")
+        self._root_files.append(rel)
+        return self._write_later(rel, table_bytes(table))
 
     def _wait_syncs(self, raise_errors: bool = True) -> None:
         syncs, self._syncs = self._syncs, []
-        for rel, fut in syncs:
-            if not raise_errors:
-                fut.exception()
-                continue
-            entry = fut.result()
-            if rel is not None:
-                self.files[rel] = entry
+        error: BaseException | None = None
+        for rel, size, futs in syncs:
+            for fut in futs:  # every job ends before this returns, even after an error
+                if fut.exception() is not None and error is None:
+                    error = fut.exception()
+            if rel is not None and error is None and len(futs) == 2:
+                self.files[rel] = {"bytes": size, "sha256": futs[1].result()}
+        if error is not None and raise_errors:
+            raise error
 
     def finish_segments(self) -> list[tuple[dict[str, Any], dict[str, Any]]]:
         """Write every new segment's ``stats.json``; when it returns, every file and directory
         entry of the new segments is durable (fsynced). Returns (manifest entry, statistics)
         pairs."""
         out = []
-        try:
-            for entry in self.shards:
-                rel = f"{entry['dir']}/{SHARD_STATS}"
-                self._write_json(rel, self.shard_stats[entry["dir"]])
-                entry["stats"] = rel
-                entry["deletes"] = None
-                out.append((entry, self.shard_stats[entry["dir"]]))
-            # the directories (their entries: every file above; shards/: the new directories)
-            for d in [self.tmp / e["dir"] for e in self.shards] + ([self.tmp / "shards"] if out else []):
-                self._syncs.append((None, self._pool.submit(_fsync_dir, d)))
-            self._wait_syncs()
-        finally:
-            self._pool.shutdown(wait=True)
+        for entry in self.shards:
+            rel = f"{entry['dir']}/{SHARD_STATS}"
+            self._write_json(rel, self.shard_stats[entry["dir"]])
+            entry["stats"] = rel
+            entry["deletes"] = None
+            out.append((entry, self.shard_stats[entry["dir"]]))
+        # the directories (their entries: every file above, all created by now; shards/: the new
+        # directories), fsynced while the files' jobs run
+        dirs = [self.tmp / e["dir"] for e in self.shards] + ([self.tmp / "shards"] if out else [])
+        for d in dirs + ([self.tmp] if self._root_files else []):
+            self._syncs.append((None, 0, [self._pool.submit(_fsync_dir, d)]))
+        self._wait_syncs()
         return out
 
     def abort(self) -> None:
         """Remove the segments written so far (the index directory itself stays)."""
         self._wait_syncs(raise_errors=False)
-        self._pool.shutdown(wait=True)
         for d in list(self.shard_stats) + list(self._open):
             shutil.rmtree(self.tmp / d, ignore_errors=True)
+        for rel in self._root_files:
+            with contextlib.suppress(FileNotFoundError):
+                (self.tmp / rel).unlink()
 
 
 @dataclass
@@ -297,6 +309,8 @@ class IndexUpdater:
         # manifest ``files`` entries (size, SHA-256) recorded when this session wrote a file:
         # a commit lists new segments without reading and hashing their files again
         self._recorded: dict[str, dict[str, Any]] = {}
+        # writes, fsyncs and hashes of new segment files (threads kept for the updater's life)
+        self._sync_pool: ThreadPoolExecutor | None = None
         self._closed = False
 
     @classmethod
@@ -344,6 +358,10 @@ class IndexUpdater:
         self._ids: dict[str, int] | None = None
         self._by_dir = {s.dir: s for s in self.segments}
         self._dropped: list[str] = []  # segment directories a pending compaction replaced
+        # vocabulary files the adds since the last commit wrote (durable, recorded, listed by no
+        # manifest yet): they hold the terms _n_committed_terms .. _vocab_covered - 1, in order
+        self._vocab_pending: list[str] = []
+        self._vocab_covered = self._n_committed_terms
 
     @property
     def pending(self) -> bool:
@@ -395,6 +413,13 @@ class IndexUpdater:
                                        f"manifest says {self._n_committed_terms}")
             self._vocab = terms
         return self._vocab
+
+    def _vocab_name(self) -> str:
+        """The name of the next vocabulary file of the pending generation G: ``vocab.G.arrow``
+        (``vocab.G.K.arrow`` for the K-th after it, when several adds before one commit add
+        terms)."""
+        gen, k = self.generation + 1, len(self._vocab_pending)
+        return f"vocab.{gen:06d}.arrow" if k == 0 else f"vocab.{gen:06d}.{k}.arrow"
 
     def _next_shard(self) -> int:
         nums = [-1]
@@ -470,8 +495,8 @@ class IndexUpdater:
                 if frel not in files:
                     os.unlink(os.path.join(d, fname))
                     removed.append(frel)
-        if removed:
-            _fsync_dir(root)
+        # no directory fsync: a removal that a crash undoes leaves a file no kept manifest lists,
+        # which the next updater removes again (nothing any generation needs is touched here)
         return removed
 
     # ------------------------------------------------------------------ builders
@@ -504,12 +529,34 @@ class IndexUpdater:
         """The BM25 builder, seeded with the index's vocabulary (kept across adds and commits)."""
         b = self._builders.get("bm25")
         if b is None:
-            from .analyzer import Analyzer
-            from .bm25_build import BM25Builder
-
-            b = BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=self._vocabulary())
-            self._builders["bm25"] = b
+            b = self._builders["bm25"] = self._new_bm25_builder(self._vocabulary())
         return b
+
+    def _new_bm25_builder(self, vocab: list[str]) -> Any:
+        from .analyzer import Analyzer
+        from .bm25_build import BM25Builder
+
+        return BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=vocab)
+
+    def _first_add_tables(self) -> None:
+        """The two tables of the whole index that the first add needs, built side by side: the
+        BM25 builder's term table (a compiled scan of the vocabulary that runs without the GIL) on
+        a worker thread while this thread builds the id map (Python)."""
+        pool = self._pool()
+        fut = pool.submit(self._new_bm25_builder, self._vocabulary())
+        try:
+            self._id_map()
+        except BaseException:  # the id map's error is the one raised; the builder is stopped
+            if fut.exception() is None:
+                fut.result().close(raise_errors=False)
+            raise
+        self._builders["bm25"] = fut.result()
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """The updater's worker threads (segment files' writes, fsyncs and hashes)."""
+        if self._sync_pool is None:
+            self._sync_pool = ThreadPoolExecutor(4, thread_name_prefix="segment-sync")
+        return self._sync_pool
 
     def _discard_bm25(self, n_terms_before: int) -> None:
         """Drop the BM25 builder and the terms a failed batch added (the next batch starts anew
@@ -624,6 +671,8 @@ class IndexUpdater:
         bm25 = "bm25" in self.config.legs
         bs, first_seg = self.config.batch_size, self.config.shard_size
         n_terms_before = len(self._vocabulary()) if bm25 else 0
+        if bm25 and "bm25" not in self._builders and self._ids is None:
+            self._first_add_tables()
         try:
             for d in read_corpus(records):
                 docs.append(d)
@@ -676,9 +725,10 @@ class IndexUpdater:
                 raise CorpusError(f"document id {d.id!r} is already in the index ({where}, row {row}); "
                                   f"use upsert to replace it", path=d.path, line=d.line, field="_id")
             replaced = [ids[i] for i in batch_ids if i in ids]
-        schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
-                                                  if s.dir not in self._dropped).items() if v is not None}
-        MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
+        if any(d.metadata for d in docs):  # without metadata there is no type to conflict
+            schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
+                                                      if s.dir not in self._dropped).items() if v is not None}
+            MetadataColumns(schema=schema).columns(docs)  # a type conflict with the index: nothing written
         written = self._build_segments(docs, dense_vectors, sparse_vectors, prefed=prefed)
         return written, replaced, batch_ids, ids
 
@@ -691,7 +741,7 @@ class IndexUpdater:
         ``batch_size`` (the pipeline's batches of the first segment)."""
         from .pipeline import _ShardDocs, _batches, _write_shard
 
-        writer = _SegmentWriter(self.root, self._next_shard(), self._faults)
+        writer = _SegmentWriter(self.root, self._next_shard(), self._faults, self._pool())
         n_terms_before = len(self._vocabulary()) if "bm25" in self.config.legs else 0
         try:
             builders = self._make_builders(dense_vectors, sparse_vectors, compaction=compaction)
@@ -732,9 +782,22 @@ class IndexUpdater:
                     raise ConfigError(f"dense_vectors has more rows than the batch ({len(docs)} documents)")
                 if b.name == "sparse" and b._vectors is not None and len(b._vectors[0]) - 1 != b._pos:
                     raise ConfigError(f"sparse_vectors has {len(b._vectors[0]) - 1} rows, the batch {len(docs)} documents")
+            vocab_rel, vocab_end = None, 0
+            if "bm25" in self._builders:
+                # the terms this batch added, written with its segment files (durable when they
+                # are): the commit only lists the file
+                terms = self._builders["bm25"].postings.terms
+                if len(terms) > self._vocab_covered:
+                    vocab_rel = self._vocab_name()
+                    vocab_end = len(terms)
+                    writer.write_root_table(vocab_rel, pa.table(
+                        {"term": pa.array(terms[self._vocab_covered:], pa.large_string())}))
             out = writer.finish_segments()
             self._faults("update_segments")
             self._recorded.update(writer.files)
+            if vocab_rel is not None:
+                self._vocab_pending.append(vocab_rel)
+                self._vocab_covered = vocab_end
             return out
         except BaseException:
             writer.abort()
@@ -818,11 +881,11 @@ class IndexUpdater:
                 if "bm25" in self.config.legs:
                     terms, df = _deleted_df(self.root / s.dir, rows)
                     arrays["bm25_terms"], arrays["bm25_df"] = terms, df
-                write_arrays(self.root / rel, arrays)
+                entry = _durable_entry(self.root / rel, table_bytes(arrays_table(arrays)))
                 touched.add(s.dir)
                 if e.get("deletes"):
                     files.pop(e["deletes"], None)
-                files[rel] = file_entry(self.root, rel)
+                files[rel] = entry
                 e["deletes"] = rel
             shards.append(e)
         for d in touched:
@@ -830,11 +893,16 @@ class IndexUpdater:
         self._faults("update_deletes")
         vocab_files = list(self.vocab_files)
         if vocab is not None and len(vocab) > self._n_committed_terms:
-            rel = f"vocab.{gen:06d}.arrow"
-            write_table(self.root / rel, pa.table({"term": pa.array(vocab[self._n_committed_terms:], pa.large_string())}))
-            _fsync_dir(self.root)
-            files[rel] = file_entry(self.root, rel)
-            vocab_files.append(rel)
+            # the files the adds wrote, then (only when they do not cover every new term) one more
+            for rel in self._vocab_pending:
+                files[rel] = self._recorded[rel]
+                vocab_files.append(rel)
+            if len(vocab) > self._vocab_covered:
+                rel = self._vocab_name()
+                files[rel] = _durable_entry(self.root / rel, table_bytes(
+                    pa.table({"term": pa.array(vocab[self._vocab_covered:], pa.large_string())})))
+                _fsync_dir(self.root)
+                vocab_files.append(rel)
             self._faults("update_vocab")
         stats = dict(self.manifest["stats"])
         live_stats = [s for s in self.segments]
@@ -1017,21 +1085,40 @@ class IndexUpdater:
         self._closed = True
         try:
             self._drop_builders()
+            if self._sync_pool is not None:
+                self._sync_pool.shutdown(wait=True)
+                self._sync_pool = None
             for s in self.segments:
                 if s.new:
                     shutil.rmtree(self.root / s.dir, ignore_errors=True)
+            for rel in self._vocab_pending:
+                with contextlib.suppress(FileNotFoundError):
+                    (self.root / rel).unlink()
         finally:
             self._stack.close()
 
 
-def _fsync_and_entry(path: Path) -> dict[str, Any]:
-    """fsync a file just written; its manifest ``files`` entry (size, SHA-256)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
+def _write_fsync(fd: int, data: Any) -> None:
+    """Write ``data`` (bytes-like) to the new file ``fd``, fsync it, close it."""
+    with open(fd, "wb", closefd=True) as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sha256_hex(data: Any) -> str:
+    """Hex SHA-256 of ``data`` (bytes-like; hashlib releases the GIL on large inputs)."""
+    return hashlib.sha256(memoryview(data)).hexdigest()
+
+
+def _durable_entry(path: Path, data: Any) -> dict[str, Any]:
+    """Write ``data`` to ``path`` and fsync it (the caller fsyncs the directory); its manifest
+    ``files`` entry (size, SHA-256 of the bytes written, not read back)."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"bytes": len(memoryview(data)), "sha256": _sha256_hex(data)}
 
 
 def _files_of(root: Path, rel_dir: str) -> list[str]:

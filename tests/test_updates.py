@@ -216,6 +216,47 @@ def test_vocabulary_grows_append_only(tmp_path):
     assert [h.id for h in r.search("brandnewterm", k=3, mode="bm25")] == ["x"]
 
 
+def test_vocabulary_files_of_several_adds_before_one_commit(tmp_path):
+    """Each add that brings new terms writes their file with its segments; one commit lists them
+    in order; a failed add leaves no file behind, nor do the adds a writer closes uncommitted."""
+    path, m = start(tmp_path, ("bm25",), n=5)
+    before = Retriever.open(path).engine.legs["bm25"].vocab
+
+    class Boom(Exception):
+        pass
+
+    def fault(point: str) -> None:
+        if point == "update_segments" and armed:
+            raise Boom(point)
+
+    armed = False
+    with IndexUpdater.open(path, faults=fault) as u:
+        u.add([{"_id": "x", "text": "firstnewterm apple"}])
+        armed = True
+        with pytest.raises(Boom):
+            u.add([{"_id": "z", "text": "failednewterm"}])
+        armed = False
+        u.add([{"_id": "y", "text": "secondnewterm thirdnewterm firstnewterm"}])
+        u.commit()
+    r = Retriever.open(path)
+    assert r.reader.manifest["vocab"] == ["vocab.arrow", "vocab.000002.arrow", "vocab.000002.1.arrow"]
+    vocab = r.engine.legs["bm25"].vocab
+    assert all(vocab[t] == i for t, i in before.items())
+    n = len(before)
+    assert {t: vocab[t] for t in ("firstnewterm", "secondnewterm", "thirdnewterm")} == {
+        "firstnewterm": n, "secondnewterm": n + 1, "thirdnewterm": n + 2}
+    assert "failednewterm" not in vocab and len(vocab) == n + 3
+    assert [h.id for h in r.search("thirdnewterm", k=3, mode="bm25")] == ["y"]
+    assert sorted(h.id for h in r.search("firstnewterm", k=3, mode="bm25")) == ["x", "y"]
+    assert not r.search("failednewterm", k=3, mode="bm25")
+    on_disk = {p.name for p in path.iterdir() if p.name.startswith("vocab.")}
+    assert on_disk == {"vocab.arrow", "vocab.000002.arrow", "vocab.000002.1.arrow"}
+    with IndexUpdater.open(path) as u:  # closed without a commit: its file goes with its segment
+        u.add([{"_id": "w", "text": "uncommittednewterm"}])
+        assert (path / "vocab.000003.arrow").is_file()
+    assert {p.name for p in path.iterdir() if p.name.startswith("vocab.")} == on_disk
+
+
 # ---------------------------------------------------------------------------------- deleted stay deleted
 def test_deleted_and_superseded_documents_never_come_back(tmp_path):
     docs = [{"_id": f"d{i}", "text": "filler words here"} for i in range(20)]
