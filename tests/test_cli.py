@@ -105,3 +105,23 @@ def test_closed_output_pipe_is_quiet(medline_index, argv):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141, err
     assert "error" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", [["eval"], ["fusion", "fit"]])
+def test_swapped_queries_and_qrels_say_so(medline_index, data_dir, command, capsys):
+    """--queries and --qrels given the other way round: one error line naming both files and
+    saying they look swapped (it used to be a bare duplicate-query-id error)."""
+    q, r = data_dir / "medline" / "queries.jsonl", data_dir / "medline" / "qrels.tsv"
+    assert main([*command, str(medline_index), "--queries", str(r), "--qrels", str(q)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the queries and qrels files look swapped: the queries file {str(r)!r} looks like "
+                          f"qrels and the qrels file {str(q)!r} like queries; reading them as given: {r}, line ")
+    assert "duplicate query id" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_given_qrels_for_queries_says_so(medline_index, data_dir, capsys):
+    r = data_dir / "medline" / "qrels.tsv"
+    assert main(["bench", str(medline_index), "--queries", str(r), "--no-recall"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the queries file {str(r)!r} looks like qrels (query-id corpus-id grade lines), "
+                          f"not queries (queries.jsonl or qid<TAB>text); reading it as given: {r}, line ")
