@@ -166,11 +166,11 @@ def _sample_lines(path: Path) -> list[str]:
             return []
         with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
             data = f.read(SNIFF_BYTES)
-        lines = data.decode("utf-8-sig", errors="strict").splitlines()
+        if len(data) == SNIFF_BYTES:
+            data = data[:data.rfind(b"\n") + 1]  # the last line (or character) may be cut short
+        lines = data.decode("utf-8-sig").splitlines()
     except (OSError, EOFError, UnicodeDecodeError):
         return []
-    if len(data) == SNIFF_BYTES and lines:
-        lines = lines[:-1]  # may be cut short
     return [x for x in lines if x.strip()][:SNIFF_LINES]
 
 

@@ -170,3 +170,28 @@ def test_read_query_file_says_qrels(tmp_path):
     assert read_query_file(q) == read_queries(q)
     with pytest.raises(CorpusError, match=r"^the queries file .*qrels\.tsv' looks like qrels .*duplicate query id"):
         read_query_file(r)
+
+
+def test_read_labelled_swapped_long_gzipped_lines(tmp_path):
+    """The first lines are sampled from a bounded read that may end inside a multi-byte
+    character; a .gz queries file is looked at decompressed."""
+    import gzip
+
+    import retriever.evaluation as ev
+
+    for pad in ("", "x"):  # one of the two puts the end of the bounded read inside an 'é'
+        data = "".join(json.dumps({"_id": f"q{i}", "text": pad * (i == 0) + "é" * 3000}, ensure_ascii=False) + "\n"
+                       for i in range(40)).encode()
+        try:
+            data[:ev.SNIFF_BYTES].decode("utf-8")
+        except UnicodeDecodeError:
+            break
+    else:
+        raise AssertionError("no cut inside a character")
+    q = tmp_path / "queries.jsonl.gz"
+    q.write_bytes(gzip.compress(data))
+    r = tmp_path / "qrels.tsv"
+    r.write_text("query-id\tcorpus-id\tscore\n" + "q1\td1\t1\n" * 2)
+    with pytest.raises(CorpusError, match="^the queries and qrels files look swapped: the queries file .*qrels.tsv' "
+                                          "looks like qrels and the qrels file .*queries.jsonl.gz' like queries;"):
+        read_labelled(r, q)
