@@ -7,7 +7,9 @@ dataclasses and error types.
 
 import importlib.util as _ilu
 import sys as _sys
+from importlib import import_module as _import_module
 from pathlib import Path as _Path
+from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 
 def _map_source_index() -> None:
@@ -30,17 +32,22 @@ def _map_source_index() -> None:
 
 _map_source_index()
 
-from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
-from retriever.index.distributed import RayExecutor
-from retriever.index.errors import (ConfigError, CorpusError, DistributedError, IndexExistsError, IndexFormatError,
-                                    ModelError, QueryError, RetrieverError)
-from retriever.index.pipeline import build_index
-from retriever.index.updates import CompactPolicy, IndexUpdater
-
-from .api import Retriever
-from .fusion import RRF, Combined, Linear
-from .params import BM25SearchParams, DenseSearchParams, SparseSearchParams
-from .results import BatchResult, Hit, LegArrays, LegHit
+# The public names are imported on first use (PEP 562 ``__getattr__``), so that importing a
+# submodule (``retriever.cli`` for ``retriever --help``, ``retriever.index.config``) does not load
+# the search engine, Arrow datasets, numba and the rest. ``from retriever import Retriever`` works
+# as before.
+_EXPORTS: dict[str, str] = {
+    **dict.fromkeys(("AnalyzerConfig", "BM25Params", "BuildConfig", "DenseConfig"), "index.config"),
+    "RayExecutor": "index.distributed",
+    **dict.fromkeys(("ConfigError", "CorpusError", "DistributedError", "IndexExistsError", "IndexFormatError",
+                     "ModelError", "QueryError", "RetrieverError"), "index.errors"),
+    "build_index": "index.pipeline",
+    **dict.fromkeys(("CompactPolicy", "IndexUpdater"), "index.updates"),
+    "Retriever": "api",
+    **dict.fromkeys(("RRF", "Combined", "Linear"), "fusion"),
+    **dict.fromkeys(("BM25SearchParams", "DenseSearchParams", "SparseSearchParams"), "params"),
+    **dict.fromkeys(("BatchResult", "Hit", "LegArrays", "LegHit"), "results"),
+}
 
 __version__ = "0.1.0"
 
@@ -51,3 +58,31 @@ __all__ = [
     "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",
     "ModelError", "QueryError", "DistributedError", "RayExecutor",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """A public name (:data:`__all__`), imported from its module on first use."""
+    where = _EXPORTS.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_import_module(f"{__name__}.{where}"), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if _TYPE_CHECKING:  # the names as static analysers and IDEs see them
+    from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
+    from retriever.index.distributed import RayExecutor
+    from retriever.index.errors import (ConfigError, CorpusError, DistributedError, IndexExistsError,
+                                        IndexFormatError, ModelError, QueryError, RetrieverError)
+    from retriever.index.pipeline import build_index
+    from retriever.index.updates import CompactPolicy, IndexUpdater
+
+    from .api import Retriever
+    from .fusion import RRF, Combined, Linear
+    from .params import BM25SearchParams, DenseSearchParams, SparseSearchParams
+    from .results import BatchResult, Hit, LegArrays, LegHit

@@ -11,7 +11,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Literal, Sequence, overload
 
 import numpy as np
 
@@ -538,20 +538,46 @@ class Retriever:
         """The ids of the live documents, in document order."""
         return list(self._live_ordinals())
 
-    def get(self, ids: Iterable[str]) -> list[dict[str, Any]]:
+    #: what :meth:`get` does with ids that name no live document
+    GET_MISSING = ("skip", "none", "error")
+    #: missing ids an error of ``get(..., missing="error")`` names (then "... and N more")
+    GET_MISSING_SHOWN = 5
+
+    @overload
+    def get(self, ids: Iterable[str], *, missing: Literal["skip", "error"] = "skip") -> list[dict[str, Any]]: ...
+
+    @overload
+    def get(self, ids: Iterable[str], *, missing: Literal["none"]) -> list[dict[str, Any] | None]: ...
+
+    def get(self, ids: Iterable[str], *, missing: str = "skip") -> list[dict[str, Any]] | list[dict[str, Any] | None]:
         """Stored documents by id (the live documents of this Retriever's generation).
 
+        An id names no live document when it was never indexed, was deleted, or was added after
+        this Retriever's generation (call :meth:`refresh` first). What happens to such ids is
+        ``missing``'s choice:
+
+        - ``"skip"`` (default; as Qdrant's ``retrieve``, Chroma's ``get`` and LangChain's
+          ``get_by_ids``): left out, so the result can be shorter than ``ids``; compare the
+          returned ``id`` values to find which were missing;
+        - ``"none"`` (as Pyserini's ``doc()``): ``None`` in their place, so the result is aligned
+          with ``ids``;
+        - ``"error"``: :class:`QueryError` naming how many ids were missing and the first five.
+
         Args:
-            ids: document ids (strings).
+            ids: document ids (strings); a repeated id comes back once per occurrence.
+            missing: ``"skip"``, ``"none"`` or ``"error"``, as above.
 
         Returns:
-            one dict per id that names a live document, in the order of ``ids`` (ids that name
-            none are left out; a repeated id comes back once per occurrence): ``id``, ``title``,
-            ``text`` and ``metadata``, as :meth:`IndexReader.fetch` gives them.
+            one dict per found id, in the order of ``ids``: ``id``, ``title``, ``text`` and
+            ``metadata``, as :meth:`IndexReader.fetch` gives them (and ``None`` per missing id
+            with ``missing="none"``).
 
         Raises:
-            QueryError: ``ids`` is one string, or holds a non-string (names it).
+            QueryError: ``ids`` is one string or holds a non-string (names it); ``missing`` is not
+                one of the three; with ``missing="error"``, some ids name no live document.
         """
+        if missing not in self.GET_MISSING:
+            raise QueryError(f"missing must be one of {', '.join(map(repr, self.GET_MISSING))}, got {missing!r}")
         if isinstance(ids, (str, bytes)):
             raise QueryError("get() takes an iterable of ids, not one string")
         want = list(ids)
@@ -561,7 +587,17 @@ class Retriever:
         reader = self.reader  # one generation for the lookup and the fetch
         live = self._live_ordinals(reader)
         ords = [live[i] for i in want if i in live]
-        return reader.fetch(ords) if ords else []
+        docs = reader.fetch(ords) if ords else []
+        if len(ords) == len(want) or missing == "skip":
+            return docs
+        if missing == "error":
+            gone = [i for i in want if i not in live]
+            shown = ", ".join(map(repr, gone[:self.GET_MISSING_SHOWN]))
+            more = f" and {len(gone) - self.GET_MISSING_SHOWN} more" if len(gone) > self.GET_MISSING_SHOWN else ""
+            raise QueryError(f"{len(gone)} of the {len(want)} ids name no live document of generation "
+                             f"{reader.generation}: {shown}{more}")
+        found = iter(docs)
+        return [next(found) if i in live else None for i in want]
 
     def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.

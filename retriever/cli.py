@@ -368,13 +368,10 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     """``retriever eval``: search every query of a file and report trec_eval measures (pytrec_eval) against qrels; returns the exit status."""
-    from retriever.index.readers import read_qrels, read_queries
-
     from .api import Retriever
-    from .evaluation import evaluate, search_run, write_trec_run
+    from .evaluation import evaluate, read_labelled, search_run, write_trec_run
 
-    queries = read_queries(args.queries)
-    qrels = read_qrels(args.qrels)
+    queries, qrels = read_labelled(args.queries, args.qrels)
     if not queries:
         raise CorpusError("no queries to evaluate", path=args.queries)
     if not any(q in qrels for q in queries):
@@ -414,12 +411,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """``retriever bench``: QPS, latency percentiles (ms), recall against exact search, RSS and index size (see :mod:`retriever.bench`); returns the exit status."""
-    from retriever.index.readers import read_queries
-
     from .api import Retriever
     from .bench import bench_index, format_report
+    from .evaluation import read_query_file
 
-    texts = list(read_queries(args.queries).values())
+    texts = list(read_query_file(args.queries).values())
     qv = None
     if args.query_vectors:
         import numpy as np
@@ -450,13 +446,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_fusion_fit(args: argparse.Namespace) -> int:
     """``retriever fusion fit``: :func:`retriever.fusion_fit.fit_fusion` on a labelled split; prints the
     CV figure beside the default's and stores the chosen setting; returns the exit status."""
-    from retriever.index.readers import read_qrels, read_queries
-
     from .api import Retriever
+    from .evaluation import read_labelled
     from .fusion_fit import fit_fusion
 
-    queries = read_queries(args.queries)
-    qrels = read_qrels(args.qrels)
+    queries, qrels = read_labelled(args.queries, args.qrels)
     split = args.split or Path(args.queries).stem
     r = Retriever.open(args.dir, n_threads=args.threads)
     rep = fit_fusion(r, queries, qrels, metric=args.metric, folds=args.folds, k=args.k, split=split,

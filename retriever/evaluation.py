@@ -12,12 +12,20 @@ and every measure, whichever tool computes it, is computed on our ranking.
 
 from __future__ import annotations
 
+import gzip
+import json
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from retriever.index.errors import CorpusError
+
 DEFAULT_METRICS = {"ndcg@10": "nDCG@10", "recall@100": "R@100", "mrr@10": "RR@10"}
+#: how much of a file :func:`read_labelled` looks at to tell queries from qrels (only after a
+#: reader rejected one of them)
+SNIFF_BYTES = 1 << 16
+SNIFF_LINES = 20
 
 
 def strictly_decreasing(scores: Sequence[float]) -> list[float]:
@@ -148,3 +156,126 @@ def evaluate_index(retriever: Any, queries: Mapping[str, str], qrels: Mapping[st
     run, _ = search_run(retriever, queries, mode=mode, k=k, fusion=fusion, depth=depth, leg_params=leg_params,
                      n_threads=n_threads)
     return evaluate(run, qrels, metrics=metrics, qids=list(queries))
+
+
+def _sample_lines(path: Path) -> list[str]:
+    """Up to :data:`SNIFF_LINES` non-blank lines from the start of a file (``.gz`` decompressed);
+    [] for a folder, a missing or unreadable file, or one that is not UTF-8."""
+    try:
+        if not path.is_file():
+            return []
+        with (gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")) as f:
+            data = f.read(SNIFF_BYTES)
+        if len(data) == SNIFF_BYTES:
+            data = data[:data.rfind(b"\n") + 1]  # the last line (or character) may be cut short
+        lines = data.decode("utf-8-sig").splitlines()
+    except (OSError, EOFError, UnicodeDecodeError):
+        return []
+    return [x for x in lines if x.strip()][:SNIFF_LINES]
+
+
+def _looks_like_qrels(lines: list[str]) -> bool:
+    """Every sampled line is ``qid docid grade`` (BEIR, after an optional ``query-id`` header)
+    or ``qid 0 docid grade`` (TREC) with an integer grade."""
+    if lines and lines[0].split()[0] in ("query-id", "query_id", "qid"):
+        lines = lines[1:]
+    if not lines:
+        return False
+    for line in lines:
+        parts = line.split()
+        if len(parts) not in (3, 4):
+            return False
+        try:
+            int(parts[-1])
+        except ValueError:
+            return False
+    return True
+
+
+def _looks_like_queries(lines: list[str]) -> bool:
+    """The sampled lines are BEIR query objects (JSON with ``_id`` or ``id``) or ``qid<TAB>text``
+    lines, and not qrels."""
+    if not lines or _looks_like_qrels(lines):
+        return False
+    if lines[0].lstrip().startswith("{"):
+        try:
+            obj = json.loads(lines[0])
+        except json.JSONDecodeError:
+            return False
+        return isinstance(obj, dict) and ("_id" in obj or "id" in obj)
+    return all(line.count("\t") == 1 for line in lines)  # qid<TAB>text; qrels TSV lines have 2 or 3 tabs
+
+
+def _swap_hint(queries_path: Path, qrels_path: Path | None, err: CorpusError) -> CorpusError | None:
+    """A clearer error than ``err`` (a reader's) when a file looks like the other kind: the
+    queries file like qrels, the qrels file like queries. Both files are named as swapped unless
+    the other one looks like its own kind (the same kind of file given twice); None when neither
+    looks wrong."""
+    q_lines = _sample_lines(queries_path)
+    r_lines = [] if qrels_path is None else _sample_lines(qrels_path)
+    q_wrong, r_wrong = _looks_like_qrels(q_lines), _looks_like_queries(r_lines)
+    if not (q_wrong or r_wrong):
+        return None
+    q, r = str(queries_path), str(qrels_path)
+    if qrels_path is not None and not (q_wrong and _looks_like_qrels(r_lines)) \
+            and not (r_wrong and _looks_like_queries(q_lines)):
+        what = (f"the queries file {q!r} looks like qrels and the qrels file {r!r} like queries" if q_wrong and r_wrong
+                else f"the queries file {q!r} looks like qrels (qrels file: {r!r})" if q_wrong
+                else f"the qrels file {r!r} looks like queries (queries file: {q!r})")
+        return CorpusError(f"the queries and qrels files look swapped: {what}; reading them as given: {err}")
+    if q_wrong:
+        return CorpusError(f"the queries file {q!r} looks like qrels (query-id corpus-id grade lines), not queries "
+                           f"(queries.jsonl or qid<TAB>text); reading it as given: {err}")
+    return CorpusError(f"the qrels file {r!r} looks like queries (queries.jsonl or qid<TAB>text), not qrels "
+                       f"(query-id corpus-id grade lines); reading it as given: {err}")
+
+
+def read_query_file(path: str | Path) -> dict[str, str]:
+    """:func:`retriever.index.readers.read_queries`, whose error says so when the file looks like
+    qrels (a qrels file given for the queries reads as duplicate query ids).
+
+    Returns:
+        ``{query_id: text}`` in file order.
+
+    Raises:
+        CorpusError: as ``read_queries``; when the file looks like qrels, the message says that.
+    """
+    from retriever.index.readers import read_queries
+
+    try:
+        return read_queries(path)
+    except CorpusError as e:
+        hint = _swap_hint(Path(path), None, e)
+        if hint is None:
+            raise
+        raise hint from e
+
+
+def read_labelled(queries_path: str | Path, qrels_path: str | Path) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """Read a queries file and its qrels (:func:`retriever.index.readers.read_queries`,
+    :func:`~retriever.index.readers.read_qrels`), with a clear error for the two given the other
+    way round.
+
+    Only when a reader rejects a file are the first lines of both looked at (no cost, and no
+    guess, on valid input): a queries file made of ``qid docid grade`` lines (it reads as duplicate
+    query ids) and / or a qrels file of JSON objects or ``qid<TAB>text`` lines (wrong column
+    count) give an error naming both files and saying they look swapped.
+
+    Returns:
+        ``(queries, qrels)``: ``{query_id: text}`` in file order, ``{query_id: {doc_id: grade}}``.
+
+    Raises:
+        CorpusError: as the readers (missing file, bad line, duplicate id); the files look swapped,
+            or one looks like the other kind (names both, and the reader's error).
+    """
+    from retriever.index.readers import read_qrels, read_queries
+
+    try:
+        queries = read_queries(queries_path)
+        qrels = read_qrels(qrels_path)
+    except CorpusError as e:
+        hint = _swap_hint(Path(queries_path), Path(qrels_path), e)
+        if hint is None:
+            raise
+        raise hint from e
+    return queries, qrels

@@ -105,3 +105,73 @@ def test_closed_output_pipe_is_quiet(medline_index, argv):
     err = p.stderr.read().decode()
     assert p.wait(timeout=120) == 141, err
     assert "error" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("command", [["eval"], ["fusion", "fit"]])
+def test_swapped_queries_and_qrels_say_so(medline_index, data_dir, command, capsys):
+    """--queries and --qrels given the other way round: one error line naming both files and
+    saying they look swapped (it used to be a bare duplicate-query-id error)."""
+    q, r = data_dir / "medline" / "queries.jsonl", data_dir / "medline" / "qrels.tsv"
+    assert main([*command, str(medline_index), "--queries", str(r), "--qrels", str(q)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the queries and qrels files look swapped: the queries file {str(r)!r} looks like "
+                          f"qrels and the qrels file {str(q)!r} like queries; reading them as given: {r}, line ")
+    assert "duplicate query id" in err and len(err.strip().splitlines()) == 1
+
+
+def test_bench_given_qrels_for_queries_says_so(medline_index, data_dir, capsys):
+    r = data_dir / "medline" / "qrels.tsv"
+    assert main(["bench", str(medline_index), "--queries", str(r), "--no-recall"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: the queries file {str(r)!r} looks like qrels (query-id corpus-id grade lines), "
+                          f"not queries (queries.jsonl or qid<TAB>text); reading it as given: {r}, line ")
+
+
+_HEAVY = ("torch", "faiss", "ray", "transformers", "numba", "pandas", "scipy", "pyarrow.dataset", "retriever.api",
+          "retriever.engine")
+
+
+def _modules_after(code: str) -> set[str]:
+    """The top modules of _HEAVY (and numpy / pyarrow) loaded after running ``code`` in a fresh
+    interpreter whose ``retriever`` is this checkout's."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    probe = (f"{code}\nimport sys, retriever\nprint(retriever.__file__)\n"
+             f"print(' '.join(m for m in {[*_HEAVY, 'numpy', 'pyarrow']!r} if m in sys.modules))\n")
+    r = subprocess.run([sys.executable, "-c", probe], cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    where, loaded = r.stdout.split("\n")[-3:-1]
+    assert Path(where).resolve() == root / "retriever" / "__init__.py"
+    return set(loaded.split())
+
+
+def test_cli_import_and_help_load_no_heavy_module():
+    """``import retriever.cli`` and ``retriever --help`` load none of the engine, the encoders'
+    libraries, FAISS, Ray, numba, pandas, numpy or Arrow (they used to load the engine, Arrow
+    datasets, numba and pandas through the package's eager ``__init__``)."""
+    assert _modules_after("import retriever.cli") == set()
+    code = ("import contextlib, io\nfrom retriever.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n        main(['--help'])\n    except SystemExit as e:\n        assert e.code == 0\n")
+    assert _modules_after(code) == set()
+
+
+def test_index_info_loads_no_engine(medline_index):
+    """``retriever index info DIR`` reads the manifest with numpy and Arrow only."""
+    code = ("import contextlib, io\nfrom retriever.cli import main\n"
+            f"with contextlib.redirect_stdout(io.StringIO()):\n    assert main(['index', 'info', {str(medline_index)!r}]) == 0\n")
+    assert _modules_after(code) == {"numpy", "pyarrow"}
+
+
+def test_public_names_still_import_from_the_package():
+    """Every name of ``retriever.__all__`` resolves (lazily) to the object of its module."""
+    import retriever
+    from retriever.api import Retriever
+    from retriever.index.errors import QueryError
+
+    assert retriever.Retriever is Retriever and retriever.QueryError is QueryError
+    assert all(getattr(retriever, n) is not None for n in retriever.__all__)
+    assert set(retriever.__all__) <= set(dir(retriever))
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        retriever.nope  # noqa: B018

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from retriever.index.readers import read_qrels, read_queries
-from retriever import Retriever, build_index
-from retriever.evaluation import evaluate, make_run, strictly_decreasing, write_trec_run
+from retriever import CorpusError, Retriever, build_index
+from retriever.evaluation import (evaluate, make_run, read_labelled, read_query_file, strictly_decreasing,
+                                  write_trec_run)
 
 
 def read_trec_run(path):
@@ -88,3 +91,107 @@ def test_float32_ties_keep_our_order(tmp_path):
     assert all(per_q[q]["recip_rank"] == 1.0 and per_q[q]["ndcg_cut_10"] == pytest.approx(1.0) for q in qrels)
     # the float32 nudge: one float32 step below the previous score per tied place
     assert strictly_decreasing([1.0, 1.0]) == [1.0, float(np.nextafter(np.float32(1.0), np.float32(0)))]
+
+
+def _labelled_files(tmp_path, queries_tsv=False):
+    """A small queries file (BEIR JSONL, or qid<TAB>text) and BEIR qrels where query q1 has two
+    judgements (so the qrels read as queries give a duplicate id)."""
+    q = tmp_path / ("queries.tsv" if queries_tsv else "queries.jsonl")
+    rows = [("q1", "lung cancer in smokers"), ("q2", "kidney disease"), ("q3", "vitamin d")]
+    q.write_text("".join(f"{i}\t{t}\n" if queries_tsv else json.dumps({"_id": i, "text": t}) + "\n" for i, t in rows))
+    r = tmp_path / "qrels.tsv"
+    r.write_text("query-id\tcorpus-id\tscore\nq1\td1\t1\nq1\td2\t2\nq2\td3\t1\n")
+    return q, r
+
+
+@pytest.mark.parametrize("queries_tsv", [False, True])
+def test_read_labelled_as_given(tmp_path, queries_tsv):
+    q, r = _labelled_files(tmp_path, queries_tsv)
+    queries, qrels = read_labelled(q, r)
+    assert queries == {"q1": "lung cancer in smokers", "q2": "kidney disease", "q3": "vitamin d"}
+    assert qrels == {"q1": {"d1": 1, "d2": 2}, "q2": {"d3": 1}}
+    assert (queries, qrels) == (read_queries(q), read_qrels(r))
+
+
+@pytest.mark.parametrize("queries_tsv", [False, True])
+def test_read_labelled_swapped_names_both_files(tmp_path, queries_tsv):
+    q, r = _labelled_files(tmp_path, queries_tsv)
+    with pytest.raises(CorpusError) as e:
+        read_labelled(r, q)
+    msg = str(e.value)
+    assert msg.startswith(f"the queries and qrels files look swapped: the queries file {str(r)!r} looks like qrels "
+                          f"and the qrels file {str(q)!r} like queries; reading them as given: {r}, line 3")
+    assert "duplicate query id 'q1'" in msg
+
+
+@pytest.mark.parametrize("name, text, reader_error", [
+    ("one.tsv", "query-id\tcorpus-id\tscore\nq1\td1\t1\nq2\td3\t1\n",
+     r"queries\.jsonl, line 1: expected 3 \(BEIR\) or 4 \(TREC\) columns, got 7"),  # read as queries without error
+    ("one.qrels", "q1 0 d1 1\nq2 0 d3 1\n", r"one\.qrels, line 1: not valid JSON"),  # TREC form
+])
+def test_read_labelled_swapped_whichever_reader_fails(tmp_path, name, text, reader_error):
+    """Qrels with one judgement per query can read as queries without error (the qrels reader
+    then rejects the queries file), or fail as JSON: either way the error says the files look
+    swapped and carries the reader's error."""
+    q, _ = _labelled_files(tmp_path)
+    r = tmp_path / name
+    r.write_text(text)
+    with pytest.raises(CorpusError, match=rf"^the queries and qrels files look swapped: the queries file '.*{name}' "
+                                          rf"looks like qrels and the qrels file '.*queries\.jsonl' like queries; "
+                                          rf"reading them as given: .*{reader_error}"):
+        read_labelled(r, q)
+
+
+def test_read_labelled_same_kind_twice(tmp_path):
+    """The same kind of file given twice is not called a swap: the error says which one is wrong."""
+    q, r = _labelled_files(tmp_path)
+    with pytest.raises(CorpusError, match=r"^the queries file .*qrels\.tsv' looks like qrels \(query-id corpus-id "
+                                          r"grade lines\), not queries .*duplicate query id 'q1'"):
+        read_labelled(r, r)
+    with pytest.raises(CorpusError, match=r"^the qrels file .*queries\.jsonl' looks like queries .*not qrels .*"
+                                          r"expected 3 \(BEIR\) or 4 \(TREC\) columns"):
+        read_labelled(q, q)
+
+
+def test_read_labelled_other_errors_unchanged(tmp_path):
+    """A bad file that looks like neither kind keeps the reader's own error."""
+    q, r = _labelled_files(tmp_path)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("q1\td1\tx\n")
+    with pytest.raises(CorpusError) as e:
+        read_labelled(q, bad)
+    assert str(e.value) == f"{bad}, line 1: relevance grade is not an integer: 'x'"
+    with pytest.raises(CorpusError, match="none.jsonl: file not found$"):
+        read_labelled(tmp_path / "none.jsonl", r)
+
+
+def test_read_query_file_says_qrels(tmp_path):
+    q, r = _labelled_files(tmp_path)
+    assert read_query_file(q) == read_queries(q)
+    with pytest.raises(CorpusError, match=r"^the queries file .*qrels\.tsv' looks like qrels .*duplicate query id"):
+        read_query_file(r)
+
+
+def test_read_labelled_swapped_long_gzipped_lines(tmp_path):
+    """The first lines are sampled from a bounded read that may end inside a multi-byte
+    character; a .gz queries file is looked at decompressed."""
+    import gzip
+
+    import retriever.evaluation as ev
+
+    for pad in ("", "x"):  # one of the two puts the end of the bounded read inside an 'é'
+        data = "".join(json.dumps({"_id": f"q{i}", "text": pad * (i == 0) + "é" * 3000}, ensure_ascii=False) + "\n"
+                       for i in range(40)).encode()
+        try:
+            data[:ev.SNIFF_BYTES].decode("utf-8")
+        except UnicodeDecodeError:
+            break
+    else:
+        raise AssertionError("no cut inside a character")
+    q = tmp_path / "queries.jsonl.gz"
+    q.write_bytes(gzip.compress(data))
+    r = tmp_path / "qrels.tsv"
+    r.write_text("query-id\tcorpus-id\tscore\n" + "q1\td1\t1\n" * 2)
+    with pytest.raises(CorpusError, match="^the queries and qrels files look swapped: the queries file .*qrels.tsv' "
+                                          "looks like qrels and the qrels file .*queries.jsonl.gz' like queries;"):
+        read_labelled(r, q)
