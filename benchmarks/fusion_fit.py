@@ -478,6 +478,7 @@ class _Case:
         from retriever.fusion import fusion_from_dict
         from retriever.fusion_fit import FitGrid, chooser
 
+        self.collection = c
         self.data = load_data(CACHE / f"data_{c}_{legs}.npz")
         with np.load(CACHE / f"values_{c}_{legs}.npz") as z:
             values, names = z["values"], [json.loads(x) for x in z["names"]]
@@ -491,6 +492,22 @@ class _Case:
         self._parts: dict[tuple[int, bool], Any] = {}
         self._feats: dict[tuple, Any] = {}
         self.ndcg_rows, self.listnet = _KERNELS()
+
+    def deep_ideal(self, cutoff: int) -> Any:
+        """The case's FitData with the ideal gains to ``cutoff`` (the cached runs hold 10), from the
+        qrels of the split it was collected on (SciFact: train)."""
+        import dataclasses
+
+        from retriever.index.readers import read_qrels
+        from tests.regression import golden_cases as G
+
+        qrels = read_qrels(G.DATA / self.collection / ("qrels_train.tsv" if self.collection == "scifact" else "qrels.tsv"))
+        ideal = np.zeros((self.n, cutoff))
+        for i, q in enumerate(self.data.qids):
+            g = sorted((max(int(v), 0) for v in qrels[q].values()), reverse=True)[:cutoff]
+            ideal[i, :len(g)] = g
+        assert np.array_equal(ideal[:, :self.data.ideal.shape[1]], self.data.ideal)
+        return dataclasses.replace(self.data, ideal=ideal)
 
     def parts(self, depth: int, full: bool) -> Any:
         """``fusion_fit._contributions`` of a (depth, full-score) configuration, cached."""
@@ -666,8 +683,22 @@ def model_procedures() -> dict[str, Any]:
             return case.ndcg(X, present, w, np.arange(case.n))
         return fit
 
+    def lib(per_leg_depth: bool, surrogate: int | None = None) -> Any:
+        # fifth pass: the library's fit_combined (rules "combined" / "combined_depths" / "combined_depths_mix":
+        # per-leg depths under full scoring, the objective's surrogate nDCG@20), features cached per case
+        def fit(case: _Case, tr: np.ndarray) -> np.ndarray:
+            from retriever.fusion_fit import FitGrid, _config_of, combined_values, fit_combined
+
+            cache = case.__dict__.setdefault("_lib_cache", {})
+            data = case.data if surrogate is None else case.deep_ideal(surrogate)
+            s, _ = fit_combined(data, tr, FitGrid(), 10, cache, per_leg_depth=per_leg_depth, surrogate_cutoff=surrogate)
+            return combined_values(case.data, s, *cache[_config_of(s, case.data.legs)])
+        return fit
+
     return {"smooth": smooth, "shrink": shrink, "bag": bag, "ca": ca(COMBINED_FEATURES), "ca_small": ca(SMALL_FEATURES),
-            "ca_from_smooth": ca_from_smooth, "listwise0.1": lw(0.1), "listwise0.03": lw(0.03)}
+            "ca_from_smooth": ca_from_smooth, "listwise0.1": lw(0.1), "listwise0.03": lw(0.03),
+            "combined": lib(False), "combined_depths": lib(True), "combined_mix": lib(False, 20),
+            "combined_depths_mix": lib(True, 20)}
 
 
 def models(only: list[str], procs: list[str], seeds: int) -> dict[str, Any]:
@@ -693,19 +724,20 @@ def models(only: list[str], procs: list[str], seeds: int) -> dict[str, Any]:
     return out
 
 
-def combined_test() -> dict[str, Any]:
-    """SciFact, rule ``"combined"`` (:func:`retriever.fusion_fit.fit_combined`): fitted on the train
-    split (5-fold CV on train reported), then evaluated once on test with a real search
-    (pytrec_eval), two and three legs."""
+def combined_test(rule: str = "combined") -> dict[str, Any]:
+    """SciFact, a combined rule (``"combined"``, ``"combined_depths"``, ``"combined_depths_mix"``;
+    :func:`retriever.fusion_fit.fit_combined`):
+    fitted on the train split (5-fold CV on train reported), then evaluated once on test with a real
+    search (pytrec_eval), two and three legs."""
     from retriever import Retriever
     from retriever.fusion_fit import fit_fusion
 
-    out: dict[str, Any] = {"rule": "combined", "collections": {}}
+    out: dict[str, Any] = {"rule": rule, "collections": {}}
     for legs in LEG_SETS:
         t0 = time.perf_counter()
         r = Retriever.open(index_for("scifact", legs), n_threads=2)
         queries, qrels, qids, dense, sparse = split_queries("scifact", "train")
-        rep = fit_fusion(r, queries, qrels, rule="combined", split="train", k=100, query_vectors=dense,
+        rep = fit_fusion(r, queries, qrels, rule=rule, split="train", k=100, query_vectors=dense,
                          sparse_vectors=sparse)
         tq, tr, tids, td, ts = split_queries("scifact", "test")
         row = {"fit_split": "train", "n_queries": len(qids), "cv_train": {"mean": round(rep.cv["mean"], 4),
@@ -726,6 +758,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--procs", default="smooth,shrink,bag,ca,ca_small,ca_from_smooth,listwise0.1,listwise0.03",
                     help="models: comma-separated procedures (model_procedures)")
     ap.add_argument("--seeds", type=int, default=10, help="models: fold shuffles 0 .. N-1")
+    ap.add_argument("--rule", default="combined", choices=("combined", "combined_depths", "combined_depths_mix"),
+                    help="combined-test: the fit rule (fitted on SciFact train, evaluated once on test)")
     ap.add_argument("--out", default=None, help="results json (default results/fusion_fit.json or fusion_full_score.json)")
     args = ap.parse_args(argv)
     only = args.only or list(COLLECTIONS)
@@ -734,8 +768,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     t0 = time.perf_counter()
     if args.what == "combined-test":  # once: fit on SciFact train, evaluate on test
-        rep = combined_test()
-        rep["command"] = "python -m benchmarks.fusion_fit combined-test"
+        rep = combined_test(args.rule)
+        rep["command"] = "python -m benchmarks.fusion_fit combined-test" + (
+            f" --rule {args.rule}" if args.rule != "combined" else "")
         rep["seconds"] = round(time.perf_counter() - t0, 1)
         path = Path(args.out) if args.out else RESULTS / "fusion_combined_test.json"
         path.write_text(json.dumps(rep, indent=1) + "\n")

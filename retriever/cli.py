@@ -195,10 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     ft.add_argument("-k", type=_positive_int, default=100, help="search k the setting is fitted for")
     ft.add_argument("--split", default=None, help="name of the labelled split, recorded with the setting "
                     "(default: the queries file's name)")
-    ft.add_argument("--rule", default="smooth", choices=("smooth", "lcb", "argmax", "combined"),
+    ft.add_argument("--rule", default="smooth", choices=("smooth", "lcb", "argmax", "combined", "combined_depths",
+                                                          "combined_depths_mix"),
                     help="selection rule (docs/FUSION.md): the best weight neighbourhood, the one-SE rule "
                     "over equal weights, the plain arg-max, or 'combined' (a linear model over per-leg features "
-                    "fitted by coordinate ascent; nDCG only)")
+                    "fitted by coordinate ascent; nDCG only), or 'combined_depths' (the same with each leg's candidate depth "
+                    "fitted under full scoring), or 'combined_depths_mix' (that, fitted on the mean of nDCG@10 and nDCG@20)")
     ft.add_argument("--dry-run", action="store_true", help="report only; store nothing")
     ft.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
     ft.add_argument("--json", action="store_true", help="print the report as JSON")

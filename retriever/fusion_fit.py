@@ -58,9 +58,15 @@ METRICS = ("ndcg", "recall", "mrr")
 LCB = 1.0
 #: selection rules :func:`chooser` accepts (module docstring); ``"smooth"`` is the default
 RULES = ("smooth", "lcb", "argmax")
-#: every rule :func:`fit_fusion` accepts: the grid rules of :data:`RULES` and ``"combined"``
-#: (:func:`fit_combined`: a linear model over per-leg features by coordinate ascent; nDCG only)
-FIT_RULES = (*RULES, "combined")
+#: every rule :func:`fit_fusion` accepts: the grid rules of :data:`RULES`, ``"combined"``
+#: (:func:`fit_combined`: a linear model over per-leg features by coordinate ascent; nDCG only) and
+#: ``"combined_depths"`` (the same with each leg's candidate depth a fitted dimension under full scoring)
+#: and ``"combined_depths_mix"`` (that, fitted on the mean of nDCG@cutoff and nDCG@:data:`SURROGATE_CUTOFF`)
+FIT_RULES = (*RULES, "combined", "combined_depths", "combined_depths_mix")
+#: the rules that fit a :class:`retriever.fusion.Combined` model
+COMBINED_RULES = ("combined", "combined_depths", "combined_depths_mix")
+#: the second cutoff of the ``"combined_depths_mix"`` objective (nDCG@20: a smoother surrogate)
+SURROGATE_CUTOFF = 20
 
 
 @dataclass(frozen=True)
@@ -250,16 +256,31 @@ def collect(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapp
                    (t1 - t0) * 1e3, (t2 - t1) * 1e3)
 
 
-def _contributions(data: FitData, depth: int, full: bool, norms: Sequence[str], rrf_ks: Sequence[float]
-                   ) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
+def _leg_depths(data: FitData, depth: "int | Sequence[int]") -> np.ndarray:
+    """int64 (L,) each leg's candidate depth (one int: every leg the same), raised to the search's
+    k as the engine does.
+
+    Raises:
+        QueryError: a sequence whose length is not the number of legs.
+    """
+    L = len(data.legs)
+    d = np.full(L, int(depth), dtype=np.int64) if np.ndim(depth) == 0 else np.asarray(depth, dtype=np.int64)
+    if d.shape != (L,):
+        raise QueryError(f"per-leg depths must give one depth per leg ({L}), got {depth!r}")
+    return np.maximum(d, data.k)
+
+
+def _contributions(data: FitData, depth: "int | Sequence[int]", full: bool, norms: Sequence[str],
+                   rrf_ks: Sequence[float]) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray]:
     """For one (depth, full-score) pair: the candidate mask (nq, U), per normalisation the
     normalised scores (L, nq, U) (0 where a leg does not see a candidate), the RRF ranks
     (L, nq, U) (0 = not seen) and each leg's :func:`retriever.fusion.gap_factor` per query
     (float64 (L, nq)), each computed exactly as :func:`retriever.fusion.fuse_loop` does on the
-    lists the engine would fuse."""
+    lists the engine would fuse. ``depth``: one depth for every leg, or one per leg (the legs'
+    order; :func:`_leg_depths`)."""
     L, nq, width = data.scores.shape
-    d = max(int(depth), data.k)
-    seen = data.pos < d  # (L, nq, U): in the leg's own top-d
+    d = _leg_depths(data, depth)
+    seen = data.pos < d[:, None, None]  # (L, nq, U): in the leg's own top-d
     present = seen.any(axis=0)
     normed = {n: np.zeros((L, nq, width)) for n in norms}
     ranks = np.zeros((L, nq, width), dtype=np.int64)
@@ -611,22 +632,25 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
     measure, cutoff = parse_metric(metric)
     if rule not in FIT_RULES:
         raise QueryError(f"unknown selection rule {rule!r}; expected one of {', '.join(FIT_RULES)}")
-    if rule == "combined" and measure != "ndcg":
-        raise QueryError(f"rule 'combined' fits nDCG only, got metric {metric!r}")
+    if rule in COMBINED_RULES and measure != "ndcg":
+        raise QueryError(f"rule {rule!r} fits nDCG only, got metric {metric!r}")
     qids = check_labels(queries, qrels, queries_path=queries_path, qrels_path=qrels_path)
     parts = folds_of(len(qids), int(folds), seed)
     default = DEFAULT_FUSION if default is None else default
+    mix = rule == "combined_depths_mix"
     from .api import DEFAULT_DEPTH
 
     need = max(int(d) for d in (*grid.depths, *default.depths.values())) if default.depths else max(
         max(grid.depths), DEFAULT_DEPTH)
-    data = collect(retriever, queries, qrels, qids, max_depth=need, k=k, cutoff=cutoff,
+    data = collect(retriever, queries, qrels, qids, max_depth=need, k=k,
+                   cutoff=max(cutoff, SURROGATE_CUTOFF) if mix else cutoff,
                    leg_params=leg_params, query_vectors=query_vectors, sparse_vectors=sparse_vectors,
                    n_threads=n_threads)
     t1 = time.perf_counter()
-    if rule == "combined":
+    if rule in COMBINED_RULES:
         return _fit_combined_report(retriever, data, grid, parts, default, queries, qrels, qids, measure, cutoff,
-                                    split, store, int(folds), t0, t1)
+                                    split, store, int(folds), t0, t1, per_leg_depth=rule != "combined",
+                                    surrogate_cutoff=SURROGATE_CUTOFF if mix else None)
     settings, values = evaluate_settings(data, grid, metric, extra=[default])
     t2 = time.perf_counter()
     pick = chooser(rule, values[1:], settings[1:], data.legs, grid.weight_steps)  # the grid, not the default
@@ -650,26 +674,28 @@ def fit_fusion(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, M
 def _fit_combined_report(retriever: Any, data: FitData, grid: FitGrid, parts: Sequence[np.ndarray], default: Any,
                          queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], qids: Sequence[str],
                          measure: str, cutoff: int, split: str | None, store: bool, folds: int, t0: float,
-                         t1: float) -> FitReport:
-    """:func:`fit_fusion` with rule ``"combined"``: each fold scored by the model fitted on the
-    other folds (:func:`fit_combined`), the stored model fitted on every judged query."""
+                         t1: float, per_leg_depth: bool = False, surrogate_cutoff: int | None = None) -> FitReport:
+    """:func:`fit_fusion` with rule ``"combined"`` / ``"combined_depths"``: each fold scored by
+    the model fitted on the other folds (:func:`fit_combined`), the stored model fitted on every
+    judged query."""
     cache: dict = {}
     n = len(qids)
     scores = []
     for f in parts:
-        s, _ = fit_combined(data, np.setdiff1d(np.arange(n), f), grid, cutoff, cache)
-        key = (int(next(iter(s.depths.values()))), bool(s.full_score))
-        scores.append(float(combined_values(data, s, *cache[key], cutoff=cutoff)[f].mean()))
+        s, _ = fit_combined(data, np.setdiff1d(np.arange(n), f), grid, cutoff, cache, per_leg_depth=per_leg_depth,
+                            surrogate_cutoff=surrogate_cutoff)
+        scores.append(float(combined_values(data, s, *cache[_config_of(s, data.legs)], cutoff=cutoff)[f].mean()))
     cv = {"mean": float(np.mean(scores)), "std": float(np.std(scores)), "folds": scores}
     _, dv = evaluate_settings(data, None, f"{measure}@{cutoff}", extra=[default])
     dcv = cross_validate(dv, parts, fixed=0)
-    best, _ = fit_combined(data, np.arange(n), grid, cutoff, cache)
-    key = (int(next(iter(best.depths.values()))), bool(best.full_score))
-    train = float(combined_values(data, best, *cache[key], cutoff=cutoff).mean())
+    best, _ = fit_combined(data, np.arange(n), grid, cutoff, cache, per_leg_depth=per_leg_depth,
+                           surrogate_cutoff=surrogate_cutoff)
+    train = float(combined_values(data, best, *cache[_config_of(best, data.legs)], cutoff=cutoff).mean())
     rep = FitReport(best, f"{measure}@{cutoff}", cv, dcv, default.to_dict(), train, n,
-                    len(grid.depths) * len(grid.full_score), labels_hash(queries, qrels), split,
+                    len(combined_configs(len(data.legs), grid, per_leg_depth)), labels_hash(queries, qrels), split,
                     {"collect": t1 - t0, "grid": time.perf_counter() - t1}, data.full_ms / max(1, n), folds=folds,
-                    rule="combined")
+                    rule=("combined_depths_mix" if surrogate_cutoff else "combined_depths") if per_leg_depth
+                    else "combined")
     if store:
         rep.generation = store_fusion(retriever.reader.path, retriever.reader.generation, rep.stored())
     rep.seconds["total"] = time.perf_counter() - t0
@@ -756,7 +782,7 @@ def ideal_dcg(data: FitData, cutoff: int) -> np.ndarray:
 
 def coordinate_ascent(X: np.ndarray, present: np.ndarray, gains: np.ndarray, idcg: np.ndarray, rows: np.ndarray,
                       w0: np.ndarray, cutoff: int = 10, steps: Sequence[float] = CA_STEPS,
-                      passes: int = 4) -> tuple[np.ndarray, float]:
+                      passes: int = 4, surrogate: "tuple[int, np.ndarray] | None" = None) -> tuple[np.ndarray, float]:
     """Coordinate ascent on the mean nDCG@cutoff of the queries ``rows`` (Metzler & Croft,
     "Linear feature-based models for information retrieval", Information Retrieval 2007; RankLib's
     CoorAscent): each weight in turn moves by the step of ``steps`` that raises the mean most (none
@@ -765,6 +791,9 @@ def coordinate_ascent(X: np.ndarray, present: np.ndarray, gains: np.ndarray, idc
     Args:
         X: float64 (F, nq, U) features; present: bool (nq, U) candidates; gains: float64 (nq, U);
         idcg: float64 (nq,) (:func:`ideal_dcg`); rows: the training queries; w0: float64 (F,) start.
+        surrogate: ``(cutoff2, idcg2)``: maximise the mean of nDCG@cutoff and nDCG@cutoff2 instead
+            (a smoother objective: a step that moves relevant documents within the top cutoff2
+            counts too); ``idcg2`` float64 (nq,) the ideal DCG@cutoff2.
 
     Returns:
         ``(weights float64 (F,), training mean)``.
@@ -777,13 +806,22 @@ def coordinate_ascent(X: np.ndarray, present: np.ndarray, gains: np.ndarray, idc
     out = np.empty(len(rows))
     w = np.array(w0, dtype=np.float64)
     total = np.tensordot(w, Xr, axes=1)
-    best = ndcg_rows(total, Xr[0], 0.0, pr, gr, ir, cutoff, out).mean()
+    if surrogate is None:
+        def objective(x: np.ndarray, dl: float) -> float:
+            return float(ndcg_rows(total, x, dl, pr, gr, ir, cutoff, out).mean())
+    else:  # the mean of nDCG@cutoff and nDCG@(surrogate cutoff): a smoother objective
+        c2, i2 = int(surrogate[0]), np.ascontiguousarray(surrogate[1][rows])
+
+        def objective(x: np.ndarray, dl: float) -> float:
+            return 0.5 * (float(ndcg_rows(total, x, dl, pr, gr, ir, cutoff, out).mean())
+                          + float(ndcg_rows(total, x, dl, pr, gr, i2, c2, out).mean()))
+    best = objective(Xr[0], 0.0)
     for _ in range(passes):
         moved = False
         for j in range(len(w)):
             bj, bd = best, 0.0
             for dl in steps:
-                m = ndcg_rows(total, Xr[j], float(dl), pr, gr, ir, cutoff, out).mean()
+                m = objective(Xr[j], float(dl))
                 if m > bj + 1e-12:
                     bj, bd = m, float(dl)
             if bd:
@@ -795,10 +833,12 @@ def coordinate_ascent(X: np.ndarray, present: np.ndarray, gains: np.ndarray, idc
     return w, float(best)
 
 
-def combined_features(data: FitData, depth: int, full: bool, feats: Sequence[str] = COMBINED_FIT_FEATURES,
-                      rrf_k: float = 60.0) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
+def combined_features(data: FitData, depth: "int | Sequence[int]", full: bool,
+                      feats: Sequence[str] = COMBINED_FIT_FEATURES, rrf_k: float = 60.0
+                      ) -> tuple[np.ndarray, np.ndarray, list[tuple[str, str]]]:
     """The features of :class:`retriever.fusion.Combined` for every candidate, computed as the
-    engine would at ``depth`` with or without full scoring.
+    engine would at ``depth`` (one for every leg, or one per leg in the legs' order) with or
+    without full scoring.
 
     Returns:
         ``(X float64 (F, nq, U), present bool (nq, U), [(leg, feature)] per row of X)``; 0 where a
@@ -806,7 +846,7 @@ def combined_features(data: FitData, depth: int, full: bool, feats: Sequence[str
     """
     norms = sorted({f.removesuffix("_g") for f in feats if f not in ("rrf", "present")})
     present, normed, ranks, gaps = _contributions(data, depth, full, norms, ())
-    d = max(int(depth), data.k)
+    d = _leg_depths(data, depth)
     X, names = [], []
     for li, leg in enumerate(data.legs):
         for f in feats:
@@ -815,7 +855,7 @@ def combined_features(data: FitData, depth: int, full: bool, feats: Sequence[str
             elif f == "present":
                 if full:
                     continue
-                x = (data.pos[li] < d).astype(np.float64)
+                x = (data.pos[li] < d[li]).astype(np.float64)
             elif f.endswith("_g"):
                 x = normed[f[:-2]][li] * gaps[li][:, None]
             else:
@@ -825,9 +865,10 @@ def combined_features(data: FitData, depth: int, full: bool, feats: Sequence[str
     return np.stack(X), present, names
 
 
-def combined_setting(names: Sequence[tuple[str, str]], w: np.ndarray, depth: int, full: bool,
+def combined_setting(names: Sequence[tuple[str, str]], w: np.ndarray, depth: "int | Sequence[int]", full: bool,
                      legs: Sequence[str], rrf_k: float = 60.0) -> Any:
-    """The :class:`retriever.fusion.Combined` of feature weights ``w`` (zero weights left out)."""
+    """The :class:`retriever.fusion.Combined` of feature weights ``w`` (zero weights left out);
+    ``depth``: one for every leg or one per leg (``legs``' order)."""
     from .fusion import Combined
 
     feats: dict[str, dict[str, float]] = {}
@@ -836,7 +877,8 @@ def combined_setting(names: Sequence[tuple[str, str]], w: np.ndarray, depth: int
             feats.setdefault(leg, {})[f] = float(x)
     if not feats:  # all weights zero: keep one explicit zero so the setting is valid
         feats = {names[0][0]: {names[0][1]: 0.0}}
-    return Combined(features=feats, rrf_k=float(rrf_k), depths={n: int(depth) for n in legs}, full_score=bool(full))
+    ds = [int(depth)] * len(legs) if np.ndim(depth) == 0 else [int(x) for x in depth]
+    return Combined(features=feats, rrf_k=float(rrf_k), depths=dict(zip(legs, ds)), full_score=bool(full))
 
 
 def combined_values(data: FitData, setting: Any, X: np.ndarray, present: np.ndarray,
@@ -856,24 +898,57 @@ def combined_values(data: FitData, setting: Any, X: np.ndarray, present: np.ndar
     return _per_query_metric(total, present, data, "ndcg", cutoff)
 
 
+def combined_configs(n_legs: int, grid: FitGrid, per_leg_depth: bool = False) -> list[tuple[tuple[int, ...], bool]]:
+    """The (per-leg depths, full score) configurations :func:`fit_combined` tries: without
+    ``per_leg_depth`` every depth of ``grid`` for all legs × full score off / on (in that order);
+    with it, the same without full scoring, then under full scoring every assignment of a grid
+    depth to each leg (``len(depths) ** n_legs``; full scoring is where a leg's depth only widens
+    the candidates every leg scores)."""
+    if not per_leg_depth:
+        return [((int(d),) * n_legs, bool(f)) for d in grid.depths for f in grid.full_score]
+    out = [((int(d),) * n_legs, False) for d in grid.depths if False in grid.full_score]
+    if True in grid.full_score:
+        out += [(tuple(int(x) for x in ds), True) for ds in itertools.product(grid.depths, repeat=n_legs)]
+    return out
+
+
+def _config_of(setting: Any, legs: Sequence[str]) -> tuple[tuple[int, ...], bool]:
+    """The :func:`combined_configs` key of a fitted :class:`retriever.fusion.Combined`."""
+    return tuple(int(setting.depths[n]) for n in legs), bool(setting.full_score)
+
+
 def fit_combined(data: FitData, rows: np.ndarray, grid: FitGrid, cutoff: int = 10,
-                 cache: dict | None = None) -> tuple[Any, float]:
+                 cache: dict | None = None, per_leg_depth: bool = False,
+                 surrogate_cutoff: int | None = None) -> tuple[Any, float]:
     """The ``"combined"`` rule: for each (depth, full score) of ``grid``, coordinate ascent
     (:func:`coordinate_ascent`) over :data:`COMBINED_FIT_FEATURES` on the queries ``rows``, started
     from equal z-score·g weights (the second pass's adaptive linear z-score); the configuration with
-    the best training nDCG@cutoff wins. Returns ``(Combined setting, training mean)``. ``cache``
-    keeps the features between calls on the same data."""
+    the best training nDCG@cutoff wins (the first on ties). ``per_leg_depth`` (rule
+    ``"combined_depths"``): the configurations of :func:`combined_configs` with per-leg depths
+    under full scoring. ``surrogate_cutoff`` (rule ``"combined_depths_mix"``): the objective is
+    the mean of nDCG@cutoff and nDCG@surrogate_cutoff (the selected configuration too). Returns
+    ``(Combined setting, training objective)``. ``cache`` keeps the features between calls on the
+    same data (keys: per-leg depths tuple, full score).
+
+    Raises:
+        QueryError: ``surrogate_cutoff`` deeper than the ideal gains ``data`` holds (collect with
+            ``cutoff`` at least that).
+    """
     cache = {} if cache is None else cache
     idcg = ideal_dcg(data, cutoff)
+    sur = None
+    if surrogate_cutoff is not None:
+        if int(surrogate_cutoff) > data.ideal.shape[1]:
+            raise QueryError(f"surrogate cutoff {surrogate_cutoff} needs ideal gains to that depth; the data holds "
+                             f"{data.ideal.shape[1]} (collect with cutoff >= {surrogate_cutoff})")
+        sur = (int(surrogate_cutoff), ideal_dcg(data, int(surrogate_cutoff)))
     best = None
-    for d in grid.depths:
-        for full in grid.full_score:
-            key = (int(d), bool(full))
-            if key not in cache:
-                cache[key] = combined_features(data, int(d), bool(full))
-            X, present, names = cache[key]
-            w0 = np.array([1.0 if f == "zscore_g" else 0.0 for _, f in names])
-            w, m = coordinate_ascent(X, present, data.gains, idcg, rows, w0, cutoff=cutoff)
-            if best is None or m > best[0]:
-                best = (m, combined_setting(names, w, int(d), bool(full), data.legs))
+    for key in combined_configs(len(data.legs), grid, per_leg_depth):
+        if key not in cache:
+            cache[key] = combined_features(data, key[0], key[1])
+        X, present, names = cache[key]
+        w0 = np.array([1.0 if f == "zscore_g" else 0.0 for _, f in names])
+        w, m = coordinate_ascent(X, present, data.gains, idcg, rows, w0, cutoff=cutoff, surrogate=sur)
+        if best is None or m > best[0]:
+            best = (m, combined_setting(names, w, key[0], key[1], data.legs))
     return best[1], best[0]

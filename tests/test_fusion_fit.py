@@ -13,7 +13,7 @@ from retriever import CorpusError, Retriever
 from retriever.evaluation import evaluate, make_run
 from retriever.fusion import DEFAULT_FUSION, RRF, Linear, fusion_from_dict
 from retriever import QueryError
-from retriever.fusion_fit import (FitGrid, chooser, collect, cross_validate, evaluate_settings, fit_fusion,
+from retriever.fusion_fit import (FitData, FitGrid, chooser, collect, cross_validate, evaluate_settings, fit_fusion,
                                   select_smooth, simplex_weights, weight_neighbours)
 from tests.conftest import cli_error
 from tests.test_fusion_methods import syn  # noqa: F401  (the three-leg synthetic index fixture)
@@ -262,11 +262,14 @@ def test_combined_fit_figures_equal_real_searches_and_round_trip(syn, tmp_path):
                    sparse_vectors=sv[rows])
     grid = FitGrid(depths=(20, 40), full_score=(False, True))
     fitted, _ = fit_combined(data, np.arange(len(qids)), grid)
+    fitted_ld, _ = fit_combined(data, np.arange(len(qids)), grid, per_leg_depth=True)
     every = [Combined(features={leg: {x: (j + 1) * (-1) ** j / 7 for j, x in enumerate(COMBINED_FEATURES)}
-                                for leg in r.legs}, rrf_k=5.0, depths={leg: 20 for leg in r.legs}, full_score=full)
-             for full in (False, True)]
-    for f in [fitted, *every]:
-        d = int(next(iter(f.depths.values())))
+                                for leg in r.legs}, rrf_k=5.0, depths=depths, full_score=full)
+             for full in (False, True)
+             for depths in ({leg: 20 for leg in r.legs}, {leg: 20 + 20 * (i % 2) for i, leg in enumerate(r.legs)})]
+    assert len({tuple(f.depths.values()) for f in every}) == 2  # one model with different per-leg depths
+    for f in [fitted, fitted_ld, *every]:
+        d = [f.depths[leg] for leg in r.legs]
         X, present, names = combined_features(data, d, f.full_score, COMBINED_FEATURES, rrf_k=f.rrf_k)
         got = combined_values(data, f, X, present, names)
         res = r.search_arrays([queries[q] for q in qids], k=10, fusion=f, query_vectors=qv[rows],
@@ -288,3 +291,56 @@ def test_combined_fit_figures_equal_real_searches_and_round_trip(syn, tmp_path):
     assert np.array_equal(a.ids, b.ids) and np.array_equal(a.scores, b.scores) and a.fusion["method"] == "combined"
     with pytest.raises(QueryError, match="nDCG only"):
         fit_fusion(r, queries, qrels, metric="mrr@10", rule="combined", query_vectors=qv[rows], sparse_vectors=sv[rows])
+    # "combined_depths": per-leg depths under full scoring; stored and used like "combined"
+    rep2 = fit_fusion(r2, queries, qrels, folds=2, grid=grid, k=10, split="train", store=True, rule="combined_depths",
+                      query_vectors=qv[rows], sparse_vectors=sv[rows])
+    assert rep2.n_settings == 2 + 2 ** len(r.legs) and rep2.setting == fitted_ld
+    assert rep2.train_score == pytest.approx(float(np.mean(combined_values(
+        data, fitted_ld, *combined_features(data, [fitted_ld.depths[x] for x in r.legs], fitted_ld.full_score)))))
+    r3 = Retriever.open(path)
+    assert r3.reader.fusion["fitted"]["rule"] == "combined_depths" and r3.default_fusion() == rep2.setting
+    with pytest.raises(QueryError, match="nDCG only"):
+        fit_fusion(r, queries, qrels, metric="recall@10", rule="combined_depths", query_vectors=qv[rows],
+                   sparse_vectors=sv[rows])
+    # "combined_depths_mix": the objective it reports is the mean of nDCG@10 and nDCG@20 of the fitted
+    # model's own search (pytrec_eval), and fit_fusion picks the same model as fit_combined
+    data20 = collect(r, queries, qrels, qids, max_depth=40, k=10, cutoff=20, query_vectors=qv[rows],
+                     sparse_vectors=sv[rows])
+    mixed, objective = fit_combined(data20, np.arange(len(qids)), grid, per_leg_depth=True, surrogate_cutoff=20)
+    res = r.search_arrays([queries[q] for q in qids], k=10, fusion=mixed, query_vectors=qv[rows],
+                          sparse_vectors=sv[rows])
+    res20 = r.search_arrays([queries[q] for q in qids], k=20, fusion=mixed, query_vectors=qv[rows],
+                            sparse_vectors=sv[rows])
+    ids = r.reader.doc_ids()
+
+    def ndcg(rs, q, j, c):
+        run = make_run([q], [ids[rs.ids[j, :rs.n_found[j]]].tolist()], [rs.scores[j, :rs.n_found[j]].tolist()])
+        return evaluate(run, {q: qrels[q]}, metrics={"m": f"nDCG@{c}"})["m"]
+    want = np.mean([0.5 * (ndcg(res, q, j, 10) + ndcg(res20, q, j, 20)) for j, q in enumerate(qids)])
+    assert objective == pytest.approx(want, abs=1e-12)
+    rep3 = fit_fusion(r, queries, qrels, folds=2, grid=grid, k=10, split="train", rule="combined_depths_mix",
+                      query_vectors=qv[rows], sparse_vectors=sv[rows])
+    assert rep3.setting == mixed and rep3.rule == "combined_depths_mix" and rep3.generation is None
+    with pytest.raises(QueryError, match="needs ideal gains to that depth"):
+        fit_combined(data, np.arange(len(qids)), grid, per_leg_depth=True, surrogate_cutoff=20)
+
+
+def test_combined_configs_and_per_leg_depths():
+    """The configurations each combined rule tries (order included), and the per-leg depth
+    argument of the feature builders: raised to k, one per leg or an error naming the count."""
+    from retriever.fusion_fit import _leg_depths, combined_configs
+
+    g = FitGrid(depths=(100, 200), full_score=(False, True))
+    assert combined_configs(3, g) == [((100,) * 3, False), ((100,) * 3, True), ((200,) * 3, False),
+                                      ((200,) * 3, True)]
+    assert combined_configs(2, g, per_leg_depth=True) == [
+        ((100, 100), False), ((200, 200), False),
+        ((100, 100), True), ((100, 200), True), ((200, 100), True), ((200, 200), True)]
+    assert combined_configs(2, FitGrid(depths=(50,), full_score=(True,)), per_leg_depth=True) == [((50, 50), True)]
+    data = FitData(["a", "b"], ["q"], np.zeros((1, 1), np.int64), np.ones(1, np.int32), np.zeros((2, 1, 1), np.int32),
+                   np.zeros((2, 1, 1), np.float32), np.zeros((2, 2, 1)), np.zeros((1, 1)), np.zeros((1, 10)),
+                   np.zeros(1, np.int64), 200, 30)
+    assert _leg_depths(data, 100).tolist() == [100, 100]
+    assert _leg_depths(data, [10, 150]).tolist() == [30, 150]
+    with pytest.raises(QueryError, match="one depth per leg"):
+        _leg_depths(data, [100, 100, 100])
