@@ -4,6 +4,11 @@ Postings hold raw term frequencies and document lengths only; idf and length nor
 computed from corpus-wide N, df and avgdl when an index is opened, so scores do not depend on how
 documents were split into shards. Term ids are global (one vocabulary for the index, append-only);
 a shard's ``offsets`` cover the terms known when it was written.
+
+A segment written into a living index (:mod:`retriever.index.updates`) lists only the terms it
+holds when that is smaller: ``terms`` u32[T'] (ascending) beside ``offsets`` u64[T'+1] over them
+(:func:`compact_offsets`); readers expand them to the dense form (:func:`dense_offsets`). Such a
+segment's manifest entry says so (``bm25_terms``: T').
 """
 
 from __future__ import annotations
@@ -20,6 +25,62 @@ from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens,
 
 if TYPE_CHECKING:
     from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
+
+
+#: ``bm25.arrow``'s arrays; a segment whose manifest entry has ``bm25_terms`` also holds ``terms``
+BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
+BM25_COMPACT_ARRAYS = {**BM25_ARRAYS, "terms": np.uint32}
+
+
+def compact_offsets(offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The compact form of CSR ``offsets`` (u64[T+1], non-decreasing, from 0): ``terms`` u32[T']
+    (ascending: the terms whose list is not empty) and ``offsets`` u64[T'+1] over them (list i
+    of the compact form is the list of term ``terms[i]``). O(T)."""
+    offsets = np.asarray(offsets, dtype=np.uint64)
+    terms = np.flatnonzero(offsets[1:] != offsets[:-1]).astype(np.uint32)
+    out = np.empty(len(terms) + 1, dtype=np.uint64)
+    out[:-1] = offsets[terms]
+    out[-1] = offsets[-1] if len(offsets) else 0
+    return terms, out
+
+
+def compact_is_smaller(n_listed: int, n_terms: int) -> bool:
+    """Whether ``terms`` + compact ``offsets`` (12 bytes a listed term) take less space than the
+    dense ``offsets`` (8 bytes a term of the vocabulary prefix)."""
+    return 12 * n_listed + 8 < 8 * (n_terms + 1)
+
+
+def check_compact_offsets(terms: np.ndarray, offsets: np.ndarray, n_terms: int, nnz: int) -> None:
+    """Check the compact form (:func:`compact_offsets`) of a segment's ``n_terms``-term, ``nnz``-posting CSR.
+
+    Raises:
+        ValueError: ``terms`` not strictly ascending or not below ``n_terms``, ``offsets`` of
+            another length than ``len(terms) + 1``, decreasing, not from 0 or not ending at
+            ``nnz``.
+    """
+    if len(offsets) != len(terms) + 1:
+        raise ValueError(f"{len(offsets)} offsets for {len(terms)} listed terms (expected {len(terms) + 1})")
+    if len(terms) and (int(terms[-1]) >= n_terms or bool((terms[1:] <= terms[:-1]).any())):
+        raise ValueError(f"listed terms are not strictly ascending below {n_terms}")
+    if int(offsets[0]) != 0 or int(offsets[-1]) != nnz or bool((offsets[1:] < offsets[:-1]).any()):
+        raise ValueError(f"offsets are not non-decreasing from 0 to {nnz}")
+
+
+def dense_offsets(terms: np.ndarray, offsets: np.ndarray, n_terms: int, nnz: int) -> np.ndarray:
+    """Expand compact CSR offsets (:func:`compact_offsets`) to the dense u64[n_terms+1] form
+    (terms not listed get empty lists), after :func:`check_compact_offsets`. O(n_terms) time
+    and memory.
+
+    Raises:
+        ValueError: as :func:`check_compact_offsets`.
+    """
+    check_compact_offsets(terms, offsets, n_terms, nnz)
+    counts = np.zeros(n_terms, dtype=np.uint64)
+    counts[terms] = offsets[1:] - offsets[:-1]
+    dense = np.empty(n_terms + 1, dtype=np.uint64)
+    dense[0] = 0
+    np.cumsum(counts, out=dense[1:])
+    return dense
 
 
 class PostingsBuilder:
@@ -346,12 +407,18 @@ class BM25Builder:
             offsets = arrays["offsets"]
             end = int(np.searchsorted(offsets, offsets[-1], side="left"))
             arrays = {**arrays, "offsets": offsets[:end + 1]}
+        n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))
+        entry = {"n_terms": n_terms, "nnz": nnz}
+        if self._trim:  # a segment's new terms are the vocabulary's last: list only its own terms
+            terms, compact = compact_offsets(arrays["offsets"])
+            if compact_is_smaller(len(terms), n_terms):
+                arrays = {**arrays, "offsets": compact, "terms": terms}
+                entry["bm25_terms"] = int(len(terms))
         rel = writer.write_arrays(f"{shard.dir}/bm25.arrow", arrays)
         self._faults("shard_bm25")
-        n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))
         stats = {"n_docs": shard.rows, "sum_dl": int(arrays["doc_len"].sum(dtype=np.int64)), "n_terms": n_terms,
                  "nnz": nnz}
-        return ShardOutput(files=[rel], stats=stats, entry={"n_terms": n_terms, "nnz": nnz})
+        return ShardOutput(files=[rel], stats=stats, entry=entry)
 
     def finish(self, writer: Any, n_docs: int) -> "IndexOutput":
         """Write ``vocab.arrow`` (row i = term id i); corpus ``n_terms`` and ``sum_dl``."""

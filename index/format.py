@@ -11,6 +11,8 @@ readable by plain pyarrow / DuckDB / Polars; ``docs/FORMAT.md`` is the full desc
     shards/NNNNN/stats.json       per-shard statistics (BM25 n_docs / sum_dl, dense count / dim, sparse
                                   max weight ...), what corpus-wide statistics are combined from
     shards/NNNNN/bm25.arrow       CSR postings: offsets u64[T_s+1], doc_ids u32, tfs u32; doc_len u32
+                                  (a living index's added segment may list its terms: terms u32[T'],
+                                  offsets u64[T'+1]; manifest entry "bm25_terms": T')
     shards/NNNNN/dense.arrow      vector: fixed_size_list<float16|float32>[dim]
     shards/NNNNN/dense.faiss      FAISS index (only for factory strings other than "Flat")
 

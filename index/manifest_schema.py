@@ -320,7 +320,7 @@ def validate_manifest(path: Path | str, m: dict[str, Any]) -> None:
         _str(path, f"{f}.dir", s.get("dir"), 1024)
         check_rel(s["dir"], str(path))
         _int(path, f"{f}.rows", s.get("rows"), 0, MAX_ROWS)
-        for key in ("n_terms", "nnz", "sparse_nnz"):
+        for key in ("n_terms", "nnz", "sparse_nnz", "bm25_terms"):
             _opt(s, key, lambda v, key=key: _int(path, f"{f}.{key}", v, 0, MAX_COUNT))
         _opt(s, "stats", lambda v: _str(path, f"{f}.stats", v, 1024))
         _opt(s, "deletes", lambda v: _str(path, f"{f}.deletes", v, 1024, null=True))

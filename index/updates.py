@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from .analyzer_kernels import masked_df
+from .bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, check_compact_offsets
 from .builders import Batch, ShardHandle, ShardOutput
 from .config import BuildConfig
 from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
@@ -60,7 +61,6 @@ from .writer import SHARD_STATS, IndexWriter, _fsync_dir
 __all__ = ["CompactPolicy", "CompactReport", "DeleteReport", "IndexUpdater"]
 
 _SHARD_DIR = re.compile(r"^shards/(\d{5,})$")
-_BM25 = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 _SPARSE_FWD = {"indptr": np.uint64, "terms": np.uint32, "weights": np.float32}
 _ROW_BITS = 32  # an id-map code is (segment number << 32) | row (rows are uint32 in every file)
 _ROW_MASK = (1 << _ROW_BITS) - 1
@@ -879,7 +879,7 @@ class IndexUpdater:
                 rel = f"{s.dir}/deletes.{gen:06d}.arrow"
                 arrays: dict[str, np.ndarray] = {"rows": rows.astype(np.uint32)}
                 if "bm25" in self.config.legs:
-                    terms, df = _deleted_df(self.root / s.dir, rows)
+                    terms, df = _deleted_df(self.root / s.dir, rows, s.entry)
                     arrays["bm25_terms"], arrays["bm25_df"] = terms, df
                 entry = _durable_entry(self.root / rel, table_bytes(arrays_table(arrays)))
                 touched.add(s.dir)
@@ -1136,21 +1136,27 @@ def _stored_vectors(path: Path, rows: int) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).reshape(rows, dim)
 
 
-def _deleted_df(shard_dir: Path, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _deleted_df(shard_dir: Path, rows: np.ndarray, entry: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Per-term df of the deleted ``rows`` of a segment, from its postings: (term ids u32
     ascending, counts u32), terms with a count of 0 left out. One compiled pass over the segment's
     postings (:func:`~retriever.index.analyzer_kernels.masked_df`), done once per commit that deletes
-    from the segment; readers then read it.
+    from the segment; readers then read it. ``entry``: the segment's manifest entry (a segment
+    with ``bm25_terms`` lists its terms, see :func:`~retriever.index.bm25_build.compact_offsets`).
 
     Raises:
         IndexFormatError: the segment's postings are not valid CSR (names the file)."""
-    a = read_arrays(shard_dir / "bm25.arrow", _BM25)
+    path = shard_dir / "bm25.arrow"
+    compact = "bm25_terms" in entry
+    a = read_arrays(path, BM25_COMPACT_ARRAYS if compact else BM25_ARRAYS)
     try:
+        if compact:
+            check_compact_offsets(a["terms"], a["offsets"], int(entry.get("n_terms", 0)), len(a["doc_ids"]))
         counts = masked_df(a["offsets"], a["doc_ids"], rows, len(a["doc_len"]))
     except ValueError as e:
-        raise IndexFormatError(f"{shard_dir / 'bm25.arrow'}: {e}") from None
-    terms = np.flatnonzero(counts)
-    return terms.astype(np.uint32), counts[terms]
+        raise IndexFormatError(f"{path}: {e}") from None
+    at = np.flatnonzero(counts)
+    terms = a["terms"][at] if compact else at
+    return terms.astype(np.uint32), counts[at]
 
 
 def _check_model(leg: str, recorded: Mapping[str, Any], now: Mapping[str, Any]) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from retriever.index.analyzer import Analyzer
+from retriever.index.bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, dense_offsets
 from retriever.index.errors import IndexFormatError, QueryError
 
 from .. import _kernels
@@ -33,7 +34,6 @@ from ..shards import IndexReader, Shard
 from ..stats import BM25Stats
 from .base import SearchContext, TopK, check_candidates, empty_topk
 
-BM25_ARRAYS = {"offsets": np.uint64, "doc_ids": np.uint32, "tfs": np.uint32, "doc_len": np.uint32}
 __all__ = ["BM25Leg", "BM25Prepared", "BM25_ALGORITHMS", "lucene_norm_length", "score_postings"]
 
 
@@ -945,7 +945,21 @@ def load_bm25_arrays(reader: IndexReader, s: Shard, n_terms: int) -> dict[str, n
         IndexFormatError: arrays that do not match the manifest, the vocabulary or the shard's
             rows, or corrupted postings (names the file).
     """
-    a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
+    if "bm25_terms" in s.entry:  # a living index's segment lists its own terms: expand
+        a = reader.shard_arrays(s, "bm25.arrow", BM25_COMPACT_ARRAYS)
+        if len(a["terms"]) != s.entry["bm25_terms"] or "n_terms" not in s.entry:
+            raise _fmt_error(s.dir / "bm25.arrow", f"lists {len(a['terms'])} terms, manifest says "
+                             f"{s.entry['bm25_terms']} of {s.entry.get('n_terms')}")
+        if s.entry["n_terms"] > n_terms:
+            raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
+        try:
+            dense = dense_offsets(a["terms"], a["offsets"], s.entry["n_terms"], len(a["doc_ids"]))
+        except ValueError as e:
+            raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
+        a = {k: v for k, v in a.items() if k != "terms"}
+        a["offsets"] = dense
+    else:
+        a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
     t_s = len(a["offsets"]) - 1
     if t_s != s.entry.get("n_terms", t_s) or len(a["doc_ids"]) != s.entry.get("nnz", len(a["doc_ids"])):
         raise _fmt_error(s.dir / "bm25.arrow", f"has {t_s} terms / {len(a['doc_ids'])} postings, manifest "

@@ -1,0 +1,166 @@
+"""A living index's segments list only their own BM25 terms (``terms`` + compact ``offsets`` in
+``bm25.arrow``, ``bm25_terms`` in the manifest entry): the compact form round-trips to the dense
+one, searches over such segments equal a fresh build's, and forged compact arrays are refused
+with an error naming the file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from conftest import random_corpus
+from retriever import IndexUpdater, Retriever, build_index
+from retriever.index.arrow_io import write_table
+from retriever.index.bm25_build import check_compact_offsets, compact_is_smaller, compact_offsets, dense_offsets
+from retriever.index.errors import IndexFormatError
+from retriever.index.format import current_manifest_path, manifest_digest, sha256_file
+
+BM25_ALGOS = ("exhaustive", "maxscore", "bmw", "bmm", "auto")
+
+
+def _dense(rng: np.random.Generator, n_terms: int, empty: float) -> np.ndarray:
+    counts = rng.integers(1, 6, size=n_terms)
+    counts[rng.random(n_terms) < empty] = 0
+    out = np.zeros(n_terms + 1, dtype=np.uint64)
+    np.cumsum(counts, out=out[1:])
+    return out
+
+
+@pytest.mark.parametrize("n_terms,empty", [(0, 0.0), (1, 0.0), (1, 1.0), (50, 0.0), (50, 0.9), (3000, 0.97),
+                                           (3000, 1.0)])
+def test_compact_round_trip(n_terms, empty):
+    rng = np.random.default_rng(n_terms + int(empty * 100))
+    dense = _dense(rng, n_terms, empty)
+    terms, compact = compact_offsets(dense)
+    assert terms.dtype == np.uint32 and compact.dtype == np.uint64
+    np.testing.assert_array_equal(terms, np.flatnonzero(np.diff(dense.astype(np.int64))))
+    assert len(compact) == len(terms) + 1 and compact[-1] == dense[-1]
+    back = dense_offsets(terms, compact, n_terms, int(dense[-1]))
+    np.testing.assert_array_equal(back, dense)
+    # list i of the compact form is the list of term terms[i]
+    for i, t in enumerate(terms[:20]):
+        assert (compact[i], compact[i + 1]) == (dense[t], dense[t + 1])
+
+
+def test_compact_is_smaller_counts_bytes():
+    assert compact_is_smaller(0, 10) and compact_is_smaller(5, 10)
+    assert not compact_is_smaller(7, 10)  # 12 * 7 + 8 = 92 > 88
+    assert not compact_is_smaller(10, 10)
+
+
+@pytest.mark.parametrize("terms,offsets,n_terms,nnz,msg", [
+    ([0, 2], [0, 1], 5, 1, "offsets for 2 listed terms"),
+    ([2, 1], [0, 1, 2], 5, 2, "strictly ascending"),
+    ([1, 1], [0, 1, 2], 5, 2, "strictly ascending"),
+    ([1, 5], [0, 1, 2], 5, 2, "below 5"),
+    ([0, 1], [1, 1, 2], 5, 2, "from 0 to 2"),
+    ([0, 1], [0, 2, 1], 5, 1, "non-decreasing"),
+    ([0, 1], [0, 1, 2], 5, 3, "from 0 to 3"),
+])
+def test_check_compact_offsets_refuses(terms, offsets, n_terms, nnz, msg):
+    with pytest.raises(ValueError, match=msg):
+        check_compact_offsets(np.array(terms, np.uint32), np.array(offsets, np.uint64), n_terms, nnz)
+
+
+def _manifest(root: Path) -> dict:
+    return json.loads(current_manifest_path(root).read_text())
+
+
+def _live_index(tmp_path: Path) -> tuple[Path, list[dict]]:
+    """An index of 60 documents plus an add of 4 (new terms: a compact segment) and an add of 40,
+    with deletes from the compact segment and from the first shard."""
+    docs = random_corpus(104, seed=11, min_len=0)
+    for i, d in enumerate(docs[60:64]):  # few terms of the vocabulary, and new ones
+        d["title"], d["text"] = "", " ".join(d["text"].split()[:2] + [f"novel{i}", f"novel{i}", "zzterm"])
+    root = tmp_path / "live"
+    build_index(docs[:60], root, legs=("bm25",), show_progress=False)
+    with IndexUpdater.open(root) as u:
+        u.add(docs[60:64])
+        u.commit()
+        u.add(docs[64:])
+        u.commit()
+        gone = {docs[61]["_id"], docs[3]["_id"], docs[70]["_id"]}
+        u.delete(sorted(gone))
+        u.commit()
+    return root, [d for d in docs if d["_id"] not in gone]
+
+
+def test_added_segment_is_compact_and_searches_equal_a_fresh_build(tmp_path):
+    root, live = _live_index(tmp_path)
+    entries = _manifest(root)["shards"]
+    compact = [e for e in entries if "bm25_terms" in e]
+    assert compact, entries  # the 4-document segment lists only its own terms
+    for e in compact:
+        cols = pa.ipc.open_file(str(root / e["dir"] / "bm25.arrow")).schema.names
+        assert "terms" in cols and e["bm25_terms"] < e["n_terms"]
+    fresh = tmp_path / "fresh"
+    build_index(live, fresh, legs=("bm25",), show_progress=False)
+    a, b = Retriever.open(root), Retriever.open(fresh)
+    queries = ["novel0 zzterm", "novel2", *[" ".join(d["text"].split()[:3]) for d in live[::9] if d["text"]]]
+    for algo in BM25_ALGOS:
+        for q in queries:
+            ha = a.search(q, k=7, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+            hb = b.search(q, k=7, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+            assert [h.id for h in ha] == [h.id for h in hb], (algo, q)
+            np.testing.assert_allclose([h.score for h in ha], [h.score for h in hb], rtol=0, atol=1e-6)
+    assert a.search("novel1", k=3, mode="bm25") == []  # docs[61] deleted: its only holder
+
+
+def _forge(root: Path, shard_dir: str, edit) -> None:
+    """Rewrite ``shard_dir/bm25.arrow`` with ``edit`` applied to its arrays and re-hash every
+    file (a forger's step: checksums match, content does not)."""
+    p = root / shard_dir / "bm25.arrow"
+    t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
+    arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
+    edit(arrays)
+    cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
+    write_table(p, pa.table(cols))
+    m = _manifest(root)
+    for rel, info in m["files"].items():
+        info["bytes"] = (root / rel).stat().st_size
+        info["sha256"] = sha256_file(root / rel)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+
+
+def _swap_terms(a):
+    a["terms"][[0, 1]] = a["terms"][[1, 0]]
+
+
+def _term_past_vocab(a):
+    a["terms"][-1] = 10**6
+
+
+def _short_offsets(a):
+    a["offsets"] = a["offsets"][:-1]
+
+
+def _drop_terms(a):
+    del a["terms"]
+
+
+@pytest.mark.parametrize("edit,msg", [(_swap_terms, "strictly ascending"), (_term_past_vocab, "below"),
+                                      (_short_offsets, "offsets for"), (_drop_terms, "missing array 'terms'")])
+def test_forged_compact_postings_are_refused(tmp_path, edit, msg):
+    root, _ = _live_index(tmp_path)
+    shard = next(e["dir"] for e in _manifest(root)["shards"] if "bm25_terms" in e)
+    _forge(root, shard, edit)
+    with pytest.raises(IndexFormatError, match=msg) as err:
+        Retriever.open(root).search("novel0 zzterm", k=3, mode="bm25")
+    assert f"{shard}/bm25.arrow" in str(err.value)
+
+
+def test_listed_term_count_must_match_the_manifest(tmp_path):
+    root, _ = _live_index(tmp_path)
+    m = _manifest(root)
+    e = next(e for e in m["shards"] if "bm25_terms" in e)
+    e["bm25_terms"] += 1
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match="manifest says") as err:
+        Retriever.open(root).search("novel0", k=3, mode="bm25")
+    assert "bm25.arrow" in str(err.value)
