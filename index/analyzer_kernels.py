@@ -22,7 +22,10 @@ batch of UTF-8 encoded texts without creating a Python object per token:
 ASCII texts skip step 1's decoding (folded byte by byte). Every kernel runs without the GIL.
 Then :func:`count_terms` turns entries into per-document (term id, tf) pairs and document
 lengths, and :func:`csr_by_term` is the stable counting sort that turns a shard's pairs into CSR
-postings (doc ids ascending within each term). All functions are pure functions of arrays.
+postings (doc ids ascending within each term); :func:`csr_by_term_compact` the same for a living
+index's segment, listing only the terms that occur, in time independent of the vocabulary. All
+functions are pure functions of arrays (:func:`csr_by_term_compact` also takes work arrays it
+leaves as it found them).
 """
 
 from __future__ import annotations
@@ -642,6 +645,106 @@ def csr_by_term(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int) 
     if not _scatter(doc, tid, tf, offsets, out_doc, out_tf):
         raise ValueError("documents not in ascending order")
     return offsets, out_doc, out_tf
+
+
+class CsrScratch:
+    """Work arrays of :func:`csr_by_term_compact`, kept between its calls so that a call costs
+    O(nnz + T'), not O(vocabulary): a count per term id and a bitset of the term ids seen, both
+    all zero between calls (a call clears exactly what it set). Grows with the vocabulary.
+
+    Not thread-safe: one call at a time (the postings builder runs its flushes on its one worker
+    thread).
+    """
+
+    def __init__(self) -> None:  # noqa: D107
+        self.count = np.zeros(0, dtype=np.int64)
+        self.bits = np.zeros(0, dtype=np.uint64)
+
+    def ensure(self, n_terms: int) -> None:
+        """Room for term ids below ``n_terms`` (new zero arrays when larger: nothing to carry)."""
+        if len(self.count) < n_terms:
+            size = max(int(n_terms), 2 * len(self.count))
+            self.count = np.zeros(size, dtype=np.int64)
+            self.bits = np.zeros((size + 63) // 64, dtype=np.uint64)
+
+
+@nb.njit(cache=True, nogil=True)
+def _csr_compact(doc, tid, tf, count, bits, out_doc, out_tf, terms, offsets):
+    n = doc.shape[0]
+    for i in range(1, n):  # checked before the scratch is touched
+        if doc[i] < doc[i - 1]:
+            return -1
+    one = np.uint64(1)
+    for i in range(n):  # postings per term; the terms seen marked in the bitset
+        t = tid[i]
+        if count[t] == 0:
+            bits[t >> 6] |= one << np.uint64(t & 63)
+        count[t] += 1
+    k = 0
+    for w in range(bits.shape[0]):  # the terms seen, ascending (bitset cleared on the way)
+        word = bits[w]
+        if word == 0:
+            continue
+        bits[w] = 0
+        base = w * 64
+        while word != 0:
+            if (word & np.uint64(0xFF)) == 0:
+                word >>= np.uint64(8)
+                base += 8
+                continue
+            if word & one:
+                terms[k] = base
+                k += 1
+            word >>= one
+            base += 1
+    pos = 0
+    for j in range(k):  # list starts; the counts become write cursors
+        t = terms[j]
+        c = count[t]
+        offsets[j] = pos
+        count[t] = pos
+        pos += c
+    offsets[k] = pos
+    for i in range(n):  # stable scatter: doc ids stay ascending within a list
+        t = tid[i]
+        p = count[t]
+        count[t] = p + 1
+        out_doc[p] = doc[i]
+        out_tf[p] = tf[i]
+    for j in range(k):
+        count[terms[j]] = 0
+    return k
+
+
+def csr_by_term_compact(doc: np.ndarray, tid: np.ndarray, tf: np.ndarray, n_terms: int, scratch: CsrScratch
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`csr_by_term` in the compact form of a living index's segment: only the terms that
+    occur are listed. Time O(nnz + T' + n_terms / 64) with ``scratch`` reused across calls (the
+    dense form's counting sort and its compaction touch O(n_terms) memory several times: at a 1M
+    vocabulary and a 10,000-document segment ~30 ms against ~7 ms).
+
+    Returns:
+        ``terms`` u32[T'] (ascending: the term ids that occur), ``offsets`` u64[T'+1] (list i is
+        the list of ``terms[i]``), ``doc_ids`` u32[nnz], ``tfs`` u32[nnz] (as :func:`csr_by_term`).
+
+    Raises:
+        ValueError: the arrays differ in length, a term id is >= ``n_terms``, or ``doc``
+            decreases (``scratch`` is left as it was).
+    """
+    if not (len(doc) == len(tid) == len(tf)):
+        raise ValueError(f"doc, tid, tf lengths differ: {len(doc)}, {len(tid)}, {len(tf)}")
+    if len(doc) and int(tid.max()) >= n_terms:
+        raise ValueError(f"term id {int(tid.max())} out of range (n_terms = {n_terms})")
+    scratch.ensure(n_terms)
+    nnz = len(doc)
+    out_doc = np.empty(nnz, dtype=np.uint32)
+    out_tf = np.empty(nnz, dtype=np.uint32)
+    terms = np.empty(min(nnz, n_terms), dtype=np.uint32)
+    offsets = np.empty(len(terms) + 1, dtype=np.uint64)
+    k = _csr_compact(doc, tid, tf, scratch.count, scratch.bits, out_doc, out_tf, terms, offsets)
+    if k < 0:
+        raise ValueError("documents not in ascending order")
+    return terms[:k].copy(), offsets[:k + 1].copy(), out_doc, out_tf
 
 
 @nb.njit(cache=True, nogil=True)

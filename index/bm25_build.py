@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from .analyzer import _IDEO, Analyzer
-from .analyzer_kernels import TokenTable, count_terms, csr_by_term, scan_tokens, utf8_arrays
+from .analyzer_kernels import CsrScratch, TokenTable, count_terms, csr_by_term, csr_by_term_compact, scan_tokens, utf8_arrays
 
 if TYPE_CHECKING:
     from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
@@ -131,6 +131,7 @@ class PostingsBuilder:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="postings") if background else None
         self._scan_pool = ThreadPoolExecutor(1, thread_name_prefix="postings-scan") if background else None
         self._pending: deque[Future] = deque()
+        self._csr_scratch = CsrScratch()  # compact flushes' work arrays (flush jobs run one at a time)
 
     # ---------------------------------------------------------------- results (wait for the worker)
 
@@ -312,10 +313,16 @@ class PostingsBuilder:
 
     # ------------------------------------------------------------------------------------ output
 
-    def flush_async(self) -> Future:
+    def flush_async(self, *, compact: bool = False) -> Future:
         """:meth:`flush` computed on the worker thread (the counting sort runs without the GIL);
         the returned future's ``result()`` is the shard's arrays. The builder is ready for the next
-        shard at once."""
+        shard at once.
+
+        Args:
+            compact: list only the terms that occur (a living index's segment): ``terms``
+                u32[T'] and ``offsets`` u64[T'+1] over them (:func:`csr_by_term_compact`, in
+                time independent of the vocabulary's size) instead of ``offsets`` u64[T+1].
+        """
         shard = self._shard
         self._shard = _Shard()
         self._n = 0
@@ -328,6 +335,9 @@ class PostingsBuilder:
             tid = np.concatenate(shard.term_ids) if shard.term_ids else np.zeros(0, np.uint32)
             tf = np.concatenate(shard.tfs) if shard.tfs else np.zeros(0, np.uint32)
             dl = np.concatenate(shard.lens) if shard.lens else np.zeros(0, np.uint32)
+            if compact:  # the jobs run one at a time (one worker, or inline): one scratch
+                terms, offsets, doc_ids, tf_sorted = csr_by_term_compact(doc, tid, tf, n_terms, self._csr_scratch)
+                return {"terms": terms, "offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": dl}
             offsets, doc_ids, tf_sorted = csr_by_term(doc, tid, tf, n_terms)
             return {"offsets": offsets, "doc_ids": doc_ids, "tfs": tf_sorted, "doc_len": dl}
 
@@ -390,30 +400,30 @@ class BM25Builder:
 
     def end_shard(self) -> None:
         """Start the shard's counting sort on the worker thread (it runs while docs are written)."""
-        self._pending = self.postings.flush_async()
+        self._pending = self.postings.flush_async(compact=self._trim)
 
     def finish_shard(self, writer: Any, shard: "ShardHandle") -> "ShardOutput":
         """Write ``bm25.arrow``: ``offsets`` u64[T_s+1], ``doc_ids`` u32, ``tfs`` u32, ``doc_len`` u32."""
         from .builders import ShardOutput
 
-        fut = self._pending if self._pending is not None else self.postings.flush_async()
+        fut = self._pending if self._pending is not None else self.postings.flush_async(compact=self._trim)
         self._pending = None
         arrays = fut.result()
         if len(arrays["doc_len"]) != shard.rows:
             raise RuntimeError(f"internal error: {len(arrays['doc_len'])} document lengths for {shard.rows} rows")
-        if self._trim:  # the shard's lists end at its last term (later terms have df 0 there)
-            # offsets never decrease: the first entry equal to the total is the end of the last
-            # non-empty list (a binary search, where a diff would touch the whole vocabulary)
-            offsets = arrays["offsets"]
-            end = int(np.searchsorted(offsets, offsets[-1], side="left"))
-            arrays = {**arrays, "offsets": offsets[:end + 1]}
-        n_terms, nnz = int(len(arrays["offsets"]) - 1), int(len(arrays["doc_ids"]))
-        entry = {"n_terms": n_terms, "nnz": nnz}
-        if self._trim:  # a segment's new terms are the vocabulary's last: list only its own terms
-            terms, compact = compact_offsets(arrays["offsets"])
-            if compact_is_smaller(len(terms), n_terms):
-                arrays = {**arrays, "offsets": compact, "terms": terms}
-                entry["bm25_terms"] = int(len(terms))
+        nnz = int(len(arrays["doc_ids"]))
+        if self._trim:  # the lists end at the shard's last term; listed alone when that is smaller
+            terms = arrays.pop("terms")
+            n_terms = int(terms[-1]) + 1 if len(terms) else 0
+            if not compact_is_smaller(len(terms), n_terms):
+                arrays["offsets"] = dense_offsets(terms, arrays["offsets"], n_terms, nnz)
+                entry = {"n_terms": n_terms, "nnz": nnz}
+            else:
+                arrays["terms"] = terms
+                entry = {"n_terms": n_terms, "nnz": nnz, "bm25_terms": int(len(terms))}
+        else:
+            n_terms = int(len(arrays["offsets"]) - 1)
+            entry = {"n_terms": n_terms, "nnz": nnz}
         rel = writer.write_arrays(f"{shard.dir}/bm25.arrow", arrays)
         self._faults("shard_bm25")
         stats = {"n_docs": shard.rows, "sum_dl": int(arrays["doc_len"].sum(dtype=np.int64)), "n_terms": n_terms,

@@ -14,6 +14,7 @@ import pytest
 
 from conftest import random_corpus
 from retriever import IndexUpdater, Retriever, build_index
+from retriever.index.analyzer_kernels import CsrScratch, csr_by_term, csr_by_term_compact
 from retriever.index.arrow_io import write_table
 from retriever.index.bm25_build import check_compact_offsets, compact_is_smaller, compact_offsets, dense_offsets
 from retriever.index.errors import IndexFormatError
@@ -87,6 +88,48 @@ def _live_index(tmp_path: Path) -> tuple[Path, list[dict]]:
         u.delete(sorted(gone))
         u.commit()
     return root, [d for d in docs if d["_id"] not in gone]
+
+
+def _triples(rng: np.random.Generator, n_docs: int, n_terms: int, nnz: int):
+    doc = np.sort(rng.integers(0, max(n_docs, 1), nnz)).astype(np.uint32)
+    tid = np.minimum(rng.zipf(1.3, nnz) - 1, n_terms - 1).astype(np.uint32) if n_terms else np.zeros(0, np.uint32)
+    tf = rng.integers(1, 9, nnz).astype(np.uint32)
+    return doc, tid[:nnz], tf
+
+
+def test_csr_by_term_compact_equals_the_dense_counting_sort_compacted():
+    """The compact kernel = csr_by_term then compact_offsets, over calls of growing and shrinking
+    vocabularies sharing one scratch, which is left all zero after each."""
+    rng = np.random.default_rng(11)
+    scratch = CsrScratch()
+    for n_terms, nnz in [(1, 0), (1, 5), (70, 300), (3000, 40), (64, 1000), (129, 129), (5000, 20000), (10, 7)]:
+        doc, tid, tf = _triples(rng, 50, n_terms, nnz)
+        terms, offsets, d, f = csr_by_term_compact(doc, tid, tf, n_terms, scratch)
+        dense, d_ref, f_ref = csr_by_term(doc, tid, tf, n_terms)
+        t_ref, o_ref = compact_offsets(dense)
+        assert terms.dtype == np.uint32 and offsets.dtype == np.uint64
+        np.testing.assert_array_equal(terms, t_ref)
+        np.testing.assert_array_equal(offsets, o_ref)
+        np.testing.assert_array_equal(d, d_ref)
+        np.testing.assert_array_equal(f, f_ref)
+        np.testing.assert_array_equal(dense_offsets(terms, offsets, n_terms, nnz), dense)
+        assert not scratch.count.any() and not scratch.bits.any()
+
+
+def test_csr_by_term_compact_errors_leave_the_scratch_clean():
+    rng = np.random.default_rng(5)
+    scratch = CsrScratch()
+    doc, tid, tf = _triples(rng, 20, 100, 200)
+    with pytest.raises(ValueError, match="ascending"):
+        csr_by_term_compact(doc[::-1].copy(), tid, tf, 100, scratch)
+    with pytest.raises(ValueError, match="out of range"):
+        csr_by_term_compact(doc, tid, tf, int(tid.max()), scratch)
+    with pytest.raises(ValueError, match="lengths differ"):
+        csr_by_term_compact(doc, tid[:-1], tf, 100, scratch)
+    assert not scratch.count.any() and not scratch.bits.any()
+    terms, offsets, d, f = csr_by_term_compact(doc, tid, tf, 100, scratch)
+    dense, _, _ = csr_by_term(doc, tid, tf, 100)
+    np.testing.assert_array_equal(terms, compact_offsets(dense)[0])
 
 
 def test_added_segment_is_compact_and_searches_equal_a_fresh_build(tmp_path):
