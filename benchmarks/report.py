@@ -196,7 +196,7 @@ def _on(m: dict | None, date: Any = None) -> str:
 def readme_rows(out: Path = RESULTS) -> list[tuple[str, str, str, str]]:
     """The README's table of current figures: ``(figure, value, machine and date, command)`` rows
     read from the results files in ``out`` (``quality.json``, ``bm25.json``, ``run_*.json``,
-    ``bench_dense.json``), each with the command recorded in its file. A missing or failed section
+    ``bench_dense.json``, ``updates_1m.json``), each with the command recorded in its file. A missing or failed section
     gives no rows."""
     out = Path(out)
     rows: list[tuple[str, str, str, str]] = []
@@ -293,7 +293,33 @@ def readme_rows(out: Path = RESULTS) -> list[tuple[str, str, str, str]]:
         rows.append((f"learned sparse top-10, {c['collection']} ({c['n_docs']:,} docs, {c['n_queries']:,} queries), 1 thread, "
                      "CPU-time QPS",
                      val, _on(sp.get("machine"), c.get("date")), f"`{c.get('command', sp['command']).strip()}`"))
+    rows.extend(_living_rows(read("updates_1m.json")))
     return rows
+
+
+def _living_rows(u: dict | None) -> list[tuple[str, str, str, str]]:
+    """The README row of a full living-index run (``updates_1m.json`` of :mod:`benchmarks.bench_updates`):
+    the add rate against a fresh build, the 1,000-document add / delete commits, the refresh, the
+    compaction, and BM25 latency while a writer changes the index."""
+    r = (u or {}).get("retriever") or {}
+    need = ("fresh_build", "add", "add_1000", "delete_1000", "refresh_after_1000_s", "full_open_s", "compact_full",
+            "query_ms")
+    if any(k not in r for k in need):
+        return []
+    where, cmd, n = _on(u.get("machine")), f"`{u['command'].strip()}`", u.get("docs", 0)
+    a, fb, d = r["add"], r["fresh_build"], r["delete_1000"]
+    cpu = f"; CPU time {a['cpu_ratio_to_fresh_build']:.2f}×" if "cpu_ratio_to_fresh_build" in a else ""
+    val = (f"add {a['docs_per_s']:,.0f} docs/s = {a['ratio_to_fresh_build']:.2f}× a fresh build ({fb['docs_per_s']:,.0f}"
+           f"{cpu}); add + commit 1,000 docs "
+           f"{r['add_1000']['add_plus_commit_ms_median']:.0f} ms; delete 1,000 {1e3 * d['delete_s']['median']:.1f} ms + commit "
+           f"{1e3 * d['commit_s']['median']:.0f} ms; refresh {1e3 * r['refresh_after_1000_s']['median']:.0f} ms (open "
+           f"{r['full_open_s']['median']:.2f} s); full compaction {r['compact_full']['seconds']:.1f} s")
+    q = r["query_ms"]
+    st, wr = q["static"], q["while_writing"]
+    val += (f"; BM25 top-10 p50 / p99 {st['p50']:.2f} / {st['p99']:.2f} ms static, {wr['p50']:.2f} / {wr['p99']:.2f} ms "
+            f"while a writer adds + deletes {wr['docs_per_s']:,} docs/s (p99 {wr['p99'] / st['p99']:.2f}×)")
+    return [(f"living index, synthetic {n:,} docs (BM25 + dense flat, half built then half added in {a['batch']:,}-doc "
+             "commits, no encoders; one query at a time, the reader refreshing every second)", val, where, cmd)]
 
 
 def readme_markdown(out: Path = RESULTS) -> str:
