@@ -44,7 +44,12 @@ from .arrow_io import (ARROW_MAGIC, arrays_of_table, table_from_map, write_array
 from .safe_open import IndexFiles, check_rel, open_regular
 
 FORMAT_NAME = "retriever-index"
-FORMAT_VERSION = 2
+#: the newest format version this build reads and writes
+FORMAT_VERSION = 3
+#: the versions this build reads: 2, and 3 = 2 plus segments that list their own BM25 terms
+#: (``bm25_terms``); a generation is written with the lowest version that holds it
+#: (:func:`format_version_of`), so builds stay readable by builds that know only version 2
+READ_FORMAT_VERSIONS = (2, 3)
 #: the pointer file naming the current generation's manifest
 CURRENT = "CURRENT"
 #: folder of the generation manifests
@@ -144,6 +149,14 @@ def manifest_digest(m: Mapping[str, Any]) -> str:
                                      allow_nan=False).encode("utf-8")).hexdigest()
 
 
+def format_version_of(shards: Any) -> int:
+    """The lowest format version that holds a generation of these shard entries: 3 when a segment
+    lists its own BM25 terms (``bm25_terms``: a layout of ``bm25.arrow`` that builds knowing only
+    version 2 would misread), else 2. Writers stamp it on each manifest, so such builds refuse the
+    index (``unsupported format_version``) instead of misreading it."""
+    return 3 if any(isinstance(e, dict) and "bm25_terms" in e for e in shards) else 2
+
+
 def upgrade_hint(root: Path) -> str:
     """The sentence that tells how to convert an older index at ``root``."""
     return f"convert it with 'retriever index upgrade {root}' (atomic; postings and vectors are kept)"
@@ -167,7 +180,7 @@ def read_current(root: Path) -> int:
         if not os.path.lexists(cpath):
             if os.path.lexists(root / MANIFEST_V1):
                 raise IndexFormatError(f"{root}: index of format version 1 (written by an older retriever; this "
-                                       f"build reads version {FORMAT_VERSION}): {upgrade_hint(root)}") from None
+                                       f"build reads versions {', '.join(map(str, READ_FORMAT_VERSIONS))}): {upgrade_hint(root)}") from None
             raise IndexFormatError(f"{root}: not an index (no {CURRENT} file)") from None
         raise
     try:
@@ -238,9 +251,12 @@ def read_manifest(root: Path, generation: int | None = None, *,
         raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
     if "manifest_sha256" not in m or m["manifest_sha256"] != manifest_digest(m):
         raise IndexFormatError(f"{mpath}: manifest checksum mismatch (manifest corrupted or edited)")
-    if m.get("format_version") != FORMAT_VERSION:
+    if m.get("format_version") not in READ_FORMAT_VERSIONS:
         raise IndexFormatError(f"{mpath}: unsupported format_version {m.get('format_version')!r} "
-                               f"(this build reads {FORMAT_VERSION})")
+                               f"(this build reads {', '.join(map(str, READ_FORMAT_VERSIONS))})")
+    if isinstance(m.get("shards"), list) and m["format_version"] < format_version_of(m["shards"]):
+        raise IndexFormatError(f"{mpath}: format_version {m['format_version']} but its shards need "
+                               f"{format_version_of(m['shards'])} (segments listing their BM25 terms)")
     if m.get("generation") != gen:
         raise IndexFormatError(f"{mpath}: says generation {m.get('generation')!r}, its name says {gen}")
     validate_manifest(mpath, m)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .errors import IndexFormatError, IndexLockedError
 from .writer import _fsync_dir  # the one directory fsync of the build side
-from .format import CURRENT, manifest_digest, manifest_name, read_current, read_manifest, sha256_file
+from .format import CURRENT, format_version_of, manifest_digest, manifest_name, read_current, read_manifest, sha256_file
 
 LOCK = "LOCK"
 #: manifest fields a new generation may change (the rest is the parent's)
@@ -119,6 +119,7 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
                                    f"{parent_manifest.get('generation')}, not {parent}; nothing was committed")
         m = dict(parent_manifest if parent_manifest is not None else read_manifest(root, parent))
         m.update(changes)
+        m["format_version"] = format_version_of(m.get("shards", ()))  # the lowest that holds it
         m.pop("manifest_sha256", None)
         gen = parent + 1
         m["generation"] = gen

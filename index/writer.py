@@ -26,7 +26,7 @@ import pyarrow as pa
 from .errors import IndexExistsError, IndexFormatError
 from .builders import ShardHandle, ShardOutput
 from .faults import FaultHook, no_faults
-from .format import (CURRENT, FORMAT_NAME, FORMAT_VERSION, SHARD_STATS, is_index, manifest_digest, manifest_name,
+from .format import (CURRENT, FORMAT_NAME, SHARD_STATS, format_version_of, is_index, manifest_digest, manifest_name,
                      sha256_file, write_arrays, write_table)
 from .metadata import MetadataColumns, combine_schema, normalize_metadata, type_name
 
@@ -372,7 +372,7 @@ class IndexWriter:
             entry["deletes"] = None
         manifest: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            "format_version": format_version_of(self.shards),
             "generation": 1,
             "parent_generation": None,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),

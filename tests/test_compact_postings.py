@@ -207,3 +207,48 @@ def test_listed_term_count_must_match_the_manifest(tmp_path):
     with pytest.raises(IndexFormatError, match="manifest says") as err:
         Retriever.open(root).search("novel0", k=3, mode="bm25")
     assert "bm25.arrow" in str(err.value)
+
+
+def test_generations_carry_the_lowest_format_version_that_holds_them(tmp_path):
+    """A build is version 2 (readable by builds that know only 2); the first generation with a
+    segment listing its own terms is version 3, so such builds refuse it instead of misreading
+    its bm25.arrow; this build reads both."""
+    root, _ = _live_index(tmp_path)
+    assert any("bm25_terms" in e for e in _manifest(root)["shards"])
+    assert _manifest(root)["format_version"] == 3
+    assert Retriever.open(root).info()["format_version"] == 3
+    fresh = tmp_path / "fresh"
+    build_index(random_corpus(20, seed=2), fresh, legs=("bm25",), show_progress=False)
+    assert _manifest(fresh)["format_version"] == 2
+    with IndexUpdater.open(fresh) as u:  # a delete-only commit lists no compact segment: stays 2
+        u.delete([_manifest_first_id(fresh)])
+        u.commit()
+    assert _manifest(fresh)["format_version"] == 2
+
+
+def _manifest_first_id(root: Path) -> str:
+    return Retriever.open(root).doc_ids([0])[0]
+
+
+@pytest.mark.parametrize("version,msg", [(2, "format_version 2 but its shards need 3"),
+                                         (4, "unsupported format_version 4"), (1, "unsupported format_version 1")])
+def test_a_manifest_claiming_another_version_is_refused(tmp_path, version, msg):
+    root, _ = _live_index(tmp_path)
+    m = _manifest(root)
+    m["format_version"] = version
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match=msg):
+        Retriever.open(root)
+    with pytest.raises(IndexFormatError, match=msg):
+        IndexUpdater.open(root)
+
+
+def test_a_build_reading_only_version_2_refuses_a_compact_generation(tmp_path, monkeypatch):
+    """What a build of the previous format sees (it read version 2 only): a clear refusal."""
+    import retriever.index.format as fmt
+
+    root, _ = _live_index(tmp_path)
+    monkeypatch.setattr(fmt, "READ_FORMAT_VERSIONS", (2,))
+    with pytest.raises(IndexFormatError, match="unsupported format_version 3"):
+        Retriever.open(root)
