@@ -584,6 +584,8 @@ class IndexUpdater:
                 self._builders["dense"] = b
         else:
             b = DenseBuilder(cfg, self._faults, vectors=vectors)
+            if dim:  # rows of another width are refused as they are taken (ConfigError), before any commit
+                b.feed.dim = dim
         mat = MatryoshkaBuilder(dim, () if compaction else cfg.matryoshka_dims, mrl_trained=cfg.mrl_trained,
                                 dtype=str(st.get("dense_dtype") or cfg.dtype), rotation_sample=cfg.rotation_sample)
         if mat.rotates:
