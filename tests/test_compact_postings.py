@@ -207,3 +207,48 @@ def test_listed_term_count_must_match_the_manifest(tmp_path):
     with pytest.raises(IndexFormatError, match="manifest says") as err:
         Retriever.open(root).search("novel0", k=3, mode="bm25")
     assert "bm25.arrow" in str(err.value)
+
+
+def _entry_more_terms(e):
+    e["bm25_terms"] += 1
+
+
+def _entry_fewer_terms(e):
+    e["bm25_terms"] -= 1
+
+
+def _entry_not_compact(e):  # the compact file read as dense offsets: positions taken for term ids
+    del e["bm25_terms"]
+
+
+def _entry_more_postings(e):
+    e["nnz"] += 1
+
+
+def _entry_past_vocab(e):
+    e["n_terms"] += 1
+
+
+@pytest.mark.parametrize("edit", [_entry_more_terms, _entry_fewer_terms, _entry_not_compact, _entry_more_postings,
+                                  _entry_past_vocab])
+def test_delete_commit_refuses_a_segment_that_disagrees_with_its_entry(tmp_path, edit):
+    """The delete commit counts the deleted documents' df on the segment's postings: a segment
+    whose ``bm25.arrow`` does not match its manifest entry (listed terms, postings, vocabulary) is
+    refused with an error naming the file, as readers refuse it, and no generation is written
+    (never a tombstone df counted on misread postings)."""
+    from retriever.index.format import read_current
+
+    root, _ = _live_index(tmp_path)
+    m = _manifest(root)
+    e = next(e for e in m["shards"] if "bm25_terms" in e)
+    edit(e)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    victim = pa.ipc.open_file(str(root / e["dir"] / "docs.arrow")).read_all().column("id")[0].as_py()
+    gen = read_current(root)
+    with IndexUpdater.open(root) as u:
+        u.delete([victim])
+        with pytest.raises(IndexFormatError) as err:
+            u.commit()
+    assert f"{e['dir']}/bm25.arrow" in str(err.value)
+    assert read_current(root) == gen
