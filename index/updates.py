@@ -584,6 +584,8 @@ class IndexUpdater:
                 self._builders["dense"] = b
         else:
             b = DenseBuilder(cfg, self._faults, vectors=vectors)
+            if dim:  # rows of another width are refused as they are taken (ConfigError), before any commit
+                b.feed.dim = dim
         mat = MatryoshkaBuilder(dim, () if compaction else cfg.matryoshka_dims, mrl_trained=cfg.mrl_trained,
                                 dtype=str(st.get("dense_dtype") or cfg.dtype), rotation_sample=cfg.rotation_sample)
         if mat.rotates:
@@ -879,7 +881,7 @@ class IndexUpdater:
                 rel = f"{s.dir}/deletes.{gen:06d}.arrow"
                 arrays: dict[str, np.ndarray] = {"rows": rows.astype(np.uint32)}
                 if "bm25" in self.config.legs:
-                    terms, df = _deleted_df(self.root / s.dir, rows, s.entry)
+                    terms, df = _deleted_df(self.root / s.dir, rows, s.entry, n_terms)
                     arrays["bm25_terms"], arrays["bm25_df"] = terms, df
                 entry = _durable_entry(self.root / rel, table_bytes(arrays_table(arrays)))
                 touched.add(s.dir)
@@ -1136,21 +1138,32 @@ def _stored_vectors(path: Path, rows: int) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).reshape(rows, dim)
 
 
-def _deleted_df(shard_dir: Path, rows: np.ndarray, entry: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+def _deleted_df(shard_dir: Path, rows: np.ndarray, entry: Mapping[str, Any], n_terms: int
+                ) -> tuple[np.ndarray, np.ndarray]:
     """Per-term df of the deleted ``rows`` of a segment, from its postings: (term ids u32
     ascending, counts u32), terms with a count of 0 left out. One compiled pass over the segment's
     postings (:func:`~retriever.index.analyzer_kernels.masked_df`), done once per commit that deletes
     from the segment; readers then read it. ``entry``: the segment's manifest entry (a segment
-    with ``bm25_terms`` lists its terms, see :func:`~retriever.index.bm25_build.compact_offsets`).
+    with ``bm25_terms`` lists its terms, see :func:`~retriever.index.bm25_build.compact_offsets`);
+    the postings must match it as readers require (listed terms, ``n_terms`` at most the
+    vocabulary's ``n_terms``, ``nnz``, ``rows``), or a position would be taken for a term id.
 
     Raises:
-        IndexFormatError: the segment's postings are not valid CSR (names the file)."""
+        IndexFormatError: the segment's postings are not valid CSR or do not match ``entry``
+            (names the file)."""
     path = shard_dir / "bm25.arrow"
     compact = "bm25_terms" in entry
     a = read_arrays(path, BM25_COMPACT_ARRAYS if compact else BM25_ARRAYS)
+    t_s = entry.get("n_terms", None if compact else len(a["offsets"]) - 1)  # a compact entry must say it
+    listed = len(a["terms"]) if compact else len(a["offsets"]) - 1
+    if t_s is None or listed != (entry["bm25_terms"] if compact else t_s) or t_s > n_terms \
+            or len(a["doc_ids"]) != entry.get("nnz", len(a["doc_ids"])) or len(a["doc_len"]) != entry["rows"]:
+        raise IndexFormatError(f"{path}: lists {listed} terms / {len(a['doc_ids'])} postings / {len(a['doc_len'])} "
+                               f"rows, manifest says {entry.get('bm25_terms', t_s)} of {t_s} (vocabulary: "
+                               f"{n_terms}) / {entry.get('nnz')} / {entry['rows']}")
     try:
         if compact:
-            check_compact_offsets(a["terms"], a["offsets"], int(entry.get("n_terms", 0)), len(a["doc_ids"]))
+            check_compact_offsets(a["terms"], a["offsets"], t_s, len(a["doc_ids"]))
         counts = masked_df(a["offsets"], a["doc_ids"], rows, len(a["doc_len"]))
     except ValueError as e:
         raise IndexFormatError(f"{path}: {e}") from None

@@ -252,3 +252,150 @@ def test_a_build_reading_only_version_2_refuses_a_compact_generation(tmp_path, m
     monkeypatch.setattr(fmt, "READ_FORMAT_VERSIONS", (2,))
     with pytest.raises(IndexFormatError, match="unsupported format_version 3"):
         Retriever.open(root)
+
+def _entry_more_terms(e):
+    e["bm25_terms"] += 1
+
+
+def _entry_fewer_terms(e):
+    e["bm25_terms"] -= 1
+
+
+def _entry_not_compact(e):  # the compact file read as dense offsets: positions taken for term ids
+    del e["bm25_terms"]
+
+
+def _entry_more_postings(e):
+    e["nnz"] += 1
+
+
+def _entry_past_vocab(e):
+    e["n_terms"] += 1
+
+
+@pytest.mark.parametrize("edit", [_entry_more_terms, _entry_fewer_terms, _entry_not_compact, _entry_more_postings,
+                                  _entry_past_vocab])
+def test_delete_commit_refuses_a_segment_that_disagrees_with_its_entry(tmp_path, edit):
+    """The delete commit counts the deleted documents' df on the segment's postings: a segment
+    whose ``bm25.arrow`` does not match its manifest entry (listed terms, postings, vocabulary) is
+    refused with an error naming the file, as readers refuse it, and no generation is written
+    (never a tombstone df counted on misread postings)."""
+    from retriever.index.format import read_current
+
+    root, _ = _live_index(tmp_path)
+    m = _manifest(root)
+    e = next(e for e in m["shards"] if "bm25_terms" in e)
+    edit(e)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    victim = pa.ipc.open_file(str(root / e["dir"] / "docs.arrow")).read_all().column("id")[0].as_py()
+    gen = read_current(root)
+    with IndexUpdater.open(root) as u:
+        u.delete([victim])
+        with pytest.raises(IndexFormatError) as err:
+            u.commit()
+    assert f"{e['dir']}/bm25.arrow" in str(err.value)
+    assert read_current(root) == gen
+
+
+def _same_as_fresh(r: Retriever, live: list[dict], fresh: Path) -> None:
+    """Every BM25 algorithm's top-k of ``r`` equals a fresh build's of ``live`` (ids, scores within 1e-6)."""
+    build_index(live, fresh, legs=("bm25",), show_progress=False, overwrite=True)
+    b = Retriever.open(fresh)
+    queries = ["novel0 zzterm", "later1 later4 zzterm", "vitamin bone", "gene cell cell cancer", "heart later2",
+               *[" ".join(d["text"].split()[:3]) for d in live[::11] if d["text"]]]
+    for algo in BM25_ALGOS:
+        for k in (3, 50):
+            got = r.search_arrays(queries, k=k, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+            want = b.search_arrays(queries, k=k, mode="bm25", leg_params={"bm25": {"algorithm": algo}})
+            for q in range(len(queries)):
+                ia = list(r.doc_ids(got.ids[q, :got.n_found[q]]))
+                ib = list(b.doc_ids(want.ids[q, :want.n_found[q]]))
+                assert ia == ib, (algo, k, queries[q])
+                np.testing.assert_allclose(got.scores[q, :got.n_found[q]], want.scores[q, :want.n_found[q]],
+                                           rtol=0, atol=1e-6)
+
+
+def _to_previous_form(root: Path) -> list[str]:
+    """Rewrite the compact segments as the code before them wrote an added segment (dense
+    ``offsets`` trimmed at its last term, no ``bm25_terms``); returns their directories."""
+    dirs = []
+    for e in _manifest(root)["shards"]:
+        if "bm25_terms" in e:
+            _forge(root, e["dir"], lambda a, n=e["n_terms"]: a.update(
+                offsets=dense_offsets(a.pop("terms"), a["offsets"], n, len(a["doc_ids"]))))
+            dirs.append(e["dir"])
+    m = _manifest(root)
+    for e in m["shards"]:
+        e.pop("bm25_terms", None)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    return dirs
+
+
+def test_segments_of_the_previous_form_live_on_beside_compact_ones(tmp_path):
+    """An index whose added segments have the previous form (trimmed dense offsets, no
+    ``bm25_terms``): searches, then adds of compact segments, deletes in both forms, partial and
+    full compactions, reopens and a refresh of a reader opened first all equal a fresh build."""
+    from retriever.index.updates import CompactPolicy
+
+    root, live = _live_index(tmp_path)
+    old_dirs = _to_previous_form(root)
+    assert old_dirs and not any("bm25_terms" in e for e in _manifest(root)["shards"])
+    first = Retriever.open(root)
+    _same_as_fresh(first, live, tmp_path / "fresh")
+    adds = [{"_id": f"later{i}", "title": "", "text": f"later{i} zzterm heart later{(i + 1) % 6}"} for i in range(6)]
+    victims = [pa.ipc.open_file(str(root / d / "docs.arrow")).read_all().column("id")[-1].as_py() for d in old_dirs]
+    with IndexUpdater.open(root) as u:
+        u.add(adds)
+        u.delete(victims + [live[0]["_id"]])
+        u.commit()
+        assert any("bm25_terms" in e for e in _manifest(root)["shards"])
+        live = [d for d in live if d["_id"] not in {*victims, live[0]["_id"]}] + adds
+        _same_as_fresh(Retriever.open(root), live, tmp_path / "fresh")
+        u.compact(CompactPolicy(small_rows=8, max_deleted_fraction=0.5))
+        _same_as_fresh(Retriever.open(root), live, tmp_path / "fresh")
+        u.delete(["later2", live[5]["_id"]])
+        live = [d for d in live if d["_id"] not in ("later2", live[5]["_id"])]
+        u.commit()
+        _same_as_fresh(Retriever.open(root), live, tmp_path / "fresh")
+        u.compact(full=True)
+    assert first.refresh()
+    _same_as_fresh(first, live, tmp_path / "fresh")
+
+
+@pytest.mark.parametrize("point,moved", [("update_deletes", 0), ("generation_current:2", None), ("update_clean:2", 2)])
+def test_sigkill_with_compact_segments_leaves_a_whole_generation(tmp_path, point, moved):
+    """A writer killed while it deletes from a compact segment and adds compact ones (then
+    compacts): the index shows the previous or the new generation whole, and the next writer
+    removes what the killed one left and goes on."""
+    import signal
+    import subprocess
+    import sys
+
+    from test_updates import _disk_files, _listed
+
+    from retriever.index.format import read_current
+
+    root, live = _live_index(tmp_path)
+    seg = next(e["dir"] for e in _manifest(root)["shards"] if "bm25_terms" in e)
+    victim = pa.ipc.open_file(str(root / seg / "docs.arrow")).read_all().column("id")[0].as_py()
+    adds = [{"_id": f"later{i}", "title": "", "text": f"later{i} zzterm heart"} for i in range(3)]
+    after = [d for d in live if d["_id"] != victim] + adds
+    gen0 = read_current(root)
+    repo = Path(__file__).resolve().parents[1]
+    spec = {"dir": str(root), "add": adds, "delete": [victim], "compact": True}
+    proc = subprocess.run([sys.executable, str(repo / "tests" / "crash_update.py"), point, json.dumps(spec)],
+                          cwd=repo, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    gen = read_current(root) - gen0
+    assert gen in ((moved,) if moved is not None else (1, 2))
+    _same_as_fresh(Retriever.open(root), live if gen == 0 else after, tmp_path / "fresh")
+    with IndexUpdater.open(root):  # the next writer removes what the killed one left
+        pass
+    assert _disk_files(root) <= _listed(root)
+    with IndexUpdater.open(root) as u:  # and goes on
+        u.add([{"_id": "z0", "text": "zzterm later9"}])
+        u.commit()
+    _same_as_fresh(Retriever.open(root), (live if gen == 0 else after) + [{"_id": "z0", "text": "zzterm later9"}],
+                   tmp_path / "fresh")

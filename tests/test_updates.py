@@ -838,6 +838,34 @@ def test_batches_analysed_while_reading_are_dropped_with_a_rejected_batch(tmp_pa
     assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
 
 
+def test_precomputed_dense_vectors_of_another_width_are_refused(tmp_path):
+    """Vectors of another dimension than the index's are refused before anything is written (a
+    segment of such vectors would leave the committed generation unreadable for dense search);
+    the adds that follow equal a fresh build."""
+    legs = ("bm25", "dense")
+    path, m = start(tmp_path, legs, n=10, shard_size=6)
+    files_before = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    new = [(f"n{i}", 0) for i in range(8)]
+    recs = [make_doc(k, v) for k, v in new]
+    for r in recs:
+        r["text"] += f" novel{r['_id']}"
+    with IndexUpdater.open(path) as u:
+        for dim in (DIM + 1, DIM - 1):
+            vecs = np.random.default_rng(dim).standard_normal((len(new), dim)).astype(np.float32)
+            with pytest.raises(ConfigError, match=rf"dense_vectors rows have shape \({dim},\), expected \({DIM},\)"):
+                u.add(recs, dense_vectors=vecs)
+        assert not u.pending
+    files_after = sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file() and p.name != "LOCK")
+    assert files_after == files_before
+    with IndexUpdater.open(path) as u:
+        with pytest.raises(ConfigError, match="expected"):
+            u.add(recs, dense_vectors=np.ones((len(new), DIM + 3), np.float32))
+        u.add([make_doc(k, v) for k, v in new], **m.records(new))
+        m.live += new
+        u.commit()
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
+
+
 def test_masked_df_counts_each_subset_document_once_per_term():
     # the delete commit's per-term df of the deleted rows: equal to counting in Python
     from retriever.index.analyzer_kernels import masked_df
