@@ -7,6 +7,7 @@ JSON files, so the summary can be regenerated without rerunning anything.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -306,7 +307,9 @@ def _living_rows(u: dict | None) -> list[tuple[str, str, str, str]]:
             "query_ms")
     if any(k not in r for k in need):
         return []
-    where, cmd, n = _on(u.get("machine")), f"`{u['command'].strip()}`", u.get("docs", 0)
+    # the cache folder of the recorded command is a scratch path of that machine: shown as DIR
+    cmd = "`" + re.sub(r"--cache \S+", "--cache DIR", u["command"].strip()) + "`"
+    where, n = _on(u.get("machine")), u.get("docs", 0)
     a, fb, d = r["add"], r["fresh_build"], r["delete_1000"]
     cpu = f"; CPU time {a['cpu_ratio_to_fresh_build']:.2f}×" if "cpu_ratio_to_fresh_build" in a else ""
     val = (f"add {a['docs_per_s']:,.0f} docs/s = {a['ratio_to_fresh_build']:.2f}× a fresh build ({fb['docs_per_s']:,.0f}"

@@ -133,3 +133,16 @@ def test_index_modules_import_without_cycles():
     for m in graph:
         if m not in state:
             visit(m, [])
+
+
+def test_the_index_folder_is_not_importable_under_a_second_name():
+    """From the repository root ``index/`` is on sys.path as ``index``: importing it so would load
+    a second copy of every module (and exception class); it refuses, naming retriever.index."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import index"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode != 0 and "import retriever.index" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-c", "import retriever.index.updates, retriever.index.errors as e; "
+                        "print(e.__name__)"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "retriever.index.errors", r.stderr
