@@ -40,7 +40,7 @@ _EXPORTS: dict[str, str] = {
     **dict.fromkeys(("AnalyzerConfig", "BM25Params", "BuildConfig", "DenseConfig"), "index.config"),
     "RayExecutor": "index.distributed",
     **dict.fromkeys(("ConfigError", "CorpusError", "DistributedError", "IndexExistsError", "IndexFormatError",
-                     "ModelError", "QueryError", "RetrieverError"), "index.errors"),
+                     "IndexLockedError", "ModelError", "QueryError", "RetrieverError"), "index.errors"),
     "build_index": "index.pipeline",
     **dict.fromkeys(("CompactPolicy", "IndexUpdater"), "index.updates"),
     "Retriever": "api",
@@ -55,7 +55,7 @@ __all__ = [
     "Retriever", "build_index", "IndexUpdater", "CompactPolicy", "Hit", "LegHit", "LegArrays", "BatchResult", "RRF", "Linear", "Combined",
     "BuildConfig", "BM25Params", "AnalyzerConfig", "DenseConfig",
     "BM25SearchParams", "DenseSearchParams", "SparseSearchParams",
-    "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError",
+    "RetrieverError", "ConfigError", "CorpusError", "IndexFormatError", "IndexExistsError", "IndexLockedError",
     "ModelError", "QueryError", "DistributedError", "RayExecutor",
 ]
 
@@ -78,7 +78,7 @@ if _TYPE_CHECKING:  # the names as static analysers and IDEs see them
     from retriever.index.config import AnalyzerConfig, BM25Params, BuildConfig, DenseConfig
     from retriever.index.distributed import RayExecutor
     from retriever.index.errors import (ConfigError, CorpusError, DistributedError, IndexExistsError,
-                                        IndexFormatError, ModelError, QueryError, RetrieverError)
+                                        IndexFormatError, IndexLockedError, ModelError, QueryError, RetrieverError)
     from retriever.index.pipeline import build_index
     from retriever.index.updates import CompactPolicy, IndexUpdater
 

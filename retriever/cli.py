@@ -74,7 +74,7 @@ def _search_options(p: argparse.ArgumentParser) -> None:
                    help="rrf | dbsf | tmm | linear[:minmax|zscore|dbsf|tmm|theoretical|none] "
                         "(default: the index's fitted setting, else the library default)")
     p.add_argument("--full-score", action="store_true", help="full-score fusion: every leg scores every candidate")
-    p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (default 60)")
+    p.add_argument("--rrf-k", type=float, default=None, help="RRF constant k (selects RRF; default 60 with --fusion rrf, 40 for the default fusion)")
     p.add_argument("--weights", default=None, help="per-leg fusion weights, e.g. bm25=1,dense=1.5")
     p.add_argument("--depth", type=_positive_int, default=None, help="candidates per leg before fusion (default 100)")
     p.add_argument("--threads", type=_positive_int, default=None, help="kernel threads (default: all cores)")
@@ -321,7 +321,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
     with IndexUpdater.open(args.dir) as u:
         rep = u.delete(ids)
         gen = u.commit()
-    print(f"deleted {rep.deleted} documents from {args.dir}: generation {gen}")
+    print(f"deleted {rep.deleted} document{'' if rep.deleted == 1 else 's'} from {args.dir}: generation {gen}")
     if rep.unknown:
         shown = ", ".join(map(repr, rep.unknown[:10])) + (" ..." if len(rep.unknown) > 10 else "")
         print(f"note: {len(rep.unknown)} ids name no live document: {shown}")

@@ -32,7 +32,7 @@ def test_index_info_shows_only_built_legs_config(medline_index, capsys):
 @pytest.mark.parametrize("argv, shown", [
     (["index", "build"], ["(default: 100000)", "(default: 1024)", "(default: cpu)", "(default: float16)",
                           "(default bm25,dense)"]),
-    (["search"], ["(default: 10)", "(default: hybrid)", "(default 60)"]),
+    (["search"], ["(default: 10)", "(default: hybrid)", "default 60 with --fusion rrf, 40 for the default fusion"]),
     (["bench"], ["(default 10)"]),
 ])
 def test_help_shows_defaults(argv, shown, capsys):
@@ -173,5 +173,9 @@ def test_public_names_still_import_from_the_package():
     assert retriever.Retriever is Retriever and retriever.QueryError is QueryError
     assert all(getattr(retriever, n) is not None for n in retriever.__all__)
     assert set(retriever.__all__) <= set(dir(retriever))
+    from retriever.index import errors  # every error type of the one errors module is public
+
+    public = {n for n, v in vars(errors).items() if isinstance(v, type) and issubclass(v, errors.RetrieverError)}
+    assert public <= set(retriever.__all__), public - set(retriever.__all__)
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         retriever.nope  # noqa: B018
