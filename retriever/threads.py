@@ -152,23 +152,57 @@ def thread_limits(n: int, *, restore: bool = True) -> Iterator[None]:
 QUERY_ENCODE_THREADS = 1
 
 
+class _TorchThreads:
+    """Blocks of torch work on a given intra-op thread count, side by side in a process.
+
+    torch.set_num_threads reaches process-wide state (MKL's thread count) beside the calling
+    thread's OpenMP setting, so one thread's encode could run on the count another thread's
+    block had just restored: the same query then got other float bits when two legs encoded
+    side by side (seen on an AMD EPYC VM: a pool thread's SPLADE weights differed in the last
+    digit from the calling thread's). Here blocks of the same count run together and the count
+    is set by each on entry; a block restores its thread's previous count only once no block is
+    running (it waits for the others to end), and a block of another count waits for the running
+    ones to end first. So every block runs on exactly its count from start to end.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._n: int | None = None
+        self._active = 0
+
+    @contextmanager
+    def hold(self, torch: Any, n: int) -> Iterator[None]:
+        """The calling thread's torch work on ``n`` threads for the block (see the class)."""
+        with self._cond:
+            while self._active and self._n != n:
+                self._cond.wait()
+            self._active += 1
+            self._n = n
+            prev = int(torch.get_num_threads())
+            torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                while self._active:  # the shared count must stay n while the others run
+                    self._cond.wait()
+                torch.set_num_threads(prev)
+                self._cond.notify_all()
+
+
+_TORCH_THREADS = _TorchThreads()
+
+
 @contextmanager
 def torch_threads(n: int) -> Iterator[None]:
-    """Run torch's intra-op work of the *calling* thread on ``n`` threads, restored afterwards.
-
-    torch's setting is per thread for its OpenMP and MKL pools, so concurrent callers do not
-    disturb each other. No-op when torch has not been imported.
+    """Run torch's intra-op work of the calling thread on ``n`` threads, restored afterwards
+    (:class:`_TorchThreads`: blocks of one count run side by side, each on exactly that count).
+    No-op when torch has not been imported.
     """
     torch = sys.modules.get("torch")
     if torch is None:
         yield
         return
-    prev = int(torch.get_num_threads())
-    if prev == n:
+    with _TORCH_THREADS.hold(torch, n):
         yield
-        return
-    torch.set_num_threads(n)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(prev)

@@ -1022,3 +1022,65 @@ def test_query_encoding_does_not_depend_on_the_callers_torch_threads(tmp_path, d
         r.close()
     for m in ("sparse", "dense"):
         assert a[m].tobytes() == box["b"][m].tobytes(), m
+
+
+def test_torch_thread_blocks_keep_their_count_until_all_end():
+    """:class:`retriever.threads._TorchThreads` on a stand-in torch whose setting has a per-thread
+    part and a shared part (as OpenMP's and MKL's): a block that ends while another runs waits
+    for it before restoring, so the shared part holds the block's count throughout; a block of
+    another count waits for the running ones; each thread gets its own count back. (Without it,
+    legs encoding side by side on an AMD EPYC VM got SPLADE weights differing in the last digit
+    between a one-process and a Ray search: tests/test_ray.py.)"""
+    import threading
+
+    from retriever.threads import _TorchThreads
+
+    class FakeTorch:
+        def __init__(self) -> None:
+            self.local = threading.local()
+            self.shared = 4
+            self.seen: list[int] = []
+
+        def get_num_threads(self) -> int:
+            return getattr(self.local, "n", 4)
+
+        def set_num_threads(self, n: int) -> None:
+            self.local.n = n
+            self.shared = n
+
+    torch, tt = FakeTorch(), _TorchThreads()
+    a_in, b_in, a_done, b_go = threading.Event(), threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        torch.set_num_threads(3)
+        with tt.hold(torch, 1):
+            a_in.set()
+            b_in.wait()
+        a_done.set()
+        torch.seen.append(torch.get_num_threads())
+
+    def b() -> None:
+        a_in.wait()
+        with tt.hold(torch, 1):
+            b_in.set()
+            b_go.wait()
+            torch.seen.append(torch.shared)  # a's block ended meanwhile: the shared part is still 1
+
+    ta, tb = threading.Thread(target=a), threading.Thread(target=b)
+    ta.start(), tb.start()
+    b_in.wait()
+    assert not a_done.wait(0.2)  # a's block ended but waits for b's before restoring
+    other: list = []
+
+    def c() -> None:
+        with tt.hold(torch, 2):
+            other.append(torch.shared)
+
+    tc = threading.Thread(target=c)
+    tc.start()
+    tc.join(0.2)
+    assert tc.is_alive()  # a block of another count waits for the running ones
+    b_go.set()
+    ta.join(), tb.join(), tc.join()
+    assert torch.seen[0] == 1 and torch.seen[1] == 3  # b saw 1 throughout; a got its 3 back
+    assert other == [2]
