@@ -23,6 +23,10 @@ are the non-model rates), legs BM25 + dense flat:
 figures the add-rate target is about, in a run of a few minutes), then the 1,000-document add
 and commit rounds on that index.
 
+``--only reader-memory`` measures a reader's resident memory and open time (a new process
+each: open + 20 BM25 queries) on the half-built-then-added index against the fresh build of
+the same documents, ``--rounds`` interleaved pairs.
+
 ``--cache DIR`` keeps the fresh-build and add figures and the half-built-then-added index in DIR
 (outside the repository) and reuses them in a later run of the same ``--docs`` / ``--batch``
 (copied, so the cached index stays as built); the JSON says which figures came from the cache.
@@ -38,6 +42,7 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -417,6 +422,52 @@ def build_add(n_docs: int, batch: int, rounds: int, tmp: Path, repeat: int = 1) 
     return out
 
 
+_OPEN_PROBE = """
+import json, os, sys, time
+def rss_mb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+from retriever import Retriever
+before = rss_mb()
+t0 = time.perf_counter()
+r = Retriever.open(sys.argv[1])
+hits = [r.search(q, k=10, mode="bm25") for q in json.loads(sys.argv[2])]
+seconds = time.perf_counter() - t0
+print(json.dumps({"open_and_query_s": seconds, "rss_mb": rss_mb() - before,
+                  "shards": r.info()["n_shards"], "hits": sum(map(len, hits))}))
+"""
+
+
+def reader_memory(n_docs: int, batch: int, rounds: int, tmp: Path, cache: Path | None,
+                  code: Path | None = None) -> dict[str, Any]:
+    """Resident memory and open time of a reader of the half-built-then-added index (``batch``
+    documents a segment, as :func:`living` builds it) against one of the fresh build of the same
+    documents: each opened in a new process (``python -c``: ``Retriever.open`` plus 20 BM25
+    queries; RSS from ``/proc/self/statm`` after them, less what the process held before the
+    open), ``rounds`` interleaved pairs; medians. ``code``: a checkout whose ``retriever`` the
+    reader processes import (run from there: the same indexes read by another version)."""
+    col = synthetic_bm25(n_docs, n_queries=20)
+    docs = list(col.docs())
+    vecs = _vectors(n_docs, 0)
+    live, _ = _built(n_docs, batch, docs, vecs, tmp, cache)
+    fresh = tmp / "fresh-whole"
+    from retriever import build_index
+
+    build_index(docs, fresh, legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
+    qs = json.dumps(list(col.queries)[:20])
+    runs: dict[str, list[dict]] = {"living": [], "fresh": []}
+    for _ in range(rounds):
+        for name, path in (("living", live), ("fresh", fresh)):
+            out = subprocess.run([sys.executable, "-c", _OPEN_PROBE, str(path), qs], capture_output=True, text=True,
+                                 check=True, cwd=code)
+            runs[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    med = {k: {f: statistics.median(r[f] for r in v) for f in ("open_and_query_s", "rss_mb")} for k, v in runs.items()}
+    return {"runs": runs, "median": med,
+            "rss_ratio": med["living"]["rss_mb"] / med["fresh"]["rss_mb"],
+            "open_ratio": med["living"]["open_and_query_s"] / med["fresh"]["open_and_query_s"],
+            "segments": runs["living"][0]["shards"], "fresh_shards": runs["fresh"][0]["shards"]}
+
+
 def lancedb_peer(n_docs: int, tmp: Path, seconds: float) -> dict[str, Any]:
     import lancedb
     import pyarrow as pa
@@ -530,10 +581,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoder-docs", type=int, default=0, help="documents per round of the encoder add-rate run "
                                                                 "(0: skip)")
     ap.add_argument("--encoder-rounds", type=int, default=3)
-    ap.add_argument("--only", choices=("build-add", "churn"), default=None,
+    ap.add_argument("--only", choices=("build-add", "churn", "reader-memory"), default=None,
                     help="build-add: only the fresh build, the add rate and the 1,000-document add + commit "
                          "rounds (no cache, no peers, no queries, no compaction); churn: only the query "
-                         "windows, on a copy of the --cache index (built there first when missing)")
+                         "windows, on a copy of the --cache index (built there first when missing); "
+                         "reader-memory: a reader's memory and open time, living index against a fresh "
+                         "build (--rounds pairs)")
+    ap.add_argument("--reader-code", default=None, help="with --only reader-memory: a checkout whose retriever "
+                                                        "the reader processes import (a before / after run)")
     ap.add_argument("--windows", type=int, default=4, help="interleaved pairs of query windows (static, "
                                                            "writing) over --churn-seconds")
     ap.add_argument("--repeat", type=int, default=1, help="with --only build-add: rounds of fresh build + adds "
@@ -546,6 +601,11 @@ def main(argv: list[str] | None = None) -> int:
                                "machine": machine(), "docs": args.docs, "load_avg_start": os.getloadavg()}
         if args.only == "build-add":
             rep["retriever"] = build_add(args.docs, args.batch, args.rounds, tmp, args.repeat)
+            print(json.dumps(rep["retriever"], indent=1), flush=True)
+        elif args.only == "reader-memory":
+            rep["retriever"] = reader_memory(args.docs, args.batch, args.rounds, tmp,
+                                             None if args.cache is None else Path(args.cache),
+                                             None if args.reader_code is None else Path(args.reader_code).resolve())
             print(json.dumps(rep["retriever"], indent=1), flush=True)
         elif args.only == "churn":
             rep["retriever"] = churn_only(args.docs, args.batch, args.churn_rate, args.churn_seconds, tmp,

@@ -537,18 +537,42 @@ class shard_bundle {
     static constexpr const char* kKeys[] = {
         "offsets", "doc_ids", "tfs", "doc_norm", "impacts", "term_ub", "block_offsets", "block_ub",
         "block_size", "term_kth", "term_kth_depth", "dense_slot", "dense_bits", "dense_rank",
-        "impact_rows", "impact_row_slot", "allow"};
+        "impact_rows", "impact_row_slot", "allow", "terms"};
     std::string m_where;
     py::dict m_dict;
 };
+
+/// Attaches a bundle's term map (`terms`: u32, one per list, strictly ascending; see
+/// bm25_shard_view), checked in O(its length); an absent map leaves the shard's ids the index's.
+void attach_term_map(bm25_shard_view& v, const opt_carray<uint32_t>& terms) {
+    if (!terms) return;
+    const size_t n = len1d(*terms, "terms");
+    require_eq(n, v.data.csr.n_terms, "len(terms)", "len(offsets) - 1");
+    const uint32_t* t = terms->data();
+    for (size_t i = 1; i < n; ++i) {
+        if (t[i] <= t[i - 1]) {
+            fail("terms[" + std::to_string(i) + "] = " + std::to_string(t[i]) + " is not above terms[" +
+                 std::to_string(i - 1) + "] = " + std::to_string(t[i - 1]) + " (the term map must be strictly "
+                 "ascending)");
+        }
+    }
+    if (n && t[n - 1] == kNoShardTerm) fail("terms[-1] = 4294967295 is not a term id");
+    v.terms = t;
+}
+
+/// The index's vocabulary a shard spans: its last mapped term + 1, or its n_terms without a map.
+size_t shard_extent(const bm25_shard_view& v) {
+    const size_t n = v.data.csr.n_terms;
+    return v.terms == nullptr ? n : (n ? static_cast<size_t>(v.terms[n - 1]) + 1 : 0);
+}
 
 /// The posting and block ranges of the listed terms in one shard lie inside its arrays (the
 /// O(listed terms) check of bm25_term_kth_shards; a term beyond the vocabulary has none).
 void check_kth_terms(const bm25_shard_view& v, const uint32_t* tp, size_t n) {
     const csr_view& csr = v.data.csr;
     for (size_t j = 0; j < n; ++j) {
-        const uint32_t t = tp[j];
-        if (t >= csr.n_terms) continue;  // no postings in this shard
+        const uint32_t t = shard_term(v, tp[j]);
+        if (t == kNoShardTerm) continue;  // no postings in this shard
         const uint64_t b = csr.offsets[t], e = csr.offsets[t + 1];
         if (b > e || e > csr.nnz) {
             fail("offsets[" + std::to_string(t) + ":" + std::to_string(t + 2) + "] = [" + std::to_string(b) +
@@ -598,6 +622,7 @@ shard_entry parse_shard(const py::handle& obj, size_t i, const std::string* algo
         const opt_carray<uint64_t> dense_bits = sb.opt<uint64_t>("dense_bits");
         const opt_carray<uint32_t> dense_rank = sb.opt<uint32_t>("dense_rank");
         const opt_carray<uint8_t> allow = sb.opt<uint8_t>("allow");
+        const opt_carray<uint32_t> terms = sb.opt<uint32_t>("terms");
         if (algorithm == nullptr && (term_kth || allow)) {
             fail(std::string("'") + (term_kth ? "term_kth" : "allow") +
                  "' is not part of a shard set (pass term_kth and allow to topk)");
@@ -608,9 +633,11 @@ shard_entry parse_shard(const py::handle& obj, size_t i, const std::string* algo
         };
         keep(impacts), keep(impact_rows), keep(impact_row_slot), keep(term_ub), keep(term_kth);
         keep(block_offsets), keep(block_ub), keep(dense_slot), keep(dense_bits), keep(dense_rank), keep(allow);
+        keep(terms);
 
         bm25_shard_view& v = se.view;
         v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+        attach_term_map(v, terms);
         attach_impacts(v.data, impacts, impact_rows, impact_row_slot);
         v.allow = allow_ptr(allow, v.data.n_docs, true);
         const bm25_algorithm algo = algorithm ? parse_bm25_algorithm(*algorithm) : bm25_algorithm::exhaustive;
@@ -651,7 +678,7 @@ size_t set_bases(std::vector<shard_entry>& shards, const carray<int64_t>& bases)
                  std::to_string(next_base) + " exceeds the supported maximum ordinal " + std::to_string(kMaxDocs));
         }
         shards[i].view.base = static_cast<uint64_t>(base);
-        max_terms = std::max(max_terms, shards[i].view.data.csr.n_terms);
+        max_terms = std::max(max_terms, shard_extent(shards[i].view));
     }
     return max_terms;
 }
@@ -673,10 +700,11 @@ const float* union_kth_ptr(const opt_carray<float>& term_kth, int64_t term_kth_d
 topk_result run_shards(std::vector<bm25_shard_view>& views, const query_batch_view& queries, size_t n_terms,
                        bm25_algorithm algo, const float* union_kth, int64_t k, int n_threads) {
     const bool need_ub = algo != bm25_algorithm::exhaustive;
-    struct restricted {  // the call's batch without the terms >= a shard's n_terms
+    struct restricted {  // the call's batch in a shard's term ids, without the terms it lacks
         std::vector<uint64_t> q_offsets;
         std::vector<uint32_t> q_terms;
         std::vector<float> q_weights;
+        std::vector<uint32_t> q_local;  // per position of the call's batch (with a term map)
     };
     std::vector<restricted> own(views.size());
     topk_arrays res(queries.nq, static_cast<size_t>(k));
@@ -686,22 +714,27 @@ topk_result run_shards(std::vector<bm25_shard_view>& views, const query_batch_vi
         for (size_t i = 0; i < views.size(); ++i) {
             bm25_shard_view& v = views[i];
             const size_t st = v.data.csr.n_terms;
-            bool all_in = true;
+            bool all_in = v.terms == nullptr;
             for (size_t j = 0; j < queries.m && all_in; ++j) all_in = queries.q_terms[j] < st;
             if (all_in) {
                 v.queries = queries;
-            } else {  // terms first seen in later shards: not in this one's vocabulary
+                v.q_local = nullptr;
+            } else {  // terms first seen in later shards, or a term map: the shard's own ids
                 restricted& r = own[i];
                 r.q_offsets.assign(queries.nq + 1, 0);
+                if (v.terms != nullptr) r.q_local.resize(queries.m);
                 for (size_t q = 0; q < queries.nq; ++q) {
                     for (uint64_t j = queries.q_offsets[q]; j < queries.q_offsets[q + 1]; ++j) {
-                        if (queries.q_terms[j] < st) {
-                            r.q_terms.push_back(queries.q_terms[j]);
+                        const uint32_t t = shard_term(v, queries.q_terms[j]);
+                        if (v.terms != nullptr) r.q_local[j] = t;
+                        if (t != kNoShardTerm) {
+                            r.q_terms.push_back(t);
                             r.q_weights.push_back(queries.q_weights[j]);
                         }
                     }
                     r.q_offsets[q + 1] = r.q_terms.size();
                 }
+                v.q_local = v.terms != nullptr ? r.q_local.data() : nullptr;
                 query_batch_view& qv = v.queries;
                 qv.q_offsets = r.q_offsets.data();
                 qv.nq = queries.nq;
@@ -861,9 +894,12 @@ carray<float> py_bm25_term_kth_shards(const py::list& shards, const carray<uint3
             const opt_carray<float> impacts = sb.opt<float>("impacts");
             const opt_carray<uint64_t> block_offsets = sb.opt<uint64_t>("block_offsets");
             const opt_carray<float> block_ub = sb.opt<float>("block_ub");
+            const opt_carray<uint32_t> terms = sb.opt<uint32_t>("terms");
             keep.insert(keep.end(), {offsets, doc_ids, tfs, doc_norm});
             bm25_shard_view& v = views[i];
             v.data = make_bm25(offsets, doc_ids, tfs, doc_norm);
+            if (terms) keep.push_back(*terms);
+            attach_term_map(v, terms);
             if (impacts) {
                 require_eq(len1d(*impacts, "impacts"), v.data.csr.nnz, "len(impacts)", "len(doc_ids)");
                 v.data.impacts = impacts->data();
@@ -985,10 +1021,12 @@ void register_bm25(py::module_& m) {
           "shard a dict of bm25_topk's per-shard arguments by name (offsets, doc_ids, tfs,\n"
           "doc_norm required; impacts, term_ub, block_offsets, block_ub, block_size, term_kth,\n"
           "term_kth_depth, dense_slot, dense_bits, dense_rank, impact_rows, impact_row_slot,\n"
-          "allow optional), checked as bm25_topk checks them. bases: i64[len(shards)], the global\n"
-          "ordinal of each shard's document 0, ascending, shards not overlapping. q_terms index\n"
-          "the index's vocabulary of n_terms terms (-1: the largest shard vocabulary); a term\n"
-          "beyond a shard's len(offsets) - 1 is skipped for that shard. Each query runs through\n"
+          "allow, terms optional), checked as bm25_topk checks them. terms: u32[len(offsets) - 1],\n"
+          "a term map: the index's term id of each of the shard's lists, strictly ascending (the\n"
+          "shard's per-term arrays then follow its own vocabulary; without it list t is term t).\n"
+          "bases: i64[len(shards)], the global ordinal of each shard's document 0, ascending,\n"
+          "shards not overlapping. q_terms index the index's vocabulary of n_terms terms (-1: the\n"
+          "largest a shard spans); a term a shard has no list for is skipped there. Each query runs through\n"
           "the shards in order on one thread with one top-k collector, each shard's pruning\n"
           "starting from the larger of the k-th score collected so far and one threshold found\n"
           "for the whole index before the first shard (priming over every shard's short lists;\n"
@@ -1019,8 +1057,9 @@ void register_bm25(py::module_& m) {
           "together (-inf when fewer than depth, or a value read is negative or NaN): the\n"
           "term_kth of bm25_topk_shards, equal to bm25_term_kth on one shard holding the same\n"
           "postings. shards: bm25_topk_shards bundles (offsets, doc_ids, tfs, doc_norm; impacts,\n"
-          "block_offsets, block_ub, block_size used when present; other keys ignored). A term id\n"
-          "beyond a shard's vocabulary has no postings there. Returns f32[len(terms)].");
+          "block_offsets, block_ub, block_size and the term map terms used when present; other\n"
+          "keys ignored). A term a shard has no list for has no postings there. Returns\n"
+          "f32[len(terms)].");
 
     m.attr("BM25_AUTO_EXHAUSTIVE_DOCS") = py::int_(kAutoExhaustiveDocs);
 

@@ -3,6 +3,7 @@
 // which bm25_topk.cpp includes).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -12,16 +13,44 @@ namespace retriever {
 
 /// One shard of a bm25_topk_shards call: its postings and bounds (as bm25_topk takes
 /// them), its filter, the global ordinal of its local document 0, and the call's query
-/// batch restricted to the shard's vocabulary (terms >= data.csr.n_terms removed, every
-/// query keeping its row).
+/// batch restricted to the shard's vocabulary, in the shard's term ids (terms it does not
+/// hold removed, every query keeping its row).
+///
+/// A shard's term ids are the index's own (its lists are those of terms 0 .. n_terms-1), or,
+/// with a term map (`terms`: the index's term id of each of its lists, strictly ascending,
+/// data.csr.n_terms of them), positions in that map: a segment of a living index lists only
+/// the terms it holds, so its per-term arrays (offsets, bounds, bitmap slots) are as long as
+/// its own vocabulary, not the index's.
 struct bm25_shard_view {
     bm25_view data;
     bm25_bounds_view bounds;
     bool has_bounds = false;  // false: exhaustive only
     const uint8_t* allow = nullptr;  // n_docs bytes, nonzero = allowed; null = every document
     uint64_t base = 0;
+    const uint32_t* terms = nullptr;  // the term map (null: the shard's term ids are the index's)
     query_batch_view queries;
+    /// per position of the call's batch: the shard's id of that query term, or kNoShardTerm
+    /// (null: the batch's ids, where below data.csr.n_terms)
+    const uint32_t* q_local = nullptr;
 };
+
+/// "Not a term of this shard".
+constexpr uint32_t kNoShardTerm = 0xFFFFFFFFu;
+
+/// The shard's id of the index's term t (kNoShardTerm when the shard has no list for it):
+/// t itself below its vocabulary without a term map, else t's position in the map (binary
+/// search, O(log n_terms)).
+inline uint32_t shard_term(const bm25_shard_view& s, uint32_t t) {
+    const size_t n = s.data.csr.n_terms;
+    if (s.terms == nullptr) return t < n ? t : kNoShardTerm;
+    const uint32_t* at = std::lower_bound(s.terms, s.terms + n, t);
+    return (at != s.terms + n && *at == t) ? static_cast<uint32_t>(at - s.terms) : kNoShardTerm;
+}
+
+/// shard_term for position j of the call's batch (q_terms[j] = t), from q_local when set.
+inline uint32_t shard_term_at(const bm25_shard_view& s, uint64_t j, uint32_t t) {
+    return s.q_local != nullptr ? s.q_local[j] : shard_term(s, t);
+}
 
 /// Exact BM25 top-k over the union of `shards` for the batch `queries` (term ids of the
 /// index's vocabulary; each shard's view holds the same batch restricted to its own
@@ -46,8 +75,8 @@ void bm25_topk_shards(const std::vector<bm25_shard_view>& shards, const query_ba
                       const float* union_kth, bm25_algorithm algorithm, int n_threads, const topk_out& out);
 
 /// out[i] = the depth-th largest bm25_tf_part over the postings of term terms[i] in all of
-/// `shards` together (from each shard's impacts when set; a term id at or beyond a shard's
-/// vocabulary has no postings there), or -inf when they number fewer than depth or one of
+/// `shards` together (from each shard's impacts when set; a term a shard has no list for
+/// has no postings there), or -inf when they number fewer than depth or one of
 /// the values read is negative or NaN: the union_kth of bm25_topk_shards, equal to what
 /// bm25_term_kth returns for one shard holding the same postings. Blocks whose bound
 /// (bounds.block_offsets / block_ub, when set) is not above the running depth-th value are

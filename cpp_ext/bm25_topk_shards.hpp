@@ -150,10 +150,11 @@ class bm25_shards_worker {
         st.prime_ub.assign(n, 0.0);
         st.prime_len.assign(n, 0);
         for (size_t j = 0; j < n; ++j) {
-            const uint32_t t = m_q.q_terms[b + j];
+            const uint32_t g = m_q.q_terms[b + j];
             float ub = 0.0f;
             for (const bm25_shard_view& s : m_shards) {
-                if (t >= s.data.csr.n_terms) continue;
+                const uint32_t t = shard_term_at(s, b + j, g);
+                if (t == kNoShardTerm) continue;
                 st.prime_len[j] += s.data.csr.offsets[t + 1] - s.data.csr.offsets[t];
                 if (s.has_bounds) ub = std::max(ub, s.bounds.term_ub[t]);
             }
@@ -180,8 +181,8 @@ class bm25_shards_worker {
             std::vector<uint32_t>& docs = st.prime_docs;
             docs.clear();
             for (size_t j = 0; j < n; ++j) {
-                const uint32_t t = m_q.q_terms[b + j];
-                if (!st.prime_use[j] || t >= s.data.csr.n_terms) continue;
+                const uint32_t t = shard_term_at(s, b + j, m_q.q_terms[b + j]);
+                if (!st.prime_use[j] || t == kNoShardTerm) continue;
                 docs.insert(docs.end(), s.data.csr.doc_ids + s.data.csr.offsets[t],
                             s.data.csr.doc_ids + s.data.csr.offsets[t + 1]);
             }
@@ -191,8 +192,8 @@ class bm25_shards_worker {
             std::vector<float>& sc = st.prime_scores;
             sc.assign(docs.size(), 0.0f);
             for (size_t j = 0; j < n; ++j) {  // query order
-                const uint32_t t = m_q.q_terms[b + j];
-                if (!st.prime_use[j] || t >= s.data.csr.n_terms) continue;
+                const uint32_t t = shard_term_at(s, b + j, m_q.q_terms[b + j]);
+                if (!st.prime_use[j] || t == kNoShardTerm) continue;
                 const float w = m_q.q_weights[b + j];
                 size_t at = 0;
                 for (uint64_t p = s.data.csr.offsets[t], pe = s.data.csr.offsets[t + 1]; p < pe; ++p) {
@@ -285,11 +286,12 @@ void bm25_term_kth_shards(const std::vector<bm25_shard_view>& shards, const uint
     auto make_worker = [&]() {
         std::vector<float> heap;  // min-heap of the depth largest values so far
         return [&, heap](size_t i) mutable {
-            const uint32_t t = terms[i];
+            const uint32_t g = terms[i];
             const float none = -std::numeric_limits<float>::infinity();
             uint64_t total = 0;
             for (const bm25_shard_view& s : shards) {
-                if (t < s.data.csr.n_terms) total += s.data.csr.offsets[t + 1] - s.data.csr.offsets[t];
+                const uint32_t t = shard_term(s, g);
+                if (t != kNoShardTerm) total += s.data.csr.offsets[t + 1] - s.data.csr.offsets[t];
             }
             if (total < depth) {
                 out[i] = none;
@@ -297,7 +299,8 @@ void bm25_term_kth_shards(const std::vector<bm25_shard_view>& shards, const uint
             }
             heap.clear();
             for (const bm25_shard_view& s : shards) {
-                if (t >= s.data.csr.n_terms) continue;
+                const uint32_t t = shard_term(s, g);
+                if (t == kNoShardTerm) continue;
                 const bm25_view& data = s.data;
                 const uint64_t b = data.csr.offsets[t], e = data.csr.offsets[t + 1];
                 const bool blocks = s.bounds.block_offsets != nullptr && s.bounds.block_ub != nullptr;

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import compress
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence, TYPE_CHECKING
 
 import numpy as np
 
@@ -81,6 +81,43 @@ def dense_offsets(terms: np.ndarray, offsets: np.ndarray, n_terms: int, nnz: int
     dense[0] = 0
     np.cumsum(counts, out=dense[1:])
     return dense
+
+
+def check_bm25_segment(a: Mapping[str, np.ndarray], entry: Mapping[str, Any], n_terms: int, rows: int) -> int:
+    """Check a segment's ``bm25.arrow`` arrays against its manifest entry and the vocabulary, as
+    everything that reads them must before a list position is taken for a term: the listed
+    terms (:data:`BM25_COMPACT_ARRAYS` when ``entry`` has ``bm25_terms``: their count, strictly
+    ascending below the vocabulary prefix ``entry["n_terms"]`` the segment spans, which such an
+    entry must give; :func:`check_compact_offsets`), the prefix at most ``n_terms`` (the
+    vocabulary's size), ``nnz`` and ``rows`` as the entry says, ``tfs`` as long as ``doc_ids``.
+    The CSR structure itself (ascending documents below ``rows``) is the caller's check
+    (``_kernels.check_csr`` or the compiled pass that reads it).
+
+    Returns:
+        the vocabulary prefix the segment spans (its term ids are below it).
+
+    Raises:
+        ValueError: what does not match, with both values (no path: the caller names the file).
+    """
+    compact = "bm25_terms" in entry
+    nnz = len(a["doc_ids"])
+    if compact:
+        t_s = entry.get("n_terms")
+        if t_s is None or len(a["terms"]) != entry["bm25_terms"]:
+            raise ValueError(f"lists {len(a['terms'])} terms, manifest says {entry['bm25_terms']} of {t_s}")
+        check_compact_offsets(a["terms"], a["offsets"], int(t_s), nnz)
+        t_s = int(t_s)
+    else:
+        t_s = len(a["offsets"]) - 1
+    if t_s != entry.get("n_terms", t_s) or nnz != entry.get("nnz", nnz):
+        raise ValueError(f"has {t_s} terms / {nnz} postings, manifest says {entry.get('n_terms')} / "
+                         f"{entry.get('nnz')}")
+    if t_s > n_terms or len(a["doc_len"]) != rows:
+        raise ValueError(f"spans {t_s} terms / {len(a['doc_len'])} rows: does not match the vocabulary "
+                         f"({n_terms} terms) or the shard's rows ({rows})")
+    if len(a["tfs"]) != nnz:
+        raise ValueError(f"tfs and doc_ids differ in length ({len(a['tfs'])} / {nnz})")
+    return t_s
 
 
 class PostingsBuilder:

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 from .analyzer_kernels import masked_df
-from .bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, check_compact_offsets
+from .bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, check_bm25_segment
 from .builders import Batch, ShardHandle, ShardOutput
 from .config import BuildConfig
 from .errors import ConfigError, CorpusError, IndexFormatError, ModelError
@@ -1145,8 +1145,9 @@ def _deleted_df(shard_dir: Path, rows: np.ndarray, entry: Mapping[str, Any], n_t
     postings (:func:`~retriever.index.analyzer_kernels.masked_df`), done once per commit that deletes
     from the segment; readers then read it. ``entry``: the segment's manifest entry (a segment
     with ``bm25_terms`` lists its terms, see :func:`~retriever.index.bm25_build.compact_offsets`);
-    the postings must match it as readers require (listed terms, ``n_terms`` at most the
-    vocabulary's ``n_terms``, ``nnz``, ``rows``), or a position would be taken for a term id.
+    the postings must match it as readers require
+    (:func:`~retriever.index.bm25_build.check_bm25_segment`), or a position would be taken for
+    a term id.
 
     Raises:
         IndexFormatError: the segment's postings are not valid CSR or do not match ``entry``
@@ -1154,16 +1155,8 @@ def _deleted_df(shard_dir: Path, rows: np.ndarray, entry: Mapping[str, Any], n_t
     path = shard_dir / "bm25.arrow"
     compact = "bm25_terms" in entry
     a = read_arrays(path, BM25_COMPACT_ARRAYS if compact else BM25_ARRAYS)
-    t_s = entry.get("n_terms", None if compact else len(a["offsets"]) - 1)  # a compact entry must say it
-    listed = len(a["terms"]) if compact else len(a["offsets"]) - 1
-    if t_s is None or listed != (entry["bm25_terms"] if compact else t_s) or t_s > n_terms \
-            or len(a["doc_ids"]) != entry.get("nnz", len(a["doc_ids"])) or len(a["doc_len"]) != entry["rows"]:
-        raise IndexFormatError(f"{path}: lists {listed} terms / {len(a['doc_ids'])} postings / {len(a['doc_len'])} "
-                               f"rows, manifest says {entry.get('bm25_terms', t_s)} of {t_s} (vocabulary: "
-                               f"{n_terms}) / {entry.get('nnz')} / {entry['rows']}")
     try:
-        if compact:
-            check_compact_offsets(a["terms"], a["offsets"], t_s, len(a["doc_ids"]))
+        check_bm25_segment(a, entry, n_terms, int(entry["rows"]))
         counts = masked_df(a["offsets"], a["doc_ids"], rows, len(a["doc_len"]))
     except ValueError as e:
         raise IndexFormatError(f"{path}: {e}") from None

@@ -480,13 +480,16 @@ def bm25_topk_shards(
     ``term_ub``, ``block_offsets``, ``block_ub``, ``block_size`` (int, default 128),
     ``term_kth`` with ``term_kth_depth`` (= ``k``), ``dense_slot`` / ``dense_bits`` /
     ``dense_rank``, ``impact_rows`` / ``impact_row_slot``, ``allow`` (uint8
-    ``(n_docs,)``); checked as :func:`bm25_topk` checks them (``ValueError`` starting
+    ``(n_docs,)``), ``terms`` (a term map: uint32 ``(len(offsets) - 1,)``, the index's
+    term id of each of the shard's lists, strictly ascending; the shard's per-term arrays
+    then follow its own vocabulary, as a living index's segment stores it; without it list
+    ``t`` is term ``t``); checked as :func:`bm25_topk` checks them (``ValueError`` starting
     ``shards[i]:``; a wrong dtype or layout: ``TypeError``; an unknown key:
     ``ValueError``). ``bases``: int64 ``(len(shards),)``, the global ordinal of each
     shard's document 0, ascending with ``bases[i] + n_docs_i <= bases[i + 1]`` and all
     ordinals below 2**32 - 1. ``q_terms`` index the index's vocabulary of ``n_terms``
-    terms (-1: the largest shard's ``len(offsets) - 1``); a term at or beyond a shard's
-    own ``len(offsets) - 1`` is skipped for that shard.
+    terms (-1: the largest a shard spans); a term a shard has no list for is skipped
+    for that shard.
 
     Each query goes through the shards in order on one thread (queries are split over
     ``n_threads`` threads, the GIL released) with one top-k heap of global ordinals;
@@ -519,7 +522,8 @@ def bm25_term_kth_shards(
     (bundles as :func:`bm25_topk_shards` takes them; ``offsets``, ``doc_ids``, ``tfs``,
     ``doc_norm`` and, when present, ``impacts``, ``block_offsets`` / ``block_ub`` /
     ``block_size`` are read), ``-inf`` when they number fewer than ``depth`` or a value
-    read is negative or NaN; a term beyond a shard's vocabulary has no postings there.
+    read is negative or NaN; a term a shard has no list for (beyond its vocabulary, or
+    not in its term map ``terms``) has no postings there.
     Equal to :func:`bm25_term_kth` of one shard holding the same postings. Only the
     listed terms' ranges are checked (no O(n_terms) pass). GIL released, parallel over
     terms.

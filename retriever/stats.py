@@ -22,21 +22,46 @@ class BM25Stats:
     Attributes:
         n_docs: N, the number of documents.
         sum_dl: the sum of their lengths (analysed tokens, title and text).
-        df: int64 (n_terms,): documents containing each term of the index's vocabulary.
+        df: int64: documents containing each term: of the index's vocabulary from term 0
+            (``terms`` None; the corpus-wide statistics always), or of the terms ``terms`` lists.
+        terms: None, or uint32 (len(df),) strictly ascending term ids that ``df`` is aligned with
+            (a living index's segment, whose postings list only its own terms: O(its terms),
+            not O(the vocabulary)).
     """
 
     n_docs: int
     sum_dl: int
     df: np.ndarray
+    terms: np.ndarray | None = None
 
     @property
     def avgdl(self) -> float:
         """Mean document length (0.0 for an empty corpus)."""
         return self.sum_dl / self.n_docs if self.n_docs else 0.0
 
+    @property
+    def span(self) -> int:
+        """The vocabulary prefix ``df`` covers: its length, or the last listed term + 1."""
+        if self.terms is None:
+            return len(self.df)
+        return int(self.terms[-1]) + 1 if len(self.terms) else 0
+
+    def add_into(self, df: np.ndarray, sign: int = 1) -> None:
+        """``df[t] += sign * self.df`` for each term t this covers (``df``: int64, at least
+        :attr:`span` long), in place."""
+        if self.terms is None:
+            df[:len(self.df)] += sign * self.df
+        else:
+            df[self.terms] += sign * self.df
+
     def idf(self) -> np.ndarray:
         """float32 (n_terms,): Lucene's idf = ln(1 + (N − df + 0.5) / (df + 0.5)) (Robertson–Spärck
-        Jones with Lucene's +1 inside the log, ``BM25Similarity``), computed in float64."""
+        Jones with Lucene's +1 inside the log, ``BM25Similarity``), computed in float64.
+
+        Raises:
+            ValueError: statistics over listed terms only (combine them first)."""
+        if self.terms is not None:
+            raise ValueError("idf of statistics over listed terms: combine them over the vocabulary first")
         return np.log1p((self.n_docs - self.df + 0.5) / (self.df + 0.5)).astype(np.float32)
 
     @classmethod
@@ -51,20 +76,26 @@ class BM25Stats:
 
     @classmethod
     def combine(cls, parts: Sequence["BM25Stats"], n_terms: int) -> "BM25Stats":
-        """The statistics of the union of disjoint document sets (sums of N, lengths and df)."""
+        """The statistics of the union of disjoint document sets (sums of N, lengths and df),
+        over the first ``n_terms`` terms of the vocabulary (at least every part's :attr:`span`)."""
         df = np.zeros(n_terms, dtype=np.int64)
         for p in parts:
-            df[:len(p.df)] += p.df
+            p.add_into(df)
         return cls(sum(p.n_docs for p in parts), sum(p.sum_dl for p in parts), df)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (df as a list), e.g. to send to a remote worker."""
-        return {"n_docs": self.n_docs, "sum_dl": self.sum_dl, "df": self.df.tolist()}
+        """JSON-ready form (df, and terms when listed, as lists), e.g. to send to a remote worker."""
+        out: dict[str, Any] = {"n_docs": self.n_docs, "sum_dl": self.sum_dl, "df": self.df.tolist()}
+        if self.terms is not None:
+            out["terms"] = self.terms.tolist()
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "BM25Stats":
         """Inverse of :meth:`to_dict`."""
-        return cls(int(d["n_docs"]), int(d["sum_dl"]), np.asarray(d["df"], dtype=np.int64))
+        terms = d.get("terms")
+        return cls(int(d["n_docs"]), int(d["sum_dl"]), np.asarray(d["df"], dtype=np.int64),
+                   None if terms is None else np.asarray(terms, dtype=np.uint32))
 
 
 @dataclass(frozen=True)
@@ -94,5 +125,5 @@ class CorpusStats:
         N summed, BM25 statistics combined with :meth:`BM25Stats.combine` (``None`` when the
         parts have none)."""
         bm = [p.bm25 for p in parts if p.bm25 is not None]
-        n_terms = max((len(b.df) for b in bm), default=0)
+        n_terms = max((b.span for b in bm), default=0)
         return cls(sum(p.n_docs for p in parts), BM25Stats.combine(bm, n_terms) if bm else None)

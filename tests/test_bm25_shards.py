@@ -327,6 +327,92 @@ def test_shard_set_arguments():
         shard_set.topk(batch[0], np.where(batch[1] == batch[1][0], 10, batch[1]).astype(np.uint32), batch[2], 5)
 
 
+# ---------------------------------------------------------------- kernel level: term maps
+def _mapped(b: dict, drop_every: int = 0) -> dict:
+    """The bundle of the same shard in its own term ids (a living index's segment): only the
+    terms with postings listed (``terms``: their index term ids, ascending), every per-term
+    array computed from the shorter offsets as the leg computes it."""
+    lens = np.diff(b["offsets"].astype(np.int64))
+    terms = np.flatnonzero(lens).astype(np.uint32)
+    offsets = np.zeros(len(terms) + 1, np.uint64)
+    np.cumsum(lens[terms], out=offsets[1:])
+    doc_ids, tfs, doc_norm = b["doc_ids"], b["tfs"], b["doc_norm"]
+    term_ub, block_offsets, block_ub = _kernels.bm25_upper_bounds(offsets, doc_ids, tfs, doc_norm, block_size=8)
+    impacts = _kernels.bm25_impacts(offsets, doc_ids, tfs, doc_norm)
+    n_docs = len(doc_norm)
+    slot, bits, rank = _kernels.bm25_dense_bitmaps(offsets, doc_ids, n_docs, max(1, n_docs // 8))
+    m = {"offsets": offsets, "doc_ids": doc_ids, "tfs": tfs, "doc_norm": doc_norm, "impacts": impacts,
+         "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub, "block_size": 8,
+         "dense_slot": slot, "dense_bits": bits, "dense_rank": rank, "terms": terms}
+    if "impact_rows" in b:
+        rslot, rows = _kernels.bm25_impact_rows(offsets, doc_ids, impacts, n_docs, min_df=max(1, n_docs // 2),
+                                                max_rows=2)
+        if len(rows):
+            m["impact_rows"], m["impact_row_slot"] = rows, rslot
+    return m
+
+
+@pytest.mark.parametrize("sizes", UNION_LAYOUTS + [[40, 40, 40]])
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_term_maps_equal_index_term_ids(sizes, algorithm):
+    """Shards given in their own term ids with a term map (every other shard, or all) give
+    exactly what the same shards in the index's term ids give: bm25_topk_shards with and
+    without union thresholds and allow masks, BM25ShardSet, bm25_term_kth_shards; the map's
+    per-term arrays are as long as the shard's own vocabulary."""
+    rng = np.random.default_rng(7 * sum(sizes) + 3)
+    n_terms = 22
+    bundles, bases = _layout(rng, sizes, n_terms - 2)  # the last two terms: in no shard
+    batch = _random_queries(rng, 70, n_terms)
+    terms = np.arange(n_terms, dtype=np.uint32)
+    for pick in (lambda i: i % 2 == 1, lambda i: True):
+        mixed = [_mapped(b) if pick(i) else b for i, b in enumerate(bundles)]
+        assert any("terms" in b and len(b["offsets"]) - 1 < len(bundles[i]["offsets"]) - 1
+                   for i, b in enumerate(mixed)) or sum(sizes) == 0 or len(sizes) == 1
+        shard_set = _kernels.BM25ShardSet(mixed, bases, n_terms=n_terms)
+        for depth in (1, 3, 10, 150):
+            kth = _kernels.bm25_term_kth_shards(bundles, terms, depth)
+            np.testing.assert_array_equal(_kernels.bm25_term_kth_shards(mixed, terms, depth).view(np.uint32),
+                                          kth.view(np.uint32))
+            np.testing.assert_array_equal(shard_set.term_kth(terms, depth).view(np.uint32), kth.view(np.uint32))
+            want = _reference(bundles, bases, batch, depth, "exhaustive")
+            for n_threads in (1, 3):
+                _assert_same(_kernels.bm25_topk_shards(mixed, bases, *batch, depth, n_terms=n_terms,
+                                                       n_threads=n_threads, algorithm=algorithm), want)
+            _assert_same(_kernels.bm25_topk_shards(mixed, bases, *batch, depth, n_terms=n_terms, algorithm=algorithm,
+                                                   term_kth=kth, term_kth_depth=depth), want)
+            _assert_same(shard_set.topk(*batch, depth, algorithm=algorithm, term_kth=kth, term_kth_depth=depth), want)
+            masks = [(rng.random(len(b["doc_norm"])) < 0.5).astype(np.uint8) if i % 2 == 0 else None
+                     for i, b in enumerate(bundles)]
+            masked = [b if m is None else {**b, "allow": m} for b, m in zip(bundles, masks)]
+            _assert_same(shard_set.topk(*batch, depth, n_threads=2, algorithm=algorithm, allow=masks),
+                         _reference(masked, bases, batch, depth, "exhaustive"))
+    assert want[2].max() > 0 or sum(sizes) == 0
+
+
+def test_term_map_arguments():
+    bundles, bases, batch = _small_call()
+    m = _mapped(bundles[1])
+    assert len(m["terms"]) >= 3
+    _call([bundles[0], m], bases, batch)
+    bad = m["terms"].copy()
+    bad[2] = bad[1]
+    with pytest.raises(ValueError, match=r"shards\[1\]: terms\[2\] = \d+ is not above terms\[1\]"):
+        _call([bundles[0], {**m, "terms": bad}], bases, batch)
+    with pytest.raises(ValueError, match=r"shards\[1\]: len\(terms\) = \d+ must equal len\(offsets\) - 1"):
+        _call([bundles[0], {**m, "terms": m["terms"][:-1]}], bases, batch)
+    with pytest.raises(TypeError, match=r"shards\[1\]\['terms'\] must be a C-contiguous numpy array of dtype uint32"):
+        _call([bundles[0], {**m, "terms": m["terms"].astype(np.int64)}], bases, batch)
+    with pytest.raises(ValueError, match=r"shards\[1\]: terms\[2\]"):
+        _kernels.bm25_term_kth_shards([bundles[0], {**m, "terms": bad}], np.arange(3, dtype=np.uint32), 2)
+    with pytest.raises(ValueError, match=r"shards\[1\]: terms\[2\]"):
+        _kernels.BM25ShardSet([bundles[0], {**m, "terms": bad}], bases)
+    # a map reaching past n_terms: the set spans the map's last term
+    far = {**m, "terms": (m["terms"] + 100).astype(np.uint32)}
+    assert _kernels.BM25ShardSet([bundles[0], far], bases).n_terms == int(m["terms"][-1]) + 101
+    with pytest.raises(ValueError, match=r"n_terms = 10 is below a shard's vocabulary"):
+        _call([bundles[0], far], bases, batch, n_terms=10)
+
+
 # ---------------------------------------------------------------- kernel level: bad arguments
 def _small_call():
     rng = np.random.default_rng(11)

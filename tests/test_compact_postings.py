@@ -19,6 +19,9 @@ from retriever.index.arrow_io import write_table
 from retriever.index.bm25_build import check_compact_offsets, compact_is_smaller, compact_offsets, dense_offsets
 from retriever.index.errors import IndexFormatError
 from retriever.index.format import current_manifest_path, manifest_digest, sha256_file
+from retriever.legs.base import SearchContext
+from retriever.params import BM25SearchParams
+from retriever.topk import merge_topk
 
 BM25_ALGOS = ("exhaustive", "maxscore", "bmw", "bmm", "auto")
 
@@ -153,6 +156,70 @@ def test_added_segment_is_compact_and_searches_equal_a_fresh_build(tmp_path):
     assert a.search("novel1", k=3, mode="bm25") == []  # docs[61] deleted: its only holder
 
 
+def test_compact_segments_are_searched_in_their_own_term_ids(tmp_path):
+    """A segment that lists only its own terms stays in that form in a reader: every per-term
+    array derived at open (offsets, bounds, bitmap slots, thresholds, df) is as long as its own
+    term list, not the vocabulary, and every path through it (one shard at a time per algorithm
+    and with an allow mask, all shards in one call, exact scores of given documents for
+    full-score fusion, the statistics) gives what the fresh build of the live documents gives."""
+    root, live = _live_index(tmp_path)
+    fresh = tmp_path / "fresh"
+    build_index(live, fresh, legs=("bm25",), show_progress=False)
+    a, b = Retriever.open(root), Retriever.open(fresh)
+    leg, ref = a.engine.legs["bm25"], b.engine.legs["bm25"]
+    mapped = [i for i, ks in enumerate(leg.kernel_shards) if ks["terms"] is not None]
+    assert mapped
+    vocab = len(leg.idf)
+    for i in mapped:
+        ks = leg.kernel_shards[i]
+        n = len(ks["terms"])
+        assert n < vocab and ks["n_terms"] == n and len(ks["offsets"]) == n + 1
+        assert len(ks["term_ub"]) == n and len(ks["block_offsets"]) == n + 1 and len(ks["dense"]["dense_slot"]) == n
+        assert len(leg._segs[i].stats.df) == n
+    # the statistics: df of every term as the fresh build counts it (0 for a term whose
+    # documents were all deleted: the living vocabulary is append-only)
+    df_fresh = {t: int(ref.df[i]) for t, i in ref.vocab.items()}
+    assert {t: int(leg.df[i]) for t, i in leg.vocab.items() if leg.df[i] or t in df_fresh} == df_fresh
+    assert (leg.N, leg.avgdl) == (ref.N, ref.avgdl)
+    queries = ["novel0 zzterm", "novel2 novel3", "zzterm", *[" ".join(d["text"].split()[:3]) for d in live[::7]]]
+    # one shard at a time, through the protocol: the union of the shards' hits = the fresh build's
+    for algo in BM25_ALGOS:
+        prep = leg.prepare(queries, BM25SearchParams(algorithm=algo))
+        for half in (False, True):  # the live documents (as the engine masks them), or half of them
+            masks = []
+            for sh in a.reader.shards:
+                m = np.ones(sh.rows, np.uint8) if not half else (np.arange(sh.rows) % 2).astype(np.uint8)
+                if sh.deleted is not None:
+                    m[np.asarray(sh.deleted, np.int64)] = 0
+                masks.append(m)
+            ctx = SearchContext(depth=5, n_threads=1, allow=masks)
+            got = merge_topk([leg.search_shard(prep, s, ctx) for s in range(leg.n_shards)], 5)
+            whole = leg.search_shards(prep, list(range(leg.n_shards)), ctx)
+            for g in (got, whole):
+                if not half:
+                    ids_a = [[str(x) for x in a.doc_ids(row[row >= 0])] for row in g[0]]
+                    hits = [b.search(q, k=5, mode="bm25", leg_params={"bm25": {"algorithm": algo}}) for q in queries]
+                    assert ids_a == [[h.id for h in hs] for hs in hits], algo
+                    np.testing.assert_allclose(g[1][g[0] >= 0], [h.score for hs in hits for h in hs], rtol=0, atol=1e-6)
+            np.testing.assert_array_equal(got[0], whole[0])
+            np.testing.assert_array_equal(got[1].view(np.uint32), whole[1].view(np.uint32))
+    # exact scores of given documents (full-score fusion): every live document of each such shard
+    prep, rprep = leg.prepare(queries), ref.prepare(queries)
+    assert len(b.reader.shards) == 1
+    fresh_ord = {str(d): j for j, d in enumerate(b.reader.doc_ids())}
+    all_ids = [str(d) for d in a.reader.doc_ids()]
+    for i in mapped:
+        sh = a.reader.shards[i]
+        ids = all_ids[sh.base:sh.base + sh.rows]
+        rows = np.array([j for j, d in enumerate(ids) if d in fresh_ord], np.int64)
+        other = np.array([fresh_ord[ids[j]] for j in rows], np.int64)
+        offs = np.arange(len(queries) + 1, dtype=np.int64) * len(rows)
+        got = leg.score_docs(prep, i, offs, np.tile(rows, len(queries)))
+        want = ref.score_docs(rprep, 0, offs, np.tile(other, len(queries)))
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+        assert got.max() > 0
+
+
 def _forge(root: Path, shard_dir: str, edit) -> None:
     """Rewrite ``shard_dir/bm25.arrow`` with ``edit`` applied to its arrays and re-hash every
     file (a forger's step: checksums match, content does not)."""
@@ -195,6 +262,31 @@ def test_forged_compact_postings_are_refused(tmp_path, edit, msg):
     with pytest.raises(IndexFormatError, match=msg) as err:
         Retriever.open(root).search("novel0 zzterm", k=3, mode="bm25")
     assert f"{shard}/bm25.arrow" in str(err.value)
+
+
+def test_deleted_df_of_a_term_the_segment_does_not_list_is_refused(tmp_path):
+    """A tombstone's deleted df names index term ids; for a segment that lists only its own terms
+    each must be one of them (else it would be charged to another term's df)."""
+    root, _ = _live_index(tmp_path)
+    e = next(e for e in _manifest(root)["shards"] if "bm25_terms" in e and e.get("deletes"))
+    listed = pa.ipc.open_file(str(root / e["dir"] / "bm25.arrow")).read_all().column("terms")[0].values.to_numpy()
+    absent = next(t for t in range(int(listed.max()) + 2) if t not in set(listed.tolist()))
+    p = root / e["deletes"]
+    t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
+    arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
+    arrays["bm25_terms"][0] = absent
+    order = np.argsort(arrays["bm25_terms"], kind="stable")
+    arrays["bm25_terms"], arrays["bm25_df"] = arrays["bm25_terms"][order], arrays["bm25_df"][order]
+    cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
+    write_table(p, pa.table(cols))
+    m = _manifest(root)
+    m["files"][e["deletes"]]["bytes"] = p.stat().st_size
+    m["files"][e["deletes"]]["sha256"] = sha256_file(p)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+    with pytest.raises(IndexFormatError, match="names a term the shard does not list") as err:
+        Retriever.open(root).search("novel0", k=3, mode="bm25")
+    assert e["deletes"] in str(err.value)
 
 
 def test_listed_term_count_must_match_the_manifest(tmp_path):

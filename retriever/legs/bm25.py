@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from retriever.index.analyzer import Analyzer
-from retriever.index.bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, dense_offsets
+from retriever.index.bm25_build import BM25_ARRAYS, BM25_COMPACT_ARRAYS, check_bm25_segment
 from retriever.index.errors import IndexFormatError, QueryError
 
 from .. import _kernels
@@ -324,14 +324,14 @@ class BM25Leg:
         # the per-shard arguments of _kernels.bm25_topk_shards (search_shards adds term_kth, allow)
         bundle = {"offsets": a["offsets"], "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm,
                   "impacts": impacts, "term_ub": term_ub, "block_offsets": block_offsets,
-                  "block_ub": block_ub, "block_size": 128, **dense, **rows}
+                  "block_ub": block_ub, "block_size": 128, "terms": a.get("terms"), **dense, **rows}
         kth: OrderedDict = OrderedDict()
         if carried:
             with prev["kth_lock"]:
                 depths = list(prev["kth"])
             for depth in depths:  # the depths in use, made now rather than by a search
                 kth[depth] = np.full(len(a["offsets"]) - 1, np.nan, dtype=np.float32)
-        ks = {"base": s.base, "n_terms": len(a["offsets"]) - 1, "offsets": a["offsets"],
+        ks = {"base": s.base, "n_terms": len(a["offsets"]) - 1, "terms": a.get("terms"), "offsets": a["offsets"],
               "dense": dense, "rows": rows,
               "doc_ids": a["doc_ids"], "tfs": a["tfs"], "doc_norm": norm, "impacts": impacts,
               "term_ub": term_ub, "block_offsets": block_offsets, "block_ub": block_ub,
@@ -446,9 +446,9 @@ class BM25Leg:
         Raises:
             QueryError: an ordinal outside the shard, or offsets that do not fit ``ordinals``.
         """
-        batch = self.batch_of(prepared, 1)
-        q_off, q_terms, q_weights = (x.astype(np.int64) if i == 0 else x for i, x in enumerate(batch))
         ks = prepared.scoring[shard]
+        batch = shard_batch(ks["terms"], ks["n_terms"], *self.batch_of(prepared, 1))
+        q_off, q_terms, q_weights = (x.astype(np.int64) if i == 0 else x for i, x in enumerate(batch))
         return score_postings(ks["offsets"], ks["doc_ids"], ks["impacts"], ks["n_terms"],
                               q_off, q_terms, q_weights, offsets, ordinals, len(ks["doc_norm"]),
                               tfs=ks["tfs"], doc_norm=ks["doc_norm"])
@@ -662,7 +662,7 @@ class BM25Leg:
         ks = self.kernel_shards[0]
         if p.algorithm == "auto" and len(ks["doc_norm"]) > _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
             return None
-        if ks["n_terms"] < len(self.idf) or self._char_args is None:
+        if ks["n_terms"] < len(self.idf) or ks["terms"] is not None or self._char_args is None:
             return None
         from retriever.index.analyzer_kernels import utf8_arrays
 
@@ -698,12 +698,9 @@ class BM25Leg:
     def _kernel_topk(self, batch: tuple[np.ndarray, np.ndarray, np.ndarray], ks: dict, depth: int,
                      n_threads: int, allow: np.ndarray | None, algorithm: str) -> TopK:
         """``_kernels.bm25_topk`` over one shard's scoring state ``ks`` for an analysed batch."""
-        q_offsets, q_terms, q_weights = batch
-        # a shard's vocabulary may end before the index's (terms first seen in later shards)
-        if ks["n_terms"] < len(self.idf) and len(q_terms) and q_terms.max() >= ks["n_terms"]:
-            offs, terms, weights = drop_terms(q_offsets, q_terms, q_weights, q_terms < ks["n_terms"])
-        else:
-            offs, terms, weights = q_offsets, q_terms, q_weights
+        # in the shard's term ids: its vocabulary may end before the index's (terms first seen
+        # in later shards), or it lists only its own terms
+        offs, terms, weights = shard_batch(ks["terms"], ks["n_terms"], *batch)
         algo = algorithm
         if algo == "auto" and len(ks["doc_norm"]) <= _kernels.BM25_AUTO_EXHAUSTIVE_DOCS:
             algo = "exhaustive"  # what "auto" picks for every query there; skips the bounds' checks
@@ -939,40 +936,45 @@ class BM25Prepared:
 
 
 def load_bm25_arrays(reader: IndexReader, s: Shard, n_terms: int) -> dict[str, np.ndarray]:
-    """A shard's ``bm25.arrow`` (postings CSR, term frequencies, document lengths), checked.
+    """A shard's ``bm25.arrow`` (postings CSR, term frequencies, document lengths), checked
+    (:func:`retriever.index.bm25_build.check_bm25_segment`, ``_kernels.check_csr``). A living
+    index's segment that lists only its own terms keeps that form: ``terms`` (u32, the index's
+    term id of each list, ascending) beside ``offsets`` over them, so everything derived from it
+    at open (bounds, bitmaps, thresholds, df) is O(its own terms), not O(the vocabulary); its
+    lists are addressed through :func:`shard_batch`.
 
     Raises:
         IndexFormatError: arrays that do not match the manifest, the vocabulary or the shard's
             rows, or corrupted postings (names the file).
     """
-    if "bm25_terms" in s.entry:  # a living index's segment lists its own terms: expand
-        a = reader.shard_arrays(s, "bm25.arrow", BM25_COMPACT_ARRAYS)
-        if len(a["terms"]) != s.entry["bm25_terms"] or "n_terms" not in s.entry:
-            raise _fmt_error(s.dir / "bm25.arrow", f"lists {len(a['terms'])} terms, manifest says "
-                             f"{s.entry['bm25_terms']} of {s.entry.get('n_terms')}")
-        if s.entry["n_terms"] > n_terms:
-            raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
-        try:
-            dense = dense_offsets(a["terms"], a["offsets"], s.entry["n_terms"], len(a["doc_ids"]))
-        except ValueError as e:
-            raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
-        a = {k: v for k, v in a.items() if k != "terms"}
-        a["offsets"] = dense
-    else:
-        a = reader.shard_arrays(s, "bm25.arrow", BM25_ARRAYS)
-    t_s = len(a["offsets"]) - 1
-    if t_s != s.entry.get("n_terms", t_s) or len(a["doc_ids"]) != s.entry.get("nnz", len(a["doc_ids"])):
-        raise _fmt_error(s.dir / "bm25.arrow", f"has {t_s} terms / {len(a['doc_ids'])} postings, manifest "
-                         f"says {s.entry.get('n_terms')} / {s.entry.get('nnz')}")
-    if t_s > n_terms or len(a["doc_len"]) != s.rows:
-        raise _fmt_error(s.dir / "bm25.arrow", "does not match the vocabulary or the shard's rows")
+    compact = "bm25_terms" in s.entry
+    a = reader.shard_arrays(s, "bm25.arrow", BM25_COMPACT_ARRAYS if compact else BM25_ARRAYS)
+    try:
+        check_bm25_segment(a, s.entry, n_terms, s.rows)
+    except ValueError as e:
+        raise _fmt_error(s.dir / "bm25.arrow", str(e)) from None
     try:
         _kernels.check_csr(a["offsets"], a["doc_ids"], s.rows)
     except ValueError as e:
         raise _fmt_error(s.dir / "bm25.arrow", f"corrupted postings ({e})") from None
-    if len(a["tfs"]) != len(a["doc_ids"]):
-        raise _fmt_error(s.dir / "bm25.arrow", "tfs and doc_ids differ in length")
     return a
+
+
+def shard_batch(terms: np.ndarray | None, n_terms: int, q_offsets: np.ndarray, q_terms: np.ndarray,
+                q_weights: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A query batch (index term ids) in a shard's own term ids: without a term map
+    (``terms`` None) the terms at or past the shard's ``n_terms`` dropped; with one (u32
+    ascending, the index's id of each of the shard's lists) each term replaced by its position
+    there, those it lacks dropped. Every query keeps its row. O(batch · log(len(terms)))."""
+    if terms is None:
+        if len(q_terms) and q_terms.max() >= n_terms:
+            return drop_terms(q_offsets, q_terms, q_weights, q_terms < n_terms)
+        return q_offsets, q_terms, q_weights
+    pos = np.searchsorted(terms, q_terms)
+    hit = pos < len(terms)
+    hit[hit] = terms[pos[hit]] == q_terms[hit]
+    offs, _, weights = drop_terms(q_offsets, q_terms, q_weights, hit)
+    return offs, pos[hit].astype(np.uint32), weights
 
 
 def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
@@ -1014,7 +1016,8 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
                      own: BM25Stats | None = None) -> BM25Stats:
     """BM25 statistics of a shard's live documents: N, the sum of lengths and df of its rows
     less its tombstones (``s.deleted``); df covers the shard's own terms (the first
-    ``len(a["offsets"]) - 1`` of the vocabulary; :meth:`BM25Stats.combine` pads). The deleted
+    ``len(a["offsets"]) - 1`` of the vocabulary, or those of its term map ``a["terms"]``;
+    :meth:`BM25Stats.combine` places them). The deleted
     documents' df is read from the tombstone file (arrays ``bm25_terms`` / ``bm25_df``, written
     by :class:`retriever.index.updates.IndexUpdater`), or counted from the postings where the
     file lacks them (O(the shard's postings)). ``own``: the statistics of all the shard's rows
@@ -1024,12 +1027,12 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
         IndexFormatError: deleted df that exceeds the shard's df (names the file).
     """
     st = own if own is not None else BM25Stats(int(len(a["doc_len"])), int(a["doc_len"].sum(dtype=np.int64)),
-                                               np.diff(a["offsets"]).astype(np.int64))
+                                               np.diff(a["offsets"]).astype(np.int64), a.get("terms"))
     if s.deleted is None or not len(s.deleted):
         return st
     rows = np.asarray(s.deleted, dtype=np.int64)
     dpath = reader.path / s.entry["deletes"] if s.entry.get("deletes") else None
-    t_s = len(st.df)
+    t_s = len(st.df)  # the shard's lists
     df_del = np.zeros(t_s, dtype=np.int64)
     got = None
     if dpath is not None:
@@ -1040,6 +1043,11 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
         terms = got["bm25_terms"].astype(np.int64)
         if len(terms) and terms.max() >= n_terms:
             raise _fmt_error(dpath, f"deleted df names term {int(terms.max())} of {n_terms}")
+        if st.terms is not None:  # the index's term ids to the shard's lists
+            at = np.searchsorted(st.terms, terms)
+            if len(terms) and (at.max() >= t_s or (st.terms[np.minimum(at, t_s - 1)] != terms).any()):
+                raise _fmt_error(dpath, "deleted df names a term the shard does not list")
+            terms = at
         if len(terms) and terms.max() >= t_s:
             raise _fmt_error(dpath, "deleted df exceeds the shard's df")
         df_del[terms] = got["bm25_df"]
@@ -1053,7 +1061,7 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
     if (df < 0).any():
         raise _fmt_error(dpath, "deleted df exceeds the shard's df")
     dl_del = int(a["doc_len"][rows].sum(dtype=np.int64))
-    return BM25Stats(st.n_docs - len(rows), st.sum_dl - dl_del, df)
+    return BM25Stats(st.n_docs - len(rows), st.sum_dl - dl_del, df, st.terms)
 
 
 def combine_stats(cache: SegmentCache, key: tuple, part_keys: Sequence[tuple], parts: Sequence[BM25Stats],
@@ -1065,7 +1073,7 @@ def combine_stats(cache: SegmentCache, key: tuple, part_keys: Sequence[tuple], p
     O(segments × vocabulary)."""
     prev = cache.peek(key)
     out = None
-    if prev is not None and len(prev[1].df) <= n_terms:
+    if prev is not None and prev[1].span <= n_terms:
         old_keys, old = prev
         now = set(part_keys)
         removed = [k for k in old_keys if k not in now]
@@ -1077,10 +1085,10 @@ def combine_stats(cache: SegmentCache, key: tuple, part_keys: Sequence[tuple], p
             df[:len(old.df)] = old.df
             n_docs, sum_dl = old.n_docs, old.sum_dl
             for g in gone:
-                df[:len(g.df)] -= g.df
+                g.add_into(df, -1)
                 n_docs, sum_dl = n_docs - g.n_docs, sum_dl - g.sum_dl
             for _, p in added:
-                df[:len(p.df)] += p.df
+                p.add_into(df)
                 n_docs, sum_dl = n_docs + p.n_docs, sum_dl + p.sum_dl
             out = BM25Stats(n_docs, sum_dl, df)
     if out is None:

@@ -107,10 +107,12 @@ class SegmentState:
     which the next generation carries bounds and thresholds.
 
     Attributes:
-        arrays: the checked ``bm25.arrow`` arrays (``offsets``, ``doc_ids``, ``tfs``, ``doc_len``).
+        arrays: the checked ``bm25.arrow`` arrays (``offsets``, ``doc_ids``, ``tfs``, ``doc_len``;
+            ``terms``, the term map, for a segment that lists only its own terms).
         dense: membership bitmaps of the long lists (``dense_slot``, ``dense_bits``, ``dense_rank``).
         dl: int64 (rows,) lengths as scored (Lucene's decoded norms or the exact lengths).
-        stats: the segment's own statistics (every row; df over its own terms only).
+        stats: the segment's own statistics (every row; df over its own terms only: the
+            vocabulary prefix it spans, or the terms of its map).
     """
 
     def __init__(self, arrays: dict[str, np.ndarray], dense: dict[str, np.ndarray], dl: np.ndarray) -> None:
@@ -119,7 +121,7 @@ class SegmentState:
         self.dl = dl
         offsets = arrays["offsets"]
         self.stats = BM25Stats(int(len(dl)), int(arrays["doc_len"].sum(dtype=np.int64)),
-                               np.diff(offsets).astype(np.int64))
+                               np.diff(offsets).astype(np.int64), arrays.get("terms"))
         self._lock = threading.Lock()
         self._tf_min: int | None = None
         self._latest: dict[Hashable, dict[str, Any]] = {}
