@@ -169,10 +169,21 @@ class _TorchThreads:
         self._cond = threading.Condition(threading.Lock())
         self._n: int | None = None
         self._active = 0
+        self._depth = threading.local()  # blocks the thread is inside
 
     @contextmanager
     def hold(self, torch: Any, n: int) -> Iterator[None]:
-        """The calling thread's torch work on ``n`` threads for the block (see the class)."""
+        """The calling thread's torch work on ``n`` threads for the block (see the class). A
+        block inside another of the same thread runs on the outer block's count (it would
+        otherwise wait for itself to end)."""
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            self._depth.n = depth + 1
+            try:
+                yield
+            finally:
+                self._depth.n = depth
+            return
         with self._cond:
             while self._active and self._n != n:
                 self._cond.wait()
@@ -180,9 +191,11 @@ class _TorchThreads:
             self._n = n
             prev = int(torch.get_num_threads())
             torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
+        self._depth.n = 1
         try:
             yield
         finally:
+            self._depth.n = 0
             with self._cond:
                 self._active -= 1
                 while self._active:  # the shared count must stay n while the others run

@@ -1084,3 +1084,35 @@ def test_torch_thread_blocks_keep_their_count_until_all_end():
     ta.join(), tb.join(), tc.join()
     assert torch.seen[0] == 1 and torch.seen[1] == 3  # b saw 1 throughout; a got its 3 back
     assert other == [2]
+
+
+def test_torch_thread_blocks_nest():
+    """A block inside another block of the same thread runs on the outer count and ends at once
+    (it must not wait for the outer block, which cannot end before it)."""
+    import threading
+
+    from retriever.threads import _TorchThreads
+
+    class FakeTorch:
+        n = 4
+
+        def get_num_threads(self) -> int:
+            return self.n
+
+        def set_num_threads(self, n: int) -> None:
+            self.n = n
+
+    torch, tt, seen = FakeTorch(), _TorchThreads(), []
+
+    def nested() -> None:
+        with tt.hold(torch, 1):
+            with tt.hold(torch, 1):
+                seen.append(torch.n)
+            with tt.hold(torch, 2):
+                seen.append(torch.n)
+        seen.append(torch.n)
+
+    t = threading.Thread(target=nested, daemon=True)
+    t.start()
+    t.join(5)
+    assert not t.is_alive() and seen == [1, 1, 4]
