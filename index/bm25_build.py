@@ -7,8 +7,9 @@ a shard's ``offsets`` cover the terms known when it was written.
 
 A segment written into a living index (:mod:`retriever.index.updates`) lists only the terms it
 holds when that is smaller: ``terms`` u32[T'] (ascending) beside ``offsets`` u64[T'+1] over them
-(:func:`compact_offsets`); readers expand them to the dense form (:func:`dense_offsets`). Such a
-segment's manifest entry says so (``bm25_terms``: T').
+(:func:`compact_offsets`; :func:`dense_offsets` gives the dense form where that is the smaller).
+Such a segment's manifest entry says so (``bm25_terms``: T'); readers keep the form and search the
+segment in its own term ids (:func:`check_bm25_segment` checks it against the entry).
 """
 
 from __future__ import annotations
