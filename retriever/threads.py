@@ -175,7 +175,10 @@ class _TorchThreads:
     def hold(self, torch: Any, n: int) -> Iterator[None]:
         """The calling thread's torch work on ``n`` threads for the block (see the class). A
         block inside another of the same thread runs on the outer block's count (it would
-        otherwise wait for itself to end)."""
+        otherwise wait for itself to end). An error or interrupt (KeyboardInterrupt) while a
+        block starts leaves nothing counted; one while it waits to restore wakes the other
+        waiters and leaves the thread on ``n`` (restoring then would change the running blocks'
+        count)."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             self._depth.n = depth + 1
@@ -184,24 +187,31 @@ class _TorchThreads:
             finally:
                 self._depth.n = depth
             return
-        with self._cond:
-            while self._active and self._n != n:
-                self._cond.wait()
-            self._active += 1
-            self._n = n
-            prev = int(torch.get_num_threads())
-            torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
-        self._depth.n = 1
+        counted = False
         try:
+            with self._cond:
+                while self._active and self._n != n:
+                    self._cond.wait()
+                prev = int(torch.get_num_threads())
+                torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
+                # counted only once set: an error (or an interrupt) above leaves no block behind that
+                # every later block would wait for
+                self._active += 1
+                counted = True
+                self._n = n
+            self._depth.n = 1
             yield
         finally:
-            self._depth.n = 0
-            with self._cond:
-                self._active -= 1
-                while self._active:  # the shared count must stay n while the others run
-                    self._cond.wait()
-                torch.set_num_threads(prev)
-                self._cond.notify_all()
+            if counted:
+                self._depth.n = 0
+                with self._cond:
+                    self._active -= 1
+                    try:
+                        while self._active:  # the shared count must stay n while the others run
+                            self._cond.wait()
+                        torch.set_num_threads(prev)
+                    finally:  # also when the wait or the restore raised: the others' waits end
+                        self._cond.notify_all()
 
 
 _TORCH_THREADS = _TorchThreads()
