@@ -176,9 +176,10 @@ class _TorchThreads:
         """The calling thread's torch work on ``n`` threads for the block (see the class). A
         block inside another of the same thread runs on the outer block's count (it would
         otherwise wait for itself to end). An error or interrupt (KeyboardInterrupt) while a
-        block starts leaves nothing counted; one while it waits to restore wakes the other
-        waiters and leaves the thread on ``n`` (restoring then would change the running blocks'
-        count)."""
+        block starts or waits to restore still ends it as above (the count restored, the other
+        blocks' waits ended), then is raised. A block must not wait for a block of another
+        thread (e.g. a search running its legs on the engine's pool inside ``torch_threads``):
+        that block's end waits for this one."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             self._depth.n = depth + 1
@@ -193,25 +194,36 @@ class _TorchThreads:
                 while self._active and self._n != n:
                     self._cond.wait()
                 prev = int(torch.get_num_threads())
-                torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
-                # counted only once set: an error (or an interrupt) above leaves no block behind that
-                # every later block would wait for
+                # counted before torch is set: from here on the exit below runs (and restores prev)
+                # whatever is raised, so no block is left behind that every later one waits for
                 self._active += 1
                 counted = True
                 self._n = n
+                torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
             self._depth.n = 1
             yield
         finally:
             if counted:
                 self._depth.n = 0
-                with self._cond:
-                    self._active -= 1
+                self._leave(torch, prev)
+
+    def _leave(self, torch: Any, prev: int) -> None:
+        """The end of a block: once no block runs, the thread's count back to ``prev``. An
+        interrupt while it waits is raised after the restore (the running blocks end soon)."""
+        raised: BaseException | None = None
+        with self._cond:
+            self._active -= 1
+            try:
+                while self._active:  # the shared count must stay n while the others run
                     try:
-                        while self._active:  # the shared count must stay n while the others run
-                            self._cond.wait()
-                        torch.set_num_threads(prev)
-                    finally:  # also when the wait or the restore raised: the others' waits end
-                        self._cond.notify_all()
+                        self._cond.wait()
+                    except BaseException as e:  # e.g. KeyboardInterrupt: restore first
+                        raised = e
+                torch.set_num_threads(prev)
+            finally:  # also when the restore raised: the others' waits end
+                self._cond.notify_all()
+        if raised is not None:
+            raise raised
 
 
 _TORCH_THREADS = _TorchThreads()

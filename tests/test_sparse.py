@@ -1185,3 +1185,52 @@ def test_torch_thread_blocks_survive_errors_while_starting_and_restoring():
     ta.join(5)
     assert not ta.is_alive() and a_back == [4]
     assert runs(tt, torch, 1) and runs(tt, torch, 2)
+
+
+def test_torch_thread_block_interrupted_while_waiting_still_restores():
+    """A KeyboardInterrupt (a real SIGINT) reaching the main thread while its ended block waits
+    for another thread's block is raised once that block ended and the main thread's count is
+    back (it was left on the block's count, so later torch work there ran on one thread)."""
+    import signal
+    import threading
+
+    from retriever.threads import _TorchThreads
+
+    class FakeTorch:
+        def __init__(self) -> None:
+            self.local = threading.local()
+
+        def get_num_threads(self) -> int:
+            return getattr(self.local, "n", 4)
+
+        def set_num_threads(self, n: int) -> None:
+            self.local.n = n
+
+    torch, tt = FakeTorch(), _TorchThreads()
+    a_in, a_go, a_ended = threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        with tt.hold(torch, 1):
+            a_in.set()
+            a_go.wait()
+        a_ended.set()
+
+    def interrupt() -> None:
+        while tt._active != 1:  # the main thread's block ended: it waits for a's
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        threading.Event().wait(0.2)
+        a_go.set()
+
+    ta, ti = threading.Thread(target=a, daemon=True), threading.Thread(target=interrupt, daemon=True)
+    ta.start()
+    a_in.wait()
+    torch.set_num_threads(3)
+    ti.start()
+    with pytest.raises(KeyboardInterrupt):
+        with tt.hold(torch, 1):
+            assert torch.get_num_threads() == 1
+    assert a_ended.wait(5) and torch.get_num_threads() == 3
+    ti.join(5), ta.join(5)
+    assert tt._active == 0
