@@ -1120,10 +1120,10 @@ def test_torch_thread_blocks_nest():
 
 def test_torch_thread_blocks_survive_errors_while_starting_and_restoring():
     """An error or interrupt from torch while a block starts (here KeyboardInterrupt from
-    set_num_threads) leaves no block counted, and one while the last block restores still wakes
-    the block waiting to restore: later blocks of either count run (a block counted before its
-    count was set made every later block wait for it forever, and a skipped notify left the
-    waiting one stuck)."""
+    set_num_threads) still ends the block, and one while the last block restores still wakes
+    the block waiting to restore: later blocks of either count run (an error after a block was
+    counted skipped its end, so every later block waited for it forever, and a skipped notify
+    left the waiting one stuck)."""
     import threading
 
     from retriever.threads import _TorchThreads
@@ -1160,6 +1160,7 @@ def test_torch_thread_blocks_survive_errors_while_starting_and_restoring():
     with pytest.raises(KeyboardInterrupt):
         with tt.hold(torch, 1):
             pass
+    assert torch.get_num_threads() == 4 and tt._active == 0
     assert runs(tt, torch, 1) and runs(tt, torch, 2)
 
     torch, tt = FakeTorch(), _TorchThreads()
