@@ -175,7 +175,11 @@ class _TorchThreads:
     def hold(self, torch: Any, n: int) -> Iterator[None]:
         """The calling thread's torch work on ``n`` threads for the block (see the class). A
         block inside another of the same thread runs on the outer block's count (it would
-        otherwise wait for itself to end)."""
+        otherwise wait for itself to end). An error or interrupt (KeyboardInterrupt) while a
+        block starts or waits to restore still ends it as above (the count restored, the other
+        blocks' waits ended), then is raised. A block must not wait for a block of another
+        thread (e.g. a search running its legs on the engine's pool inside ``torch_threads``):
+        that block's end waits for this one."""
         depth = getattr(self._depth, "n", 0)
         if depth:
             self._depth.n = depth + 1
@@ -184,24 +188,42 @@ class _TorchThreads:
             finally:
                 self._depth.n = depth
             return
-        with self._cond:
-            while self._active and self._n != n:
-                self._cond.wait()
-            self._active += 1
-            self._n = n
-            prev = int(torch.get_num_threads())
-            torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
-        self._depth.n = 1
+        counted = False
         try:
+            with self._cond:
+                while self._active and self._n != n:
+                    self._cond.wait()
+                prev = int(torch.get_num_threads())
+                # counted before torch is set: from here on the exit below runs (and restores prev)
+                # whatever is raised, so no block is left behind that every later one waits for
+                self._active += 1
+                counted = True
+                self._n = n
+                torch.set_num_threads(n)  # also when prev == n: the shared part may hold another count
+            self._depth.n = 1
             yield
         finally:
-            self._depth.n = 0
-            with self._cond:
-                self._active -= 1
+            if counted:
+                self._depth.n = 0
+                self._leave(torch, prev)
+
+    def _leave(self, torch: Any, prev: int) -> None:
+        """The end of a block: once no block runs, the thread's count back to ``prev``. An
+        interrupt while it waits is raised after the restore (the running blocks end soon)."""
+        raised: BaseException | None = None
+        with self._cond:
+            self._active -= 1
+            try:
                 while self._active:  # the shared count must stay n while the others run
-                    self._cond.wait()
+                    try:
+                        self._cond.wait()
+                    except BaseException as e:  # e.g. KeyboardInterrupt: restore first
+                        raised = e
                 torch.set_num_threads(prev)
+            finally:  # also when the restore raised: the others' waits end
                 self._cond.notify_all()
+        if raised is not None:
+            raise raised
 
 
 _TORCH_THREADS = _TorchThreads()

@@ -289,6 +289,56 @@ def test_deleted_df_of_a_term_the_segment_does_not_list_is_refused(tmp_path):
     assert e["deletes"] in str(err.value)
 
 
+def _forge_deletes(root: Path, entry: dict, edit) -> None:
+    """Rewrite the tombstone file of the segment ``entry`` with ``edit`` applied to its arrays and
+    re-hash it (as :func:`_forge` does for ``bm25.arrow``)."""
+    p = root / entry["deletes"]
+    t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
+    arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
+    edit(arrays)
+    cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
+    write_table(p, pa.table(cols))
+    m = _manifest(root)
+    m["files"][entry["deletes"]]["bytes"] = p.stat().st_size
+    m["files"][entry["deletes"]]["sha256"] = sha256_file(p)
+    m["manifest_sha256"] = manifest_digest(m)
+    current_manifest_path(root).write_text(json.dumps(m))
+
+
+def _fewer_counts(a):
+    a["bm25_df"] = a["bm25_df"][:-1]
+
+
+def _more_counts(a):
+    a["bm25_df"] = np.append(a["bm25_df"], a["bm25_df"][-1])
+
+
+def _repeated_term(a):
+    a["bm25_terms"][1] = a["bm25_terms"][0]
+
+
+def _descending_terms(a):
+    a["bm25_terms"], a["bm25_df"] = a["bm25_terms"][::-1].copy(), a["bm25_df"][::-1].copy()
+
+
+@pytest.mark.parametrize("compact", [True, False])
+@pytest.mark.parametrize("edit,msg", [(_fewer_counts, "counts for"), (_more_counts, "counts for"),
+                                      (_repeated_term, "strictly ascending"), (_descending_terms, "strictly ascending")])
+def test_deleted_df_terms_and_counts_must_align(tmp_path, compact, edit, msg):
+    """A tombstone's deleted df (``bm25_terms`` u32 strictly ascending, one ``bm25_df`` count
+    each, as the updater writes them) that does not have that form is refused with an error
+    naming the file: counts of another length than the terms (numpy's shape error before), or a
+    term listed twice or out of order (one of its counts silently dropped: df and scores off)."""
+    root, _ = _live_index(tmp_path)
+    e = next(e for e in _manifest(root)["shards"] if ("bm25_terms" in e) == compact and e.get("deletes"))
+    t = pa.ipc.open_file(str(root / e["deletes"])).read_all()
+    assert len(t.column("bm25_terms")[0]) >= 2
+    _forge_deletes(root, e, edit)
+    with pytest.raises(IndexFormatError, match=msg) as err:
+        Retriever.open(root).search("novel0", k=3, mode="bm25")
+    assert e["deletes"] in str(err.value)
+
+
 def test_listed_term_count_must_match_the_manifest(tmp_path):
     root, _ = _live_index(tmp_path)
     m = _manifest(root)

@@ -1116,3 +1116,122 @@ def test_torch_thread_blocks_nest():
     t.start()
     t.join(5)
     assert not t.is_alive() and seen == [1, 1, 4]
+
+
+def test_torch_thread_blocks_survive_errors_while_starting_and_restoring():
+    """An error or interrupt from torch while a block starts (here KeyboardInterrupt from
+    set_num_threads) still ends the block, and one while the last block restores still wakes
+    the block waiting to restore: later blocks of either count run (an error after a block was
+    counted skipped its end, so every later block waited for it forever, and a skipped notify
+    left the waiting one stuck)."""
+    import threading
+
+    from retriever.threads import _TorchThreads
+
+    class FakeTorch:
+        def __init__(self) -> None:
+            self.local = threading.local()
+            self.fail: BaseException | None = None
+
+        def get_num_threads(self) -> int:
+            return getattr(self.local, "n", 4)
+
+        def set_num_threads(self, n: int) -> None:
+            if self.fail is not None:
+                e, self.fail = self.fail, None
+                raise e
+            self.local.n = n
+
+    def runs(tt: _TorchThreads, torch: FakeTorch, n: int) -> bool:
+        done: list = []
+
+        def block() -> None:
+            with tt.hold(torch, n):
+                pass
+            done.append(torch.get_num_threads())
+
+        t = threading.Thread(target=block, daemon=True)
+        t.start()
+        t.join(5)
+        return done == [4]
+
+    torch, tt = FakeTorch(), _TorchThreads()
+    torch.fail = KeyboardInterrupt()
+    with pytest.raises(KeyboardInterrupt):
+        with tt.hold(torch, 1):
+            pass
+    assert torch.get_num_threads() == 4 and tt._active == 0
+    assert runs(tt, torch, 1) and runs(tt, torch, 2)
+
+    torch, tt = FakeTorch(), _TorchThreads()
+    a_in, b_in, b_ended = threading.Event(), threading.Event(), threading.Event()
+    a_back: list = []
+
+    def a() -> None:
+        with tt.hold(torch, 1):
+            a_in.set()
+            b_in.wait()
+        a_back.append(torch.get_num_threads())
+
+    ta = threading.Thread(target=a, daemon=True)
+    ta.start()
+    a_in.wait()
+    with pytest.raises(RuntimeError, match="restore failed"):
+        with tt.hold(torch, 1):
+            b_in.set()
+            # a's block ends and waits for this one; this one's restore then raises
+            while tt._active != 1:
+                threading.Event().wait(0.01)
+            torch.fail = RuntimeError("restore failed")
+    ta.join(5)
+    assert not ta.is_alive() and a_back == [4]
+    assert runs(tt, torch, 1) and runs(tt, torch, 2)
+
+
+def test_torch_thread_block_interrupted_while_waiting_still_restores():
+    """A KeyboardInterrupt (a real SIGINT) reaching the main thread while its ended block waits
+    for another thread's block is raised once that block ended and the main thread's count is
+    back (it was left on the block's count, so later torch work there ran on one thread)."""
+    import signal
+    import threading
+
+    from retriever.threads import _TorchThreads
+
+    class FakeTorch:
+        def __init__(self) -> None:
+            self.local = threading.local()
+
+        def get_num_threads(self) -> int:
+            return getattr(self.local, "n", 4)
+
+        def set_num_threads(self, n: int) -> None:
+            self.local.n = n
+
+    torch, tt = FakeTorch(), _TorchThreads()
+    a_in, a_go, a_ended = threading.Event(), threading.Event(), threading.Event()
+
+    def a() -> None:
+        with tt.hold(torch, 1):
+            a_in.set()
+            a_go.wait()
+        a_ended.set()
+
+    def interrupt() -> None:
+        while tt._active != 1:  # the main thread's block ended: it waits for a's
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        threading.Event().wait(0.2)
+        a_go.set()
+
+    ta, ti = threading.Thread(target=a, daemon=True), threading.Thread(target=interrupt, daemon=True)
+    ta.start()
+    a_in.wait()
+    torch.set_num_threads(3)
+    ti.start()
+    with pytest.raises(KeyboardInterrupt):
+        with tt.hold(torch, 1):
+            assert torch.get_num_threads() == 1
+    assert a_ended.wait(5) and torch.get_num_threads() == 3
+    ti.join(5), ta.join(5)
+    assert tt._active == 0

@@ -1024,7 +1024,8 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
     when already known (:attr:`SegmentState.stats`).
 
     Raises:
-        IndexFormatError: deleted df that exceeds the shard's df (names the file).
+        IndexFormatError: deleted df that exceeds the shard's df, names a term the shard lacks,
+            or whose terms (u32, strictly ascending) and counts differ in length (names the file).
     """
     st = own if own is not None else BM25Stats(int(len(a["doc_len"])), int(a["doc_len"].sum(dtype=np.int64)),
                                                np.diff(a["offsets"]).astype(np.int64), a.get("terms"))
@@ -1041,6 +1042,10 @@ def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_
             got = reader.files.arrays(s.entry["deletes"], {"bm25_terms": np.uint32, "bm25_df": np.uint32})
     if got is not None:
         terms = got["bm25_terms"].astype(np.int64)
+        if len(got["bm25_df"]) != len(terms):
+            raise _fmt_error(dpath, f"deleted df has {len(got['bm25_df'])} counts for {len(terms)} terms")
+        if len(terms) > 1 and (terms[1:] <= terms[:-1]).any():  # a repeated term would drop a count
+            raise _fmt_error(dpath, "deleted df terms are not strictly ascending")
         if len(terms) and terms.max() >= n_terms:
             raise _fmt_error(dpath, f"deleted df names term {int(terms.max())} of {n_terms}")
         if st.terms is not None:  # the index's term ids to the shard's lists
