@@ -1208,7 +1208,7 @@ def test_torch_thread_block_interrupted_while_waiting_still_restores():
             self.local.n = n
 
     torch, tt = FakeTorch(), _TorchThreads()
-    a_in, a_go, a_ended = threading.Event(), threading.Event(), threading.Event()
+    a_in, a_go, a_ended, main_in = threading.Event(), threading.Event(), threading.Event(), threading.Event()
 
     def a() -> None:
         with tt.hold(torch, 1):
@@ -1217,6 +1217,9 @@ def test_torch_thread_block_interrupted_while_waiting_still_restores():
         a_ended.set()
 
     def interrupt() -> None:
+        # only once the main thread is inside pytest.raises and its block (a's block cannot end
+        # before the signal: a_go is set after it), so the signal never lands outside
+        main_in.wait()
         while tt._active != 1:  # the main thread's block ended: it waits for a's
             threading.Event().wait(0.01)
         threading.Event().wait(0.05)
@@ -1232,6 +1235,7 @@ def test_torch_thread_block_interrupted_while_waiting_still_restores():
     with pytest.raises(KeyboardInterrupt):
         with tt.hold(torch, 1):
             assert torch.get_num_threads() == 1
+            main_in.set()
     assert a_ended.wait(5) and torch.get_num_threads() == 3
     ti.join(5), ta.join(5)
     assert tt._active == 0
