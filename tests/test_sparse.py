@@ -1231,11 +1231,17 @@ def test_torch_thread_block_interrupted_while_waiting_still_restores():
     ta.start()
     a_in.wait()
     torch.set_num_threads(3)
-    ti.start()
-    with pytest.raises(KeyboardInterrupt):
-        with tt.hold(torch, 1):
-            assert torch.get_num_threads() == 1
-            main_in.set()
+    # Python's own SIGINT handler (raises KeyboardInterrupt), whatever an earlier test (Ray's
+    # driver) installed
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        ti.start()
+        with pytest.raises(KeyboardInterrupt):
+            with tt.hold(torch, 1):
+                assert torch.get_num_threads() == 1
+                main_in.set()
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert a_ended.wait(5) and torch.get_num_threads() == 3
     ti.join(5), ta.join(5)
     assert tt._active == 0
