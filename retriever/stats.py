@@ -65,16 +65,6 @@ class BM25Stats:
         return np.log1p((self.n_docs - self.df + 0.5) / (self.df + 0.5)).astype(np.float32)
 
     @classmethod
-    def of_shard(cls, offsets: np.ndarray, doc_len: np.ndarray, n_terms: int) -> "BM25Stats":
-        """One shard's statistics from its postings' CSR ``offsets`` (uint64, n_terms_s + 1;
-        df = list lengths) and ``doc_len`` (uint32, one per document); terms past the shard's own
-        vocabulary get df 0."""
-        df = np.zeros(n_terms, dtype=np.int64)
-        t_s = len(offsets) - 1
-        df[:t_s] = np.diff(offsets).astype(np.int64)
-        return cls(int(len(doc_len)), int(doc_len.sum(dtype=np.int64)), df)
-
-    @classmethod
     def combine(cls, parts: Sequence["BM25Stats"], n_terms: int) -> "BM25Stats":
         """The statistics of the union of disjoint document sets (sums of N, lengths and df),
         over the first ``n_terms`` terms of the vocabulary (at least every part's :attr:`span`)."""

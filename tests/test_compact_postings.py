@@ -220,19 +220,18 @@ def test_compact_segments_are_searched_in_their_own_term_ids(tmp_path):
         assert got.max() > 0
 
 
-def _forge(root: Path, shard_dir: str, edit) -> None:
-    """Rewrite ``shard_dir/bm25.arrow`` with ``edit`` applied to its arrays and re-hash every
-    file (a forger's step: checksums match, content does not)."""
-    p = root / shard_dir / "bm25.arrow"
+def _forge(root: Path, rel: str, edit) -> None:
+    """Rewrite the arrays file ``rel`` (a segment's ``bm25.arrow``, a tombstone file) with ``edit``
+    applied to its arrays and re-hash it (a forger's step: checksums match, content does not)."""
+    p = root / rel
     t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
     arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
     edit(arrays)
     cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
     write_table(p, pa.table(cols))
     m = _manifest(root)
-    for rel, info in m["files"].items():
-        info["bytes"] = (root / rel).stat().st_size
-        info["sha256"] = sha256_file(root / rel)
+    m["files"][rel]["bytes"] = p.stat().st_size
+    m["files"][rel]["sha256"] = sha256_file(p)
     m["manifest_sha256"] = manifest_digest(m)
     current_manifest_path(root).write_text(json.dumps(m))
 
@@ -258,7 +257,7 @@ def _drop_terms(a):
 def test_forged_compact_postings_are_refused(tmp_path, edit, msg):
     root, _ = _live_index(tmp_path)
     shard = next(e["dir"] for e in _manifest(root)["shards"] if "bm25_terms" in e)
-    _forge(root, shard, edit)
+    _forge(root, f"{shard}/bm25.arrow", edit)
     with pytest.raises(IndexFormatError, match=msg) as err:
         Retriever.open(root).search("novel0 zzterm", k=3, mode="bm25")
     assert f"{shard}/bm25.arrow" in str(err.value)
@@ -271,38 +270,16 @@ def test_deleted_df_of_a_term_the_segment_does_not_list_is_refused(tmp_path):
     e = next(e for e in _manifest(root)["shards"] if "bm25_terms" in e and e.get("deletes"))
     listed = pa.ipc.open_file(str(root / e["dir"] / "bm25.arrow")).read_all().column("terms")[0].values.to_numpy()
     absent = next(t for t in range(int(listed.max()) + 2) if t not in set(listed.tolist()))
-    p = root / e["deletes"]
-    t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
-    arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
-    arrays["bm25_terms"][0] = absent
-    order = np.argsort(arrays["bm25_terms"], kind="stable")
-    arrays["bm25_terms"], arrays["bm25_df"] = arrays["bm25_terms"][order], arrays["bm25_df"][order]
-    cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
-    write_table(p, pa.table(cols))
-    m = _manifest(root)
-    m["files"][e["deletes"]]["bytes"] = p.stat().st_size
-    m["files"][e["deletes"]]["sha256"] = sha256_file(p)
-    m["manifest_sha256"] = manifest_digest(m)
-    current_manifest_path(root).write_text(json.dumps(m))
+
+    def edit(arrays):
+        arrays["bm25_terms"][0] = absent
+        order = np.argsort(arrays["bm25_terms"], kind="stable")
+        arrays["bm25_terms"], arrays["bm25_df"] = arrays["bm25_terms"][order], arrays["bm25_df"][order]
+
+    _forge(root, e["deletes"], edit)
     with pytest.raises(IndexFormatError, match="names a term the shard does not list") as err:
         Retriever.open(root).search("novel0", k=3, mode="bm25")
     assert e["deletes"] in str(err.value)
-
-
-def _forge_deletes(root: Path, entry: dict, edit) -> None:
-    """Rewrite the tombstone file of the segment ``entry`` with ``edit`` applied to its arrays and
-    re-hash it (as :func:`_forge` does for ``bm25.arrow``)."""
-    p = root / entry["deletes"]
-    t = pa.ipc.open_file(pa.py_buffer(p.read_bytes())).read_all()
-    arrays = {n: t.column(n)[0].values.to_numpy().copy() for n in t.column_names}
-    edit(arrays)
-    cols = {n: pa.LargeListArray.from_arrays(pa.array([0, len(v)], pa.int64()), pa.array(v)) for n, v in arrays.items()}
-    write_table(p, pa.table(cols))
-    m = _manifest(root)
-    m["files"][entry["deletes"]]["bytes"] = p.stat().st_size
-    m["files"][entry["deletes"]]["sha256"] = sha256_file(p)
-    m["manifest_sha256"] = manifest_digest(m)
-    current_manifest_path(root).write_text(json.dumps(m))
 
 
 def _fewer_counts(a):
@@ -333,7 +310,7 @@ def test_deleted_df_terms_and_counts_must_align(tmp_path, compact, edit, msg):
     e = next(e for e in _manifest(root)["shards"] if ("bm25_terms" in e) == compact and e.get("deletes"))
     t = pa.ipc.open_file(str(root / e["deletes"])).read_all()
     assert len(t.column("bm25_terms")[0]) >= 2
-    _forge_deletes(root, e, edit)
+    _forge(root, e["deletes"], edit)
     with pytest.raises(IndexFormatError, match=msg) as err:
         Retriever.open(root).search("novel0", k=3, mode="bm25")
     assert e["deletes"] in str(err.value)
@@ -464,7 +441,7 @@ def _to_previous_form(root: Path) -> list[str]:
     dirs = []
     for e in _manifest(root)["shards"]:
         if "bm25_terms" in e:
-            _forge(root, e["dir"], lambda a, n=e["n_terms"]: a.update(
+            _forge(root, f"{e['dir']}/bm25.arrow", lambda a, n=e["n_terms"]: a.update(
                 offsets=dense_offsets(a.pop("terms"), a["offsets"], n, len(a["doc_ids"]))))
             dirs.append(e["dir"])
     m = _manifest(root)
