@@ -547,10 +547,10 @@ def tokenize_utf8(data: np.ndarray, offsets: np.ndarray, *, lowercase: bool,
 
 
 @nb.njit(cache=True, nogil=True)
-def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
+def _count_terms(local_ids, counts, lmap, last, pos, stamp, first_doc, identity):
+    # last[g]: the stamp of the last document (stamp + d) that held term g; every earlier call's
+    # stamps are below this call's, so the arrays need no clearing between calls
     n_docs = counts.shape[0]
-    last = np.full(max(n_terms, 1), -1, dtype=np.int64)
-    pos = np.empty(max(n_terms, 1), dtype=np.int64)
     out_doc = np.empty(local_ids.shape[0], dtype=np.uint32)
     out_tid = np.empty(local_ids.shape[0], dtype=np.uint32)
     out_tf = np.empty(local_ids.shape[0], dtype=np.uint32)
@@ -558,14 +558,15 @@ def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
     k = 0
     p = 0
     for d in range(n_docs):
+        s = stamp + d
         for _ in range(counts[d]):
             g = local_ids[p] if identity else lmap[local_ids[p]]
             p += 1
             if g < 0:
                 continue
             lens[d] += 1
-            if last[g] != d:
-                last[g] = d
+            if last[g] != s:
+                last[g] = s
                 pos[g] = k
                 out_doc[k] = first_doc + d
                 out_tid[k] = g
@@ -576,8 +577,37 @@ def _count_terms(local_ids, counts, lmap, n_terms, first_doc, identity):
     return out_doc[:k], out_tid[:k], out_tf[:k], lens
 
 
+class CountScratch:
+    """Work arrays of :func:`count_terms`, kept between its calls so that a call costs
+    O(tokens of the batch), not O(vocabulary): per term id, the stamp of the last document that
+    held it (i64, -1: none yet) and that pair's output position (i64). Each call takes the next
+    block of stamps, so nothing is cleared between calls. Grows with the vocabulary.
+
+    Not thread-safe: one call at a time (the postings builder counts its batches in order on one
+    worker thread).
+    """
+
+    def __init__(self) -> None:  # noqa: D107
+        self.last = np.full(0, -1, dtype=np.int64)
+        self.pos = np.zeros(0, dtype=np.int64)
+        self.stamp = 0
+
+    def take(self, n_terms: int, n_docs: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(last, pos, first stamp)`` for a call over ``n_docs`` documents and term ids below
+        ``n_terms`` (the arrays grown when needed: new slots hold no stamp)."""
+        if len(self.last) < n_terms:
+            size = max(int(n_terms), 2 * len(self.last))
+            last = np.full(size, -1, dtype=np.int64)
+            last[:len(self.last)] = self.last
+            self.last, self.pos = last, np.zeros(size, dtype=np.int64)
+        stamp = self.stamp
+        self.stamp += int(n_docs)
+        return self.last, self.pos, stamp
+
+
 def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | None, n_terms: int,
-                first_doc: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                first_doc: int, scratch: CountScratch | None = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per-document term frequencies of a tokenised batch.
 
     Args:
@@ -587,6 +617,8 @@ def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | No
             every id must be < ``n_terms``. ``None``: ``local_ids`` are term ids already.
         n_terms: vocabulary size.
         first_doc: document number of the batch's first text.
+        scratch: work arrays kept between calls (:class:`CountScratch`); ``None``: arrays of
+            ``n_terms`` made for this call (O(vocabulary) per call).
 
     Returns:
         ``(doc u32[nnz], term u32[nnz], tf u32[nnz], doc_len u32[n])``; pairs grouped by
@@ -602,8 +634,9 @@ def count_terms(local_ids: np.ndarray, counts: np.ndarray, lmap: np.ndarray | No
     if len(ids) and (int(ids.max()) >= n_terms or int(ids.min()) < -1):
         raise ValueError(f"term ids outside [-1, {n_terms}): {int(ids.min())}..{int(ids.max())}")
     lmap = np.zeros(0, dtype=np.int64) if identity else lmap.astype(np.int64, copy=False)
-    return _count_terms(local_ids, counts.astype(np.int64, copy=False), lmap, int(n_terms), np.int64(first_doc),
-                        identity)
+    last, pos, stamp = (scratch if scratch is not None else CountScratch()).take(n_terms, len(counts))
+    return _count_terms(local_ids, counts.astype(np.int64, copy=False), lmap, last, pos, np.int64(stamp),
+                        np.int64(first_doc), identity)
 
 
 @nb.njit(cache=True, nogil=True)

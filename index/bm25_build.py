@@ -22,7 +22,7 @@ from typing import Any, Callable, Mapping, Sequence, TYPE_CHECKING
 import numpy as np
 
 from .analyzer import _IDEO, Analyzer
-from .analyzer_kernels import CsrScratch, TokenTable, count_terms, csr_by_term, csr_by_term_compact, scan_tokens, utf8_arrays
+from .analyzer_kernels import CountScratch, CsrScratch, TokenTable, count_terms, csr_by_term, csr_by_term_compact, scan_tokens, utf8_arrays
 
 if TYPE_CHECKING:
     from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
@@ -170,6 +170,7 @@ class PostingsBuilder:
         self._scan_pool = ThreadPoolExecutor(1, thread_name_prefix="postings-scan") if background else None
         self._pending: deque[Future] = deque()
         self._csr_scratch = CsrScratch()  # compact flushes' work arrays (flush jobs run one at a time)
+        self._count_scratch = CountScratch()  # the counting's work arrays (batches counted one at a time)
 
     # ---------------------------------------------------------------- results (wait for the worker)
 
@@ -321,7 +322,8 @@ class PostingsBuilder:
     def _count_batch(self, ent: np.ndarray, counts: np.ndarray, hi: int, first_doc: int, shard: "_Shard") -> None:
         self._resolve(hi)
         n_terms = self._terms.n
-        doc, tid, tf, lens = count_terms(ent, counts, self._tokens.value[:hi], n_terms, first_doc)
+        doc, tid, tf, lens = count_terms(ent, counts, self._tokens.value[:hi], n_terms, first_doc,
+                                           self._count_scratch)
         shard.docs.append(doc)
         shard.term_ids.append(tid)
         shard.tfs.append(tf)

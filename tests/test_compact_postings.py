@@ -14,7 +14,7 @@ import pytest
 
 from conftest import random_corpus
 from retriever import IndexUpdater, Retriever, build_index
-from retriever.index.analyzer_kernels import CsrScratch, csr_by_term, csr_by_term_compact
+from retriever.index.analyzer_kernels import CountScratch, CsrScratch, count_terms, csr_by_term, csr_by_term_compact
 from retriever.index.arrow_io import write_table
 from retriever.index.bm25_build import check_compact_offsets, compact_is_smaller, compact_offsets, dense_offsets
 from retriever.index.errors import IndexFormatError
@@ -117,6 +117,46 @@ def test_csr_by_term_compact_equals_the_dense_counting_sort_compacted():
         np.testing.assert_array_equal(f, f_ref)
         np.testing.assert_array_equal(dense_offsets(terms, offsets, n_terms, nnz), dense)
         assert not scratch.count.any() and not scratch.bits.any()
+
+
+def _count_reference(local_ids, counts, lmap, first_doc):
+    """Per-document (doc, term, tf) in first-occurrence order and document lengths, in Python."""
+    out, lens, p = [], [], 0
+    for d, c in enumerate(counts):
+        tf: dict[int, int] = {}
+        for x in local_ids[p:p + c]:
+            g = int(x) if lmap is None else int(lmap[x])
+            if g >= 0:
+                tf[g] = tf.get(g, 0) + 1
+        p += c
+        out += [(first_doc + d, g, f) for g, f in tf.items()]
+        lens.append(sum(tf.values()))
+    return out, lens
+
+
+def test_count_terms_with_a_kept_scratch_equals_the_reference():
+    """One CountScratch over calls of growing vocabularies whose document numbers restart (a new
+    shard) and whose neighbouring documents share terms: the same pairs as counting each call
+    afresh, and as a plain Python count."""
+    rng = np.random.default_rng(3)
+    scratch = CountScratch()
+    for n_terms, n_docs, first_doc, identity in [(5, 4, 0, True), (5, 4, 4, True), (40, 30, 0, False),
+                                                 (3000, 12, 0, True), (3000, 0, 12, True), (7, 9, 12, False),
+                                                 (9000, 50, 0, False), (9000, 1, 0, True)]:
+        counts = rng.integers(0, 12, n_docs).astype(np.int64)
+        if identity:
+            lmap, local = None, np.minimum(rng.zipf(1.4, int(counts.sum())) - 1, n_terms - 1).astype(np.int32)
+        else:
+            lmap = rng.integers(-1, n_terms, 60).astype(np.int64)
+            local = rng.integers(0, 60, int(counts.sum())).astype(np.int32)
+        got = count_terms(local, counts, lmap, n_terms, first_doc, scratch)
+        fresh = count_terms(local, counts, lmap, n_terms, first_doc)
+        for a, b in zip(got, fresh):
+            np.testing.assert_array_equal(a, b)
+        ref, lens = _count_reference(local, counts, lmap, first_doc)
+        assert list(zip(got[0].tolist(), got[1].tolist(), got[2].tolist())) == ref
+        assert got[3].tolist() == lens
+    assert len(scratch.last) >= 9000 and scratch.stamp == 4 + 4 + 30 + 12 + 0 + 9 + 50 + 1
 
 
 def test_csr_by_term_compact_errors_leave_the_scratch_clean():
