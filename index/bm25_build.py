@@ -237,6 +237,8 @@ class PostingsBuilder:
             whatever an earlier batch raised on the worker thread.
         """
         texts = texts if isinstance(texts, list) else list(texts)
+        if not texts:  # nothing to count (an earlier batch's error still surfaces at the next one or finish)
+            return
         first_doc = self._n
         self._n += len(texts)
         if self._pool is None:

@@ -670,6 +670,7 @@ class IndexUpdater:
         # build, where reading overlaps the analysis.
         docs: list[Document] = []
         prefed = 0
+        handed = False  # a batch went to the BM25 builder (set before the call: it may fail inside it)
         bm25 = "bm25" in self.config.legs
         bs, first_seg = self.config.batch_size, self.config.shard_size
         n_terms_before = len(self._vocabulary()) if bm25 else 0
@@ -681,13 +682,14 @@ class IndexUpdater:
                 n = len(docs)
                 if bm25 and n - prefed == bs and n <= first_seg:
                     part = docs[prefed:n]
+                    handed = True
                     self._bm25_builder().add(Batch(part, [f"{d.title} {d.text}" if d.title else d.text for d in part]))
                     prefed = n
             if not docs:
                 return 0
             written, replaced, batch_ids, ids = self._checked_build(docs, dense_vectors, sparse_vectors, replace, prefed)
         except BaseException:
-            if prefed:
+            if handed:  # the builder holds this call's documents (and terms): drop them
                 self._discard_bm25(n_terms_before)
             raise
         for entry, st in written:

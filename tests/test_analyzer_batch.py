@@ -135,8 +135,8 @@ def test_background_thread_equals_inline_over_shards():
 
 
 def _assert_background_equals_inline(texts: list[str], flush_every: int) -> None:
-    """Analyse ``texts`` in batches of 100, flushing a shard every ``flush_every`` texts, inline
-    and on the background workers: identical shards, vocabulary and total length, equal to the
+    """Analyse ``texts`` in batches of 100 (each followed by an empty one), flushing a shard every
+    ``flush_every`` texts, inline and on the background workers: identical shards, vocabulary and total length, equal to the
     reference analysis."""
     outs = {}
     for background in (False, True):
@@ -144,6 +144,7 @@ def _assert_background_equals_inline(texts: list[str], flush_every: int) -> None
         shards = []
         for i in range(0, len(texts), 100):
             pb.add(texts[i:i + 100])
+            pb.add([])  # an empty batch adds nothing
             if i % flush_every == flush_every - 100:
                 shards.append(pb.flush_async())
         shards.append(pb.flush_async())

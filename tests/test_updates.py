@@ -838,6 +838,43 @@ def test_batches_analysed_while_reading_are_dropped_with_a_rejected_batch(tmp_pa
     assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), legs) > 0
 
 
+def test_a_failure_inside_the_first_analysed_batch_leaves_nothing_behind(tmp_path):
+    """An add that fails inside the BM25 builder while it takes the first batch it analyses during
+    the read (fault point ``encode_bm25``: the builder already holds the batch's documents and
+    terms) drops them: the adds that follow equal a fresh build, vocabulary order included."""
+    legs = ("bm25",)
+    m = Model(legs)
+    m.live = [(f"d{i}", 0) for i in range(4)]
+    path = tmp_path / "live"
+    build_index([make_doc(k, v) for k, v in m.live], path, legs=legs, shard_size=5, batch_size=2,
+                show_progress=False)
+
+    class Boom(Exception):
+        pass
+
+    armed = True
+
+    def fault(point: str) -> None:
+        nonlocal armed
+        if point == "encode_bm25" and armed:
+            armed = False
+            raise Boom(point)
+
+    ghosts = [{"_id": f"g{i}", "text": "ghostterm ghostterm"} for i in range(3)]
+    new = [(f"n{i}", 0) for i in range(3)]
+    with IndexUpdater.open(path, faults=fault) as u:
+        with pytest.raises(Boom):
+            u.add(ghosts)
+        assert not u.pending
+        assert u.add([make_doc(k, v) for k, v in new]) == 3
+        m.live += new
+        u.commit()
+    r = Retriever.open(path)
+    assert "ghostterm" not in r.engine.legs["bm25"].vocab
+    assert r.search("ghostterm", k=5, mode="bm25") == []
+    assert assert_same(r, m.fresh(tmp_path / "fresh"), legs) > 0
+
+
 def test_precomputed_dense_vectors_of_another_width_are_refused(tmp_path):
     """Vectors of another dimension than the index's are refused before anything is written (a
     segment of such vectors would leave the committed generation unreadable for dense search);
