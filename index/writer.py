@@ -10,6 +10,7 @@ without it, an existing non-empty target is refused before any work starts.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import datetime as _dt
@@ -18,7 +19,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -51,6 +52,25 @@ def _exchange(a: Path, b: Path) -> bool:
     AT_FDCWD = -100
     rc = fn(AT_FDCWD, os.fsencode(str(a)), AT_FDCWD, os.fsencode(str(b)), _RENAME_EXCHANGE)
     return rc == 0
+
+
+@contextlib.contextmanager
+def _existing_index_locked(out: Path) -> Iterator[None]:
+    """Hold the writer lock of the index at ``out`` for the block (nothing when ``out`` is not an
+    index).
+
+    Raises:
+        IndexLockedError: an :class:`~retriever.index.updates.IndexUpdater` (or another lock
+            holder) has the index open; names the holder's pid.
+    """
+    from .generations import LOCK, writer_lock  # generations imports this module
+
+    if not is_index(out) or (not (out / LOCK).exists() and not os.access(out, os.W_OK)):
+        yield  # not an index, or one no writer could have locked (read-only, never opened by one)
+        return
+
+    with writer_lock(out):
+        yield
 
 
 def check_target(out: Path, overwrite: bool) -> None:
@@ -152,6 +172,8 @@ class IndexWriter:
         self._faults = faults
         self.overwrite = overwrite
         check_target(self.out, overwrite)
+        with _existing_index_locked(self.out):  # a writer on the index it would replace: refuse now
+            pass
         self.out.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(self.out)
         self.tmp = self.out.parent / f".{self.out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:12]}"
@@ -408,13 +430,16 @@ class IndexWriter:
             if self.out.is_dir() and not any(self.out.iterdir()):
                 os.rmdir(self.out)
         if self.out.exists():
-            if _exchange(self.tmp, self.out):
-                old = self.tmp  # after the swap, tmp names the old index
-            else:
-                old = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-                os.rename(self.out, old)
-                os.rename(self.tmp, self.out)
-            _fsync_dir(self.out.parent)
+            # the replaced index's writer lock is held across the swap: an IndexUpdater open on it
+            # would otherwise commit its pending changes into the new index afterwards
+            with _existing_index_locked(self.out):
+                if _exchange(self.tmp, self.out):
+                    old = self.tmp  # after the swap, tmp names the old index
+                else:
+                    old = self.out.parent / f".{self.out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+                    os.rename(self.out, old)
+                    os.rename(self.tmp, self.out)
+                _fsync_dir(self.out.parent)
             self._faults("swap")
             shutil.rmtree(old, ignore_errors=True)
         else:

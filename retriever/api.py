@@ -192,7 +192,8 @@ class Retriever:
 
     def refresh(self) -> bool:
         """Move to the generation that is current now (after an :class:`retriever.IndexUpdater`
-        commit), if it is newer than the one this Retriever holds.
+        commit), if it is another than the one this Retriever holds (a newer one, or the index
+        rebuilt in place with ``overwrite``).
 
         Per-segment state (checked postings and bitmaps, FAISS indexes, sparse arrays, the
         vocabulary) of segments the two generations share is reused; only new segments are
@@ -205,13 +206,13 @@ class Retriever:
         generation is an error.
 
         Returns:
-            True when a newer generation was opened.
+            True when another generation was opened.
 
         Raises:
             IndexFormatError: the current generation cannot be opened (this one stays).
         """
         with self._refresh_lock:
-            if read_current(self.reader.path) == self.reader.generation:
+            if read_current(self.reader.path) == self.reader.generation and not self.reader.replaced():
                 return False
             cache = getattr(self, "_segments", None) or SegmentCache()
             options = getattr(self, "_engine_options", None) or {}
@@ -477,7 +478,7 @@ class Retriever:
 
     def filter_masks(self, filter: Any, engine: Engine | None = None) -> list[np.ndarray | None]:
         """The allow masks of ``filter`` for the engine's shards (:func:`retriever.filters.compile_filter`),
-        cached per (canonical filter, index generation) in a bounded LRU
+        cached per (canonical filter, index generation and manifest) in a bounded LRU
         (:attr:`FILTER_CACHE_ENTRIES` filters, :attr:`FILTER_CACHE_BYTES` of masks): compiling
         costs one Arrow pass over the filtered columns (about 3-70 ms at 1M documents, far more than
         a BM25 query; figures in ``benchmarks/HISTORY.md``), a cache hit one serialisation of the
@@ -494,7 +495,8 @@ class Retriever:
         if engine is None:
             raise QueryError("this Retriever is closed")
         reader = engine.reader  # the engine's own generation, also while refresh() switches
-        key = (filter_key(filter), reader.generation)
+        # the manifest's digest too: an index rebuilt in place starts again at generation 1
+        key = (filter_key(filter), reader.generation, reader.manifest["manifest_sha256"])
         with self._filter_lock:
             hit = self._filter_cache.get(key)
             if hit is not None:

@@ -3,6 +3,7 @@ and document fetches (one by one or a whole batch)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -12,8 +13,8 @@ import pyarrow as pa
 
 from retriever.index.config import BuildConfig
 from retriever.index.errors import IndexFormatError
-from retriever.index.format import (DOCS_COLUMNS, MAX_STATS_BYTES, manifest_name, read_manifest, read_shard_stats,
-                                    safe_join, verify_checksums)
+from retriever.index.format import (DOCS_COLUMNS, MAX_STATS_BYTES, manifest_name, read_current, read_manifest,
+                                    read_shard_stats, safe_join, verify_checksums)
 from retriever.index.safe_open import IndexFiles
 from retriever.index.metadata import metadata_dicts
 
@@ -152,6 +153,15 @@ def check_docs(path: Path, docs: pa.Table, rows: int) -> None:
 _CONFIG_LEG = {"bm25": "bm25", "analyzer": "bm25", "dense": "dense", "sparse": "sparse"}
 
 
+def _file_identity(path: Path) -> tuple[int, int, int, int] | None:
+    """(device, inode, size, mtime in ns) of ``path``, None when it cannot be read."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
 class IndexReader:
     """One generation of a validated, memory-mapped index directory (a snapshot).
 
@@ -173,7 +183,11 @@ class IndexReader:
     def __init__(self, path: str | Path, *, verify: bool = False, generation: int | None = None,
                  previous: "IndexReader | None" = None) -> None:
         self.path = Path(path)
-        self.manifest = read_manifest(self.path, generation)
+        gen = generation if generation is not None else read_current(self.path)
+        # the manifest file's identity, taken before it is read: an index rebuilt in place
+        # (``overwrite``) restarts at generation 1 with other files (see :meth:`replaced`)
+        self._manifest_identity = _file_identity(self.path / manifest_name(gen))
+        self.manifest = read_manifest(self.path, gen)
         self.generation: int = self.manifest["generation"]
         mname = self.path / manifest_name(self.generation)
         #: the file of this generation's manifest (named in errors)
@@ -217,6 +231,12 @@ class IndexReader:
                                    f"stats.n_docs is {self.manifest['stats'].get('n_docs')}")
         self.bases = np.array([s.base for s in self.shards], dtype=np.int64)
         self._ids: np.ndarray | None = None
+
+    def replaced(self) -> bool:
+        """Whether this generation's manifest file is no longer the one this reader opened: the
+        index was rebuilt in place (``build_index(..., overwrite=True)`` swaps in a new index,
+        whose generations start again at 1), or that manifest is gone."""
+        return _file_identity(self.manifest_path) != self._manifest_identity
 
     def reopen(self) -> "IndexReader":
         """A new reader of the generation that is current now (this one is unchanged); the

@@ -923,3 +923,66 @@ def test_masked_df_counts_each_subset_document_once_per_term():
         masked_df(offsets, doc_ids, np.array([0]), int(doc_ids.max()))  # a doc id past the shard
     with pytest.raises(ValueError, match="CSR offsets"):
         masked_df(offsets[::-1].copy(), doc_ids, rows, n_docs)
+
+
+
+# ------------------------------------------------------------------------ an index rebuilt in place
+def _lang_docs(prefix: str, en: set[int]) -> list[dict]:
+    return [{"_id": f"{prefix}{i}", "text": "apple words", "lang": "en" if i in en else "de"} for i in range(6)]
+
+
+def test_overwrite_is_refused_while_a_writer_has_the_index_open(tmp_path):
+    """build_index(overwrite=True) takes the replaced index's writer lock: with an IndexUpdater
+    open it is refused (naming the holder) before any work, so the writer's pending delete is
+    committed to the index it was made against, never into a new index that reuses the ids'
+    rows; once the writer is closed the overwrite goes ahead."""
+    import os
+
+    from retriever.index.errors import IndexLockedError
+
+    path = tmp_path / "ix"
+    docs = [{"_id": f"d{i}", "text": f"common words number{i}"} for i in range(8)]
+    build_index(docs, path, legs=("bm25",), shard_size=3, show_progress=False)
+    with IndexUpdater.open(path) as u:
+        assert u.delete(["d1"]).deleted == 1
+        with pytest.raises(IndexLockedError, match=f"pid {os.getpid()}"):
+            build_index([{**d, "_id": "o" + d["_id"][1:]} for d in docs], path, legs=("bm25",), shard_size=3,
+                        show_progress=False, overwrite=True)
+        assert not [p for p in tmp_path.iterdir() if p.name != "ix"]  # no temporary directory left
+        u.commit()
+    assert sorted(Retriever.open(path).live_ids()) == sorted(d["_id"] for d in docs if d["_id"] != "d1")
+    build_index(docs[:2], path, legs=("bm25",), show_progress=False, overwrite=True)
+    assert sorted(Retriever.open(path).live_ids()) == ["d0", "d1"]
+
+
+def test_refresh_sees_an_index_rebuilt_in_place_at_the_same_generation(tmp_path):
+    """An overwrite starts the new index at generation 1 again: refresh() opens it although the
+    generation number is the reader's (it compares the manifest file, not only the number), and
+    the cached filter masks of the replaced index are not reused (keyed by the manifest's digest
+    too)."""
+    path = tmp_path / "ix"
+    build_index(_lang_docs("a", {0, 1}), path, legs=("bm25",), show_progress=False)
+    r = Retriever.open(path)
+    assert [h.id for h in r.search("apple", k=10, mode="bm25", filter={"lang": "en"})] == ["a0", "a1"]
+    assert not r.refresh()
+    build_index(_lang_docs("b", {4, 5}), path, legs=("bm25",), show_progress=False, overwrite=True)
+    assert r.reader.generation == 1 and r.refresh()
+    assert sorted(h.id for h in r.search("apple", k=10, mode="bm25")) == [f"b{i}" for i in range(6)]
+    assert [h.id for h in r.search("apple", k=10, mode="bm25", filter={"lang": "en"})] == ["b4", "b5"]
+    assert not r.refresh()
+
+
+def test_filter_masks_of_a_replaced_index_are_not_reused_after_refreshes(tmp_path):
+    """A reader caches masks at generation 1, follows a commit to generation 2, then an overwrite
+    back to generation 1: the filter is compiled again for the new index."""
+    path = tmp_path / "ix"
+    build_index(_lang_docs("a", {0, 1}), path, legs=("bm25",), show_progress=False)
+    r = Retriever.open(path)
+    assert [h.id for h in r.search("apple", k=10, mode="bm25", filter={"lang": "en"})] == ["a0", "a1"]
+    with IndexUpdater.open(path) as u:
+        u.add([{"_id": "a9", "text": "pear", "lang": "fr"}])
+        u.commit()
+    assert r.refresh()
+    build_index(_lang_docs("b", {4, 5}), path, legs=("bm25",), show_progress=False, overwrite=True)
+    assert r.refresh()
+    assert [h.id for h in r.search("apple", k=10, mode="bm25", filter={"lang": "en"})] == ["b4", "b5"]

@@ -248,6 +248,13 @@ class IndexStore:
         with self._lock:
             return [] if self.retriever is None else self.retriever.live_ids()
 
+    def has_field(self, name: str) -> bool:
+        """Whether the index's metadata schema lists the field ``name`` (False while the store
+        is empty): a filter on a field the index never held is an error, not an empty match."""
+        with self._lock:
+            r = self.retriever
+            return r is not None and name in r.reader.metadata_schema
+
     def ids_where(self, filter: Any) -> list[str]:
         """The ids of the live documents that pass ``filter`` (the dict form), in document order.
 

@@ -274,6 +274,8 @@ class LlamaIndexVectorStore(BasePydanticVectorStore):
 
     def delete(self, ref_doc_id: str, **delete_kwargs: Any) -> None:
         """Delete every node of the source document ``ref_doc_id`` (one commit; none: no-op)."""
+        if not self._store.has_field(REF_DOC_KEY):  # no stored node has a source document
+            return
         ids = self._store.ids_where({REF_DOC_KEY: ref_doc_id})
         if ids:
             self._store.delete(ids)
@@ -359,6 +361,8 @@ class LlamaIndexVectorStore(BasePydanticVectorStore):
                 embedding (external vectors).
         """
         opts = self._options(query)
+        if query.doc_ids and not self._store.has_field(REF_DOC_KEY):  # no node has a source document
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
         text = query.query_str or ""
         vector = query.query_embedding if opts.mode in ("dense", "hybrid") else None
         hits, _ = self._store.search(text, opts, vector)

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("llama_index.core")
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
-from llama_index.core.schema import TextNode
+from llama_index.core.schema import NodeRelationship, RelatedNodeInfo, TextNode
 from llama_index.core.vector_stores.types import (FilterCondition, FilterOperator, MetadataFilter, MetadataFilters,
                                                   VectorStoreQuery, VectorStoreQueryMode)
 
@@ -114,6 +114,28 @@ def test_insert_and_delete_by_ref_doc_id(index):
     assert "srcdoc3" not in {n.ref_doc_id for n in store.get_nodes()}
     assert len(store.get_nodes()) == n_before - 2
 
+
+
+def test_nodes_without_a_source_document_delete_and_doc_ids_match_nothing(tmp_path):
+    """While no stored node has a source document (no ``ref_doc_id`` field in the index),
+    delete(ref_doc_id) is the documented no-op and a query restricted by doc_ids returns nothing
+    (not an unknown-field error); once one has, both act on it."""
+    store = LlamaIndexVectorStore(tmp_path / "kb")
+    try:
+        emb = unit_rows([_vec("apple")], 1, normalize=True)[0].tolist()
+        store.add([TextNode(id_="n1", text="apple pear", embedding=emb), TextNode(id_="n2", text="apple", embedding=emb)])
+        store.delete("doc-that-does-not-exist")
+        assert sorted(store.client.live_ids()) == ["n1", "n2"]
+        res = store.query(VectorStoreQuery(query_embedding=emb, similarity_top_k=2, doc_ids=["doc-x"]))
+        assert res.ids == [] and res.nodes == []
+        assert sorted(store.query(VectorStoreQuery(query_embedding=emb, similarity_top_k=2)).ids) == ["n1", "n2"]
+        store.add([TextNode(id_="n3", text="apple", embedding=emb, relationships={
+            NodeRelationship.SOURCE: RelatedNodeInfo(node_id="doc-y")})])
+        assert store.query(VectorStoreQuery(query_embedding=emb, similarity_top_k=3, doc_ids=["doc-y"])).ids == ["n3"]
+        store.delete("doc-y")
+        assert sorted(store.client.live_ids()) == ["n1", "n2"]
+    finally:
+        store.close()
 
 def test_translate_filters():
     f = MetadataFilters(filters=[MetadataFilter(key="a", value=1), MetadataFilters(
