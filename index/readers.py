@@ -307,16 +307,42 @@ def read_queries(path: str | Path) -> dict[str, str]:
     return out
 
 
+def read_id_lines(path: str | Path) -> list[str]:
+    """Document ids, one per line (UTF-8, a byte-order mark allowed; surrounding white space
+    and blank lines dropped), in file order.
+
+    Raises:
+        CorpusError: missing file, or a line that is not valid UTF-8 (names the file and line).
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CorpusError("ids file not found", path=path) from None
+    except IsADirectoryError:
+        raise CorpusError("is a folder, expected a file of ids (one per line)", path=path) from None
+    out: list[str] = []
+    for lineno, raw in enumerate(data.splitlines(), start=1):
+        try:
+            s = raw.decode("utf-8-sig" if lineno == 1 else "utf-8").strip()
+        except UnicodeDecodeError:
+            raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
+        if s:
+            out.append(s)
+    return out
+
+
 def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
     """Read relevance judgements: BEIR TSV (``query-id corpus-id score`` with a header) or TREC
-    qrels (``qid 0 docid rel``, whitespace-separated). A folder means BEIR ``qrels.tsv`` or
-    ``qrels/test.tsv``.
+    qrels (``qid 0 docid rel``). A line with a tab is split on tabs only (so ids may hold
+    spaces), any other on whitespace. A folder means BEIR ``qrels.tsv`` or ``qrels/test.tsv``.
 
     Returns:
         ``{query_id: {doc_id: relevance}}``.
 
     Raises:
-        CorpusError: missing file, or a line with the wrong number of columns or a non-integer grade.
+        CorpusError: missing file, or a line with the wrong number of columns, an empty column or a
+            non-integer grade.
     """
     path = Path(path)
     if path.is_dir():
@@ -334,9 +360,13 @@ def read_qrels(path: str | Path) -> dict[str, dict[str, int]]:
             s = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
         except UnicodeDecodeError:
             raise CorpusError("not valid UTF-8", path=path, line=lineno) from None
-        parts = s.split()
-        if not parts:
+        # a line with tabs is split on tabs only (BEIR's TSV: an id may hold spaces), else on
+        # any whitespace (TREC)
+        parts = [f.strip() for f in s.split("\t")] if "\t" in s else s.split()
+        if not any(parts):
             continue
+        if "" in parts:
+            raise CorpusError(f"empty column in a tab-separated line: {s[:80]!r}", path=path, line=lineno)
         if lineno == 1 and parts[0] in ("query-id", "query_id", "qid"):
             continue
         if len(parts) == 3:

@@ -288,6 +288,27 @@ def cmd_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+def _load_npy(path: str, flag: str, error: type[Exception]) -> Any:
+    """The array of the ``.npy`` file ``path`` given with ``flag`` (no pickles).
+
+    Raises:
+        ``error``: the file is missing, not an ``.npy`` array file, or an ``.npz`` archive (names
+            the flag and the file).
+    """
+    import numpy as np
+
+    try:
+        arr = np.load(path, allow_pickle=False)
+    except FileNotFoundError:
+        raise error(f"{flag}: file not found: {path!r}") from None
+    except (OSError, ValueError, EOFError) as e:
+        raise error(f"{flag}: {path!r} is not a .npy array file ({e})") from None
+    if not isinstance(arr, np.ndarray):
+        arr.close()
+        raise error(f"{flag}: {path!r} holds an .npz archive, expected one .npy array")
+    return arr
+
+
 def cmd_add(args: argparse.Namespace) -> int:
     """``retriever index add`` / ``upsert``: :class:`retriever.index.updates.IndexUpdater` add or
     upsert of a corpus, then one commit; returns the exit status."""
@@ -295,7 +316,7 @@ def cmd_add(args: argparse.Namespace) -> int:
 
     from retriever.index.updates import IndexUpdater
 
-    vectors = None if args.dense_vectors is None else np.load(args.dense_vectors, allow_pickle=False)
+    vectors = None if args.dense_vectors is None else _load_npy(args.dense_vectors, "--dense-vectors", ConfigError)
     t0 = time.perf_counter()
     with IndexUpdater.open(args.dir, device=args.device) as u:
         n = (u.upsert if args.index_command == "upsert" else u.add)(args.corpus, dense_vectors=vectors)
@@ -310,12 +331,12 @@ def cmd_add(args: argparse.Namespace) -> int:
 def cmd_delete(args: argparse.Namespace) -> int:
     """``retriever index delete``: delete ids (arguments and/or ``--ids`` file), one commit; unknown
     ids are reported (exit status 0 when at least the known ones were deleted)."""
+    from retriever.index.readers import read_id_lines
     from retriever.index.updates import IndexUpdater
 
     ids = list(args.ids)
     if args.ids_file:
-        with open(args.ids_file, encoding="utf-8") as f:
-            ids += [line.strip() for line in f if line.strip()]
+        ids += read_id_lines(args.ids_file)
     if not ids:
         raise ConfigError("no ids given: pass ids as arguments or --ids FILE (one id per line)")
     with IndexUpdater.open(args.dir) as u:
@@ -421,14 +442,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     qv = None
     if args.query_vectors:
         import numpy as np
-        try:
-            qv = np.load(args.query_vectors, allow_pickle=False)
-        except FileNotFoundError:
-            raise QueryError(f"--query-vectors: file not found: {args.query_vectors!r}") from None
-        except (OSError, ValueError, EOFError) as e:
-            raise QueryError(f"--query-vectors: {args.query_vectors!r} is not a .npy array file ({e})") from None
-        if not isinstance(qv, np.ndarray):
-            raise QueryError(f"--query-vectors: {args.query_vectors!r} holds an .npz archive, expected one .npy array")
+        qv = _load_npy(args.query_vectors, "--query-vectors", QueryError)
     if args.max_queries:
         texts = texts[:args.max_queries]
         qv = None if qv is None else qv[:args.max_queries]

@@ -146,7 +146,7 @@ def check_labels(queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, in
 
     Raises:
         CorpusError: qrels naming queries that the queries file lacks (names up to ten of them and
-            how many), or no judged query at all.
+            how many), no judged query at all, or no relevant judgement (grade >= 1) at all.
     """
     missing = sorted(q for q in qrels if q not in queries)
     if missing:
@@ -157,6 +157,10 @@ def check_labels(queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, in
     judged = [q for q in queries if q in qrels]
     if not judged:
         raise CorpusError("no query of the queries file has a judgement", path=queries_path)
+    if not any(g >= 1 for q in judged for g in qrels[q].values()):  # every setting would score 0
+        raise CorpusError(f"qrels{f' {qrels_path}' if qrels_path else ''} judge no document relevant (every "
+                          f"grade of the {len(judged)} judged queries is 0 or below): nothing to fit on",
+                          path=qrels_path)
     return judged
 
 
@@ -180,6 +184,8 @@ class FitData:
         max_depth: the depth every leg was searched at.
         k: the search's k (depths below it are raised to it).
         search_ms: time of the leg searches; full_ms: time of scoring the union (both totals).
+        exhaustive: ``max_depth`` is the index's size (a smaller index than the depths or k
+            asked for): every deeper setting sees the same candidates, so it is evaluated too.
     """
 
     legs: list[str]
@@ -196,6 +202,7 @@ class FitData:
     k: int
     search_ms: float = 0.0
     full_ms: float = 0.0
+    exhaustive: bool = False
 
 
 def collect(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapping[str, int]], qids: Sequence[str],
@@ -253,7 +260,7 @@ def collect(retriever: Any, queries: Mapping[str, str], qrels: Mapping[str, Mapp
         ideal[q, :len(g)] = g
         n_rel[q] = sum(1 for v in judged.values() if int(v) >= 1)
     return FitData(names, list(qids), union, n_union, pos, scores, bounds, gains, ideal, n_rel, depth, int(k),
-                   (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+                   (t1 - t0) * 1e3, (t2 - t1) * 1e3, exhaustive=depth >= retriever.reader.n_docs)
 
 
 def _leg_depths(data: FitData, depth: "int | Sequence[int]") -> np.ndarray:
@@ -363,7 +370,7 @@ def evaluate_settings(data: FitData, grid: FitGrid | None, metric: str, extra: S
         if s.depths and len(set(s.depths.values())) > 1:
             raise QueryError(f"fit: a comparison setting with different per-leg depths is not supported: {s!r}")
         d = next(iter(s.depths.values())) if s.depths else DEFAULT_DEPTH
-        if max(int(d), data.k) > data.max_depth:
+        if max(int(d), data.k) > data.max_depth and not data.exhaustive:
             raise QueryError(f"fit: setting {s.to_dict()} needs depth {d}, more than the searched {data.max_depth}")
         wanted.setdefault((int(d), bool(s.full_score)), []).append(s)
     for d in grid.depths:
@@ -418,6 +425,8 @@ def folds_of(n: int, folds: int, seed: int = 0) -> list[np.ndarray]:
     Raises:
         QueryError: fewer than 2 folds or more folds than queries.
     """
+    if n < 2:
+        raise QueryError(f"cross-validation needs at least 2 judged queries, got {n}")
     if folds < 2 or folds > n:
         raise QueryError(f"folds must be in [2, {n}] (the judged queries), got {folds}")
     perm = np.random.default_rng(seed).permutation(n)

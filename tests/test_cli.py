@@ -179,3 +179,71 @@ def test_public_names_still_import_from_the_package():
     assert public <= set(retriever.__all__), public - set(retriever.__all__)
     with pytest.raises(AttributeError, match="has no attribute 'nope'"):
         retriever.nope  # noqa: B018
+
+
+# ------------------------------------------------------------------------------- the living index
+def _write_corpus(path, docs: list[dict]) -> str:
+    path.write_text("".join(json.dumps(d) + "\n" for d in docs), encoding="utf-8")
+    return str(path)
+
+
+def test_living_index_commands_equal_a_fresh_build(tmp_path, capsys):
+    """index add / delete (ids as arguments and an --ids file with a byte-order mark, CRLF line
+    ends and blank lines) / upsert / compact / info, each committing once: the index then answers
+    every query as a fresh build of the live documents does, and unknown ids are reported."""
+    from retriever import Retriever, build_index
+
+    docs = [{"_id": f"d{i}", "text": f"apple pear number{i} " + "kiwi " * (i % 4)} for i in range(12)]
+    idx = tmp_path / "idx"
+    assert main(["index", "build", "--corpus", _write_corpus(tmp_path / "c.jsonl", docs[:6]), "--out", str(idx),
+                 "--legs", "bm25", "--no-progress"]) == 0
+    assert main(["index", "add", str(idx), "--corpus", _write_corpus(tmp_path / "a.jsonl", docs[6:])]) == 0
+    assert "added 6 documents" in capsys.readouterr().out
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"\xef\xbb\xbfd1\r\n\r\nd7\r\nnope\r\n")
+    assert main(["index", "delete", str(idx), "d3", "--ids", str(ids)]) == 0
+    out = capsys.readouterr().out
+    assert "deleted 3 documents" in out and "1 ids name no live document: 'nope'" in out
+    new = {"_id": "d4", "text": "apple apple replaced"}
+    assert main(["index", "upsert", str(idx), "--corpus", _write_corpus(tmp_path / "u.jsonl", [new])]) == 0
+    assert main(["index", "compact", str(idx)]) == 0
+    capsys.readouterr()
+    assert main(["index", "info", str(idx)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    live = [d for d in docs if d["_id"] not in ("d1", "d3", "d4", "d7")] + [new]
+    assert info["n_docs"] - info.get("n_deleted", 0) == len(live)
+    build_index(live, tmp_path / "fresh", legs=("bm25",), show_progress=False)
+    r, f = Retriever.open(idx), Retriever.open(tmp_path / "fresh")
+    assert sorted(r.live_ids()) == sorted(d["_id"] for d in live)
+    for q in ("apple", "kiwi pear", "replaced", "number7", "number3 kiwi"):
+        got, want = r.search(q, k=20, mode="bm25"), f.search(q, k=20, mode="bm25")
+        assert [h.id for h in got] == [h.id for h in want], q
+        assert [h.score for h in got] == pytest.approx([h.score for h in want], abs=1e-6), q
+
+
+def test_living_index_commands_refuse_bad_files_naming_them(tmp_path, capsys):
+    """An ids file that is not UTF-8 (names the file and line) and a --dense-vectors file that is
+    not an .npy array: one-line errors, exit 1, nothing committed."""
+    import numpy as np
+
+    from retriever import Retriever, build_index
+    from tests.conftest import cli_error
+
+    idx = tmp_path / "idx"
+    vecs = np.eye(4, 8, dtype=np.float32)
+    build_index([{"_id": f"d{i}", "text": f"apple {i}"} for i in range(4)], idx, legs=("bm25", "dense"),
+                dense_vectors=vecs, show_progress=False)
+    ids = tmp_path / "ids.txt"
+    ids.write_bytes(b"d1\n\xff\n")
+    err = cli_error(capsys, ["index", "delete", str(idx), "--ids", str(ids)])
+    assert "ids.txt" in err and "line 2" in err and "UTF-8" in err
+    corpus = _write_corpus(tmp_path / "n.jsonl", [{"_id": "n1", "text": "new"}])
+    bad = tmp_path / "v.npy"
+    bad.write_text("garbage\n")
+    err = cli_error(capsys, ["index", "add", str(idx), "--corpus", corpus, "--dense-vectors", str(bad)])
+    assert "--dense-vectors" in err and "v.npy" in err and "not a .npy array file" in err
+    np.savez(tmp_path / "v.npz", a=vecs[:1])
+    err = cli_error(capsys, ["index", "add", str(idx), "--corpus", corpus, "--dense-vectors", str(tmp_path / "v.npz")])
+    assert ".npz archive" in err
+    r = Retriever.open(idx)
+    assert r.reader.generation == 1 and sorted(r.live_ids()) == ["d0", "d1", "d2", "d3"]

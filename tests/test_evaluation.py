@@ -195,3 +195,17 @@ def test_read_labelled_swapped_long_gzipped_lines(tmp_path):
     with pytest.raises(CorpusError, match="^the queries and qrels files look swapped: the queries file .*qrels.tsv' "
                                           "looks like qrels and the qrels file .*queries.jsonl.gz' like queries;"):
         read_labelled(r, q)
+
+
+def test_read_qrels_splits_tab_separated_lines_on_tabs_only(tmp_path):
+    """BEIR's TSV may carry ids with spaces (the index accepts them): a tab-separated line is split
+    on tabs, so 'a b' stays one id instead of being read as the TREC line 'q1 a b 1'; TREC lines
+    (spaces) read as before; an empty tab-separated column names the line."""
+    p = tmp_path / "qrels.tsv"
+    p.write_text("query-id\tcorpus-id\tscore\nq1\ta b\t1\nq2\td2\t2\r\n")
+    assert read_qrels(p) == {"q1": {"a b": 1}, "q2": {"d2": 2}}
+    p.write_text("q1 0 d1 1\nq1 0 d2 0\n")
+    assert read_qrels(p) == {"q1": {"d1": 1, "d2": 0}}
+    p.write_text("q1\t\t1\n")
+    with pytest.raises(CorpusError, match=r"line 1.*empty column|empty column.*line 1"):
+        read_qrels(p)

@@ -344,3 +344,53 @@ def test_combined_configs_and_per_leg_depths():
     assert _leg_depths(data, [10, 150]).tolist() == [30, 150]
     with pytest.raises(QueryError, match="one depth per leg"):
         _leg_depths(data, [100, 100, 100])
+
+
+
+# ------------------------------------------------------------------ small indexes, degenerate labels
+def _small_two_leg(path, n_docs: int, seed: int = 0):
+    """A BM25 + dense index of ``n_docs`` random documents (random unit vectors, no encoder), six
+    queries of three words of some document and three relevant documents each, query vectors."""
+    from retriever import build_index
+    from tests.conftest import random_corpus
+
+    docs = random_corpus(n_docs, seed=seed, min_len=3)
+    rng = np.random.default_rng(seed)
+    vecs = rng.standard_normal((n_docs, 16)).astype(np.float32)
+    vecs /= np.linalg.norm(vecs, axis=1, keepdims=True)
+    build_index(docs, path, legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
+    queries = {f"q{i}": " ".join(docs[int(rng.integers(n_docs))]["text"].split()[:3]) for i in range(6)}
+    qrels = {q: {docs[int(d)]["_id"]: 1 for d in rng.choice(n_docs, 3, replace=False)} for q in queries}
+    qv = rng.standard_normal((6, 16)).astype(np.float32)
+    return queries, qrels, qv
+
+
+@pytest.mark.parametrize("n_docs,k", [(60, 10), (150, 300)])
+def test_fit_on_an_index_smaller_than_the_depths_or_k(tmp_path, n_docs, k):
+    """Fewer documents than the default depth (100) or than k: the legs are searched over the
+    whole index and every deeper setting is evaluated on it (they all see every candidate), so the
+    fit runs; its figure for the default equals pytrec_eval on the engine's own search."""
+    queries, qrels, qv = _small_two_leg(tmp_path / "idx", n_docs)
+    r = Retriever.open(tmp_path / "idx")
+    rep = fit_fusion(r, queries, qrels, folds=2, k=k, query_vectors=qv)
+    assert rep.n_queries == 6
+    res = r.search_arrays(list(queries.values()), k=k, fusion=DEFAULT_FUSION, query_vectors=qv)
+    ids = r.reader.doc_ids()
+    run = make_run(list(queries), [ids[res.ids[j, :res.n_found[j]]].tolist() for j in range(6)],
+                   [res.scores[j, :res.n_found[j]].tolist() for j in range(6)])
+    want = evaluate(run, qrels, metrics={"m": "nDCG@10"})["m"]  # two folds of three: the mean of the fold means
+    assert rep.default_cv["mean"] == pytest.approx(want, abs=1e-12)
+
+
+def test_fit_refuses_labels_without_a_relevant_document_and_a_single_judged_query(tmp_path):
+    """Every grade 0: every setting would score 0 and an arbitrary one would be stored: refused,
+    naming the qrels; nothing is stored. One judged query: a message that says cross-validation
+    needs two."""
+    queries, qrels, qv = _small_two_leg(tmp_path / "idx", 150)
+    r = Retriever.open(tmp_path / "idx")
+    zero = {q: {d: 0 for d in j} for q, j in qrels.items()}
+    with pytest.raises(CorpusError, match="judge no document relevant"):
+        fit_fusion(r, queries, zero, folds=2, query_vectors=qv, store=True, qrels_path="r0.tsv")
+    assert Retriever.open(tmp_path / "idx").reader.fusion is None and r.reader.generation == 1
+    with pytest.raises(QueryError, match="at least 2 judged queries, got 1"):
+        fit_fusion(r, queries, {"q0": qrels["q0"]}, query_vectors=qv)
