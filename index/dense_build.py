@@ -153,7 +153,7 @@ class DenseBuilder:
 
     def add(self, batch: Batch) -> None:
         """Encode one batch (or take its precomputed vectors); raises ConfigError on NaN / inf
-        (naming the batch's first document) or Matryoshka dims wider than the vectors."""
+        (naming the first such document) or Matryoshka dims wider than the vectors."""
         if self.feed is not None:
             vecs = self.feed.take(len(batch.docs), [d.id for d in batch.docs])
             dims = self.config.matryoshka_dims
@@ -163,8 +163,12 @@ class DenseBuilder:
             t0 = time.perf_counter()
             vecs = self.encoder.encode([self.config.document_prefix + t for t in batch.texts])  # type: ignore[union-attr]
             self.encode_seconds += time.perf_counter() - t0
-        if not np.isfinite(vecs).all():
-            raise ConfigError(f"dense encoder produced NaN/inf (batch starting at document {batch.first_id!r})")
+        finite = np.isfinite(vecs).all(axis=1)
+        if not finite.all():
+            bad = np.flatnonzero(~finite)
+            src = "dense_vectors has" if self.feed is not None else "the dense encoder produced"
+            raise ConfigError(f"{src} NaN or inf in the vector of document {batch.docs[int(bad[0])].id!r}"
+                              f"{f' (and {len(bad) - 1} more in its batch)' if len(bad) > 1 else ''}")
         self._parts.append(np.asarray(vecs, dtype=np.float32))
         self._faults("encode_dense")
 

@@ -149,3 +149,24 @@ def test_concurrent_legs_same_results(dense_idx, monkeypatch):
     for name in a.legs:
         assert np.array_equal(a.legs[name].scores, b.legs[name].scores, equal_nan=True)
         assert np.array_equal(a.legs[name].ranks, b.legs[name].ranks)
+
+
+def test_non_finite_precomputed_document_vectors_name_the_document(tmp_path):
+    """NaN / inf in given dense_vectors (a build and an add): a ConfigError that says the vectors
+    were given (no encoder ran) and names the first bad row's document; nothing is written."""
+    from retriever import ConfigError, IndexUpdater, Retriever, build_index
+
+    docs = [{"_id": f"d{i}", "text": f"apple {i}"} for i in range(5)]
+    vecs = np.ones((5, 8), np.float32)
+    vecs[3, 2] = np.nan
+    vecs[4, 0] = np.inf
+    with pytest.raises(ConfigError, match=r"^dense_vectors has NaN or inf in the vector of document 'd3' "
+                                          r"\(and 1 more in its batch\)$"):
+        build_index(docs, tmp_path / "a", legs=("bm25", "dense"), dense_vectors=vecs, show_progress=False)
+    assert not (tmp_path / "a").exists()
+    build_index(docs[:3], tmp_path / "a", legs=("bm25", "dense"), dense_vectors=vecs[:3], show_progress=False)
+    with IndexUpdater.open(tmp_path / "a") as u:
+        with pytest.raises(ConfigError, match=r"document 'd4'$"):
+            u.add(docs[4:], dense_vectors=vecs[4:])
+        assert not u.pending
+    assert Retriever.open(tmp_path / "a").reader.generation == 1
