@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import fcntl
 import json
 import os
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Mapping
 
-from .errors import IndexFormatError, IndexLockedError
+from .errors import IndexFormatError
+from .locking import writer_lock
 from .writer import _fsync_dir  # the one directory fsync of the build side
 from .format import CURRENT, format_version_of, manifest_digest, manifest_name, read_current, read_manifest, sha256_file
 
-LOCK = "LOCK"
 #: manifest fields a new generation may change (the rest is the parent's)
 MUTABLE_FIELDS = ("shards", "files", "stats", "fusion", "metadata_schema", "build", "vocab")
 
@@ -43,32 +42,6 @@ def _write_atomic(path: Path, data: bytes) -> None:
         if tmp.exists():
             tmp.unlink()
     _fsync_dir(path.parent)
-
-
-@contextlib.contextmanager
-def writer_lock(root: Path) -> Iterator[None]:
-    """Hold the index's writer lock (``root/LOCK``, ``flock``) for the block.
-
-    Raises:
-        IndexLockedError: another process (or another lock holder in this one) holds it; names
-            the holder's pid.
-    """
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            raise IndexLockedError(f"{root}: another writer holds the index (pid {holder})") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 def file_entry(root: Path, rel: str) -> dict[str, Any]:

@@ -29,7 +29,9 @@ datetime comes back in UTC (``+00:00``), the instant unchanged. Other objects wi
 (``time``) become their ISO string, and other unknown objects ``str(value)``, as before.
 A field that holds values of two kinds in one build (``1`` and ``"1"``, or ``1`` and ``1.5``) is
 a :class:`retriever.index.errors.CorpusError` naming the field, both types and the first record
-of each. ``None`` and ``[]`` fit every type.
+of each. ``None`` fits every type, ``[]`` a list or JSON column; a field that has held only ``[]``
+(and ``None``) by the end of a shard becomes a list-of-strings column there (so its ``[]`` reads
+back), and a later JSON value of it is then a conflict as after any list of strings.
 """
 
 from __future__ import annotations
@@ -276,6 +278,13 @@ class MetadataColumns:
                 firsts = self._first.setdefault(name, {})
                 if kind not in firsts:
                     firsts[kind] = FirstSeen(d.id, self._position + i, d.path, d.line)
+        for name, col in values.items():  # a field of only [] (and nulls) so far holds lists of strings
+            if kinds[name] is None:
+                i = next((i for i, v in enumerate(col) if type(v) is _EmptyList), None)
+                if i is not None:
+                    kinds[name] = "list<string>"
+                    d = docs[i]
+                    self._first.setdefault(name, {})["list<string>"] = FirstSeen(d.id, self._position + i, d.path, d.line)
         self._position += n
         children, fields = [], []
         for name, kind in kinds.items():

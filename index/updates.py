@@ -53,7 +53,8 @@ from .faults import FaultHook, no_faults
 from .arrow_io import arrays_table, table_bytes
 from .format import (CURRENT, manifest_name, read_arrays, read_current, read_manifest, read_shard_stats,
                      read_table)
-from .generations import LOCK, commit_generation, file_entry, writer_lock
+from .generations import commit_generation, file_entry
+from .locking import LOCK, writer_lock
 from .metadata import MetadataColumns, combine_schema
 from .readers import Document, read_corpus
 from .writer import SHARD_STATS, IndexWriter, _fsync_dir

@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import IndexExistsError, IndexFormatError
+from .locking import LOCK, writer_lock
 from .builders import ShardHandle, ShardOutput
 from .faults import FaultHook, no_faults
 from .format import (CURRENT, FORMAT_NAME, SHARD_STATS, format_version_of, is_index, manifest_digest, manifest_name,
@@ -55,18 +56,20 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _existing_index_locked(out: Path) -> Iterator[None]:
+def _existing_index_locked(out: Path, probe_only: bool = False) -> Iterator[None]:
     """Hold the writer lock of the index at ``out`` for the block (nothing when ``out`` is not an
-    index).
+    index with generations). ``probe_only``: only when its ``LOCK`` file exists (a check that
+    creates nothing in the index).
 
     Raises:
         IndexLockedError: an :class:`~retriever.index.updates.IndexUpdater` (or another lock
             holder) has the index open; names the holder's pid.
     """
-    from .generations import LOCK, writer_lock  # generations imports this module
-
-    if not is_index(out) or (not (out / LOCK).exists() and not os.access(out, os.W_OK)):
-        yield  # not an index, or one no writer could have locked (read-only, never opened by one)
+    if not (out / CURRENT).is_file():  # not an index with generations (a format-1 index has no writers)
+        yield
+        return
+    if not (out / LOCK).exists() and (probe_only or not os.access(out, os.W_OK)):
+        yield  # a probe of a lock nobody took yet, or an index no writer could lock (read-only)
         return
 
     with writer_lock(out):
@@ -172,7 +175,7 @@ class IndexWriter:
         self._faults = faults
         self.overwrite = overwrite
         check_target(self.out, overwrite)
-        with _existing_index_locked(self.out):  # a writer on the index it would replace: refuse now
+        with _existing_index_locked(self.out, probe_only=True):  # a writer on the index it would replace: refuse now
             pass
         self.out.parent.mkdir(parents=True, exist_ok=True)
         clean_stale_temps(self.out)

@@ -312,8 +312,6 @@ def _load_npy(path: str, flag: str, error: type[Exception]) -> Any:
 def cmd_add(args: argparse.Namespace) -> int:
     """``retriever index add`` / ``upsert``: :class:`retriever.index.updates.IndexUpdater` add or
     upsert of a corpus, then one commit; returns the exit status."""
-    import numpy as np
-
     from retriever.index.updates import IndexUpdater
 
     vectors = None if args.dense_vectors is None else _load_npy(args.dense_vectors, "--dense-vectors", ConfigError)
@@ -441,7 +439,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
     texts = list(read_query_file(args.queries).values())
     qv = None
     if args.query_vectors:
-        import numpy as np
         qv = _load_npy(args.query_vectors, "--query-vectors", QueryError)
     if args.max_queries:
         texts = texts[:args.max_queries]

@@ -986,3 +986,27 @@ def test_filter_masks_of_a_replaced_index_are_not_reused_after_refreshes(tmp_pat
     build_index(_lang_docs("b", {4, 5}), path, legs=("bm25",), show_progress=False, overwrite=True)
     assert r.refresh()
     assert [h.id for h in r.search("apple", k=10, mode="bm25", filter={"lang": "en"})] == ["b4", "b5"]
+
+
+
+def test_a_field_of_only_empty_lists_keeps_them_and_equals_a_fresh_build(tmp_path):
+    """A field whose only values in a build are [] (and None) was stored as a null column: the []
+    read back as a missing field, and after an add of ['x'] the living index disagreed with a
+    fresh build on $exists / $nin. It is a list-of-strings column now: [] reads back, and every
+    filter on it answers as the fresh build does."""
+    docs = [{"_id": "d0", "text": "apple", "tags": []}, {"_id": "d1", "text": "apple pear", "tags": None},
+            {"_id": "d2", "text": "pear"}]
+    new = [{"_id": "d3", "text": "apple", "tags": ["x"]}]
+    build_index(docs, tmp_path / "live", legs=("bm25",), show_progress=False)
+    assert Retriever.open(tmp_path / "live").get(["d0"])[0]["metadata"] == {"tags": []}
+    with IndexUpdater.open(tmp_path / "live") as u:
+        u.add(new)
+        u.commit()
+    build_index(docs + new, tmp_path / "fresh", legs=("bm25",), show_progress=False)
+    r, f = Retriever.open(tmp_path / "live"), Retriever.open(tmp_path / "fresh")
+    assert r.reader.metadata_schema == f.reader.metadata_schema == {"tags": "list<string>"}
+    assert r.get(["d0", "d1", "d2", "d3"]) == f.get(["d0", "d1", "d2", "d3"])
+    for flt, want in (({"tags": {"$exists": True}}, ["d0", "d3"]), ({"tags": {"$nin": ["x"]}}, ["d0"]),
+                      ({"tags": "x"}, ["d3"]), ({"tags": {"$exists": False}}, ["d1", "d2"])):
+        got = sorted(h.id for h in r.search("apple pear", k=5, mode="bm25", filter=flt))
+        assert got == want == sorted(h.id for h in f.search("apple pear", k=5, mode="bm25", filter=flt)), flt
