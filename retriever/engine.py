@@ -271,7 +271,10 @@ class Engine:
             if fusion.full_score:
                 timings["full_score"] = full_ms
             ids, scores, n_found, legs = fuse(per_leg, k, fusion, bounds)
-            fusion_cfg = {**fusion.to_dict(), "depth": leg_depth, "legs": names}
+            # the depths the legs were searched at: per leg when the fusion sets them (they
+            # override the call's depth), else the call's depth (at least k)
+            fusion_cfg = {**fusion.to_dict(), "legs": names,
+                          **({"depths": depth_of} if fusion.depths else {"depth": leg_depth})}
         timings["fuse"] = (time.perf_counter() - t3) * 1e3
         return BatchResult(ids, scores, n_found, legs, mode, fusion_cfg, timings, self.reader.generation)
 

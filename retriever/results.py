@@ -65,7 +65,9 @@ class BatchResult:
         n_found: int32 (nq,) number of real hits per query.
         legs: ``{leg: LegArrays}`` for every leg that ran.
         mode: ``"hybrid"``, ``"bm25"``, ``"dense"`` or ``"sparse"``.
-        fusion: the fusion configuration used (``None`` for a single leg).
+        fusion: the fusion configuration used (``None`` for a single leg), with ``legs`` and the
+            depth the legs were searched at: ``depths`` per leg when the fusion sets them (they
+            override the call's depth), else ``depth``.
         timings_ms: wall time per stage in milliseconds (``encode``, ``search``, ``fuse``; ``encode``
             and ``search`` are summed over the legs, also when they ran side by side) and, for
             several legs, ``leg:<name>`` (that leg's encode + search wall time). BM25 query

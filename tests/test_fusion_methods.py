@@ -185,6 +185,10 @@ def test_full_score_equals_exhaustive_oracle(syn, fusion):
     k, depth = 6, 10
     got = r.search_arrays(qs, k=k, fusion=fusion, depth=depth, query_vectors=qv, sparse_vectors=sv)
     assert "full_score" in got.timings_ms
+    # the result reports the depths the legs were searched at (a fusion's per-leg depths override the call's)
+    assert got.fusion.get("depths") == ({name: max(fusion.depths.get(name, depth), k) for name in r.legs}
+                                        if fusion.depths else None)
+    assert got.fusion.get("depth") == (None if fusion.depths else depth)
     every = _exhaustive(r, qs, qv, sv, n)
     tops = {name: r.search_arrays(qs, k=max(fusion.depths.get(name, depth), k), mode=name, query_vectors=qv,
                                   sparse_vectors=sv) for name in r.legs}
