@@ -183,11 +183,15 @@ class IndexReader:
     def __init__(self, path: str | Path, *, verify: bool = False, generation: int | None = None,
                  previous: "IndexReader | None" = None) -> None:
         self.path = Path(path)
-        gen = generation if generation is not None else read_current(self.path)
         # the manifest file's identity, taken before it is read: an index rebuilt in place
-        # (``overwrite``) restarts at generation 1 with other files (see :meth:`replaced`)
-        self._manifest_identity = _file_identity(self.path / manifest_name(gen))
-        self.manifest = read_manifest(self.path, gen)
+        # (``overwrite``) restarts at generation 1 with other files (see :meth:`replaced`); a
+        # commit in between only makes a later refresh() reopen once more
+        try:
+            gen = generation if generation is not None else read_current(self.path)
+            self._manifest_identity = _file_identity(self.path / manifest_name(gen))
+        except (IndexFormatError, ValueError):
+            self._manifest_identity = None  # read_manifest says what is wrong
+        self.manifest = read_manifest(self.path, generation)
         self.generation: int = self.manifest["generation"]
         mname = self.path / manifest_name(self.generation)
         #: the file of this generation's manifest (named in errors)
