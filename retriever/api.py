@@ -210,8 +210,11 @@ class Retriever:
 
         Raises:
             IndexFormatError: the current generation cannot be opened (this one stays).
+            QueryError: the Retriever is closed.
         """
         with self._refresh_lock:
+            if self._snap[1] is None:
+                raise QueryError("this Retriever is closed")
             if read_current(self.reader.path) == self.reader.generation and not self.reader.replaced():
                 return False
             cache = getattr(self, "_segments", None) or SegmentCache()

@@ -198,8 +198,11 @@ class Engine:
         timings = {"encode": 0.0, "search": 0.0, "fuse": 0.0}
         one_leg = len(names) == 1
         leg_depth = k if one_leg else max(depth, k)
-        # per-leg depths of the fusion (at least k); one leg: k
-        depth_of = {n: leg_depth if one_leg else max(int(fusion.depths.get(n, depth)), k) for n in names}
+        # per-leg depths of the fusion (at least k, at most the corpus: deeper means every
+        # document, and the depth sizes the per-query arrays); one leg: k
+        most = max(int(self.reader.n_docs), 1)
+        depth_of = {n: leg_depth if one_leg else min(max(int(fusion.depths.get(n, depth)), k), max(most, k))
+                    for n in names}
         per_leg: dict[str, TopK] = {}
         preps: dict[str, tuple[Any, bool]] = {}
         params = params or {}

@@ -342,13 +342,31 @@ def parse_filter(obj: Filter, schema: Mapping[str, str | None] | None = None) ->
     Raises:
         QueryError: an unknown field (names it and the fields that exist), a value of another type
             than its column (names the field and both types), an unknown operator (names it and
-            the valid ones), a malformed condition.
+            the valid ones), a malformed condition, nesting deeper than :data:`MAX_FILTER_DEPTH`.
     """
     if isinstance(obj, pc.Expression):
         if schema is not None:
             check_expression(obj, schema)
         return obj
+    _check_nesting(obj)
     return _condition(obj, schema, "")
+
+
+#: the deepest nesting of dicts and lists a filter may have (a deeper one is refused before any
+#: recursive walk could exhaust Python's stack)
+MAX_FILTER_DEPTH = 64
+
+
+def _check_nesting(obj: Any) -> None:
+    """Raise QueryError when the dict form nests dicts / lists deeper than
+    :data:`MAX_FILTER_DEPTH` (an iterative walk)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_FILTER_DEPTH:
+            raise QueryError(f"filter nests deeper than {MAX_FILTER_DEPTH} levels")
+        children = node.values() if isinstance(node, Mapping) else node if isinstance(node, (list, tuple)) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (Mapping, list, tuple)))
 
 
 def arrow_schema(schema: Mapping[str, str | None]) -> pa.Schema:
@@ -389,7 +407,8 @@ def filter_key(obj: Filter) -> bytes | None:
     keys, an expression's Arrow serialisation; None for no filter.
 
     Raises:
-        QueryError: a filter that is neither an expression nor a JSON-able dict.
+        QueryError: a filter that is neither an expression nor a JSON-able dict, or one nested
+            deeper than :data:`MAX_FILTER_DEPTH`.
     """
     if obj is None:
         return None
@@ -399,6 +418,7 @@ def filter_key(obj: Filter) -> bytes | None:
         return b"e" + bytes(obj.__reduce__()[1][0])
     if not isinstance(obj, Mapping):
         raise QueryError(f"filter must be a dict or a pyarrow.compute.Expression, got {type(obj).__name__} {obj!r}")
+    _check_nesting(obj)
     try:
         return b"d" + json.dumps(obj, sort_keys=True, default=_json_default, allow_nan=True).encode()
     except (TypeError, ValueError) as e:

@@ -171,6 +171,12 @@ def fusion_inputs(engine: Any, per_leg: Mapping[str, TopK], preps: Mapping[str, 
         full_ms = (time.perf_counter() - t0) * 1e3
     bounds = None
     if getattr(fusion, "needs_bounds", False):
+        if not getattr(engine, "computes_bounds", True):
+            from retriever.index.errors import QueryError
+
+            raise QueryError(f"fusion {fusion.to_dict().get('method')} with normalisation "
+                             f"{fusion.to_dict().get('norm', 'tmm')!r} needs each leg's theoretical score range, "
+                             f"which an engine on Ray does not compute; use rrf, dbsf, or linear with minmax or zscore")
         bounds = {}
         for n in per_leg:
             prep = preps[n][0]

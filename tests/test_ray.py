@@ -508,3 +508,42 @@ def test_refresh_reassigns_new_segments(ray_cluster, tmp_path, local_index):
             flt = {"year": {"$gte": 2000}}
             same_result(fresh.search_arrays(QUERIES, 10, filter=flt), remote.search_arrays(QUERIES, 10, filter=flt),
                         "filter after refresh")
+
+
+QUERIES_REBUILT = ["vitamin bone fracture", "heart blood pressure", "insulin sugar diet liver", "cell gene cancer"]
+
+
+@pytest.mark.parametrize("distributed", [False, True])
+def test_refresh_after_a_rebuild_in_place_equals_a_fresh_open(ray_cluster, tmp_path, distributed):
+    """build_index(..., overwrite=True) of another corpus (generation 1 again, a vocab.arrow of the
+    same name with other terms), then refresh(): the cached vocabulary is keyed by the files'
+    digests and the actors' engines by the driver engine's statistics, so the refreshed reader
+    (one process or on Ray) answers as a fresh open, also for the search right after refresh()."""
+    idx = tmp_path / "i"
+    head = {"_id": "v0", "text": "vitamin fracture bone risk heart blood pressure sugar insulin liver gene cell cancer"}
+    a_docs, b_docs = [head] + random_corpus(119, seed=1), [head] + random_corpus(119, seed=2)
+    build_index(a_docs, idx, legs=("bm25",), shard_size=30, show_progress=False)
+    with Retriever.open(idx, executor=executor(2) if distributed else None) as r:
+        for t in range(4):
+            build_index(b_docs if t % 2 == 0 else random_corpus(120, seed=3 + t), idx, legs=("bm25",), shard_size=30,
+                        show_progress=False, overwrite=True)
+            assert r.refresh() is True
+            with Retriever.open(idx) as fresh:
+                want = fresh.search_arrays(QUERIES_REBUILT, 10, mode="bm25")
+            got = r.search_arrays(QUERIES_REBUILT, 10, mode="bm25")
+            assert np.array_equal(got.ids, want.ids) and np.array_equal(got.scores, want.scores), t
+
+
+def test_theoretical_range_fusions_are_refused_on_ray(ray_cluster, tmp_path):
+    """tmm and linear:theoretical need each leg's theoretical score range, which the driver (no
+    shards) cannot compute: a QueryError naming the alternatives, never another ranking."""
+    idx = tmp_path / "i"
+    docs = random_corpus(90, seed=4)
+    vecs = np.random.default_rng(0).standard_normal((90, 8)).astype(np.float32)
+    build_index(docs, idx, legs=("bm25", "dense"), dense_vectors=vecs, shard_size=30, show_progress=False)
+    qv = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    with Retriever.open(idx, executor=executor(2)) as r:
+        for fz in ("tmm", "linear:theoretical"):
+            with pytest.raises(QueryError, match="theoretical score range.*use rrf, dbsf"):
+                r.search_arrays(["vitamin", "heart"], 5, fusion=fz, query_vectors=qv)
+        assert r.search_arrays(["vitamin", "heart"], 5, fusion="linear:zscore", query_vectors=qv).n_found.tolist() == [5, 5]

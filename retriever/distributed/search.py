@@ -163,7 +163,10 @@ class ShardSearcher:
         """The engine of ``spec``, built on first use with the statistics ``spec[2][0]`` (an object
         reference, boxed so Ray passes it unresolved)."""
         generation, shard_ids, box = spec
-        key = (int(generation), tuple(shard_ids))
+        # the statistics reference too: an index rebuilt in place starts again at generation 1,
+        # and its engines must not be taken for the replaced index's (each driver engine collects
+        # its own statistics)
+        key = (int(generation), tuple(shard_ids), box[0].hex() if box else None)
         with self._lock:
             engine = self.engines.get(key)
             if engine is None:
@@ -273,7 +276,9 @@ class RemoteLeg:
 
 
 class DistributedEngine(Engine):
-    """An :class:`~retriever.engine.Engine` whose shards are held by Ray actors.
+    """An :class:`~retriever.engine.Engine` whose shards are held by Ray actors (fusions that
+    need the legs' theoretical score ranges, ``tmm`` and ``theoretical``, are refused: the
+    driver holds no shards to compute them from).
 
     Args:
         reader: the driver's opened index (its generation is the one every actor opens).
@@ -288,6 +293,9 @@ class DistributedEngine(Engine):
         DistributedError: an actor failed while opening its shards (names them).
         IndexFormatError: a shard an actor opened is corrupt (raised as itself).
     """
+
+    #: the driver's legs hold no shards: no theoretical score ranges (tmm / theoretical fusion)
+    computes_bounds = False
 
     def __init__(self, reader: IndexReader, executor: RayExecutor, *, concurrent_legs: bool = True,
                  previous: "DistributedEngine | None" = None, **leg_options: Any) -> None:

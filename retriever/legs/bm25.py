@@ -987,8 +987,10 @@ def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
         IndexFormatError: a missing vocabulary file or a term listed twice (names the file).
     """
     files = tuple(reader.manifest.get("vocab") or ("vocab.arrow",))
+    # the files' digests are in the key too: an index rebuilt in place lists a vocab.arrow of other terms
+    digests = tuple((reader.manifest["files"].get(rel) or {}).get("sha256") for rel in files)
     for cut in range(len(files), 0, -1):
-        hit = cache.peek(("vocab", str(reader.path), files[:cut]))
+        hit = cache.peek(("vocab", str(reader.path), files[:cut], digests[:cut]))
         if hit is not None:
             break
     else:
@@ -1009,7 +1011,7 @@ def read_vocab(reader: IndexReader, cache: SegmentCache) -> dict[str, int]:
                 raise _fmt_error(path, "a term is listed twice in the vocabulary")
         return vocab
 
-    return cache.get(("vocab", str(reader.path), files), make)
+    return cache.get(("vocab", str(reader.path), files, digests), make)
 
 
 def live_shard_stats(reader: IndexReader, s: Shard, a: dict[str, np.ndarray], n_terms: int,

@@ -34,7 +34,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -204,6 +204,7 @@ class DenseLeg:
         self.indexes: list[Any] = []
         self.cpu_indexes: list[Any] = []
         self._prefix: dict[tuple[int, int, str], _PrefixIndex] = {}
+        self._norms: dict[int, float] = {}  # shard position -> the largest stored vector norm (tie bound)
         self._gpu_lock = threading.Lock()
         self.shard_ids = tuple(range(len(reader.shards)) if shards is None else shards)
         self.n_shards = len(self.shard_ids)
@@ -309,11 +310,15 @@ class DenseLeg:
             float32 C-contiguous (nq, dim).
 
         Raises:
-            QueryError: wrong shape, non-finite values, or a vector so large that its squared
-                norm (and so an inner product with it) overflows float32 (> 1e36; rescale it).
+            QueryError: an array that is not of real numbers (complex, bool, objects), wrong
+                shape, non-finite values, or a vector so large that its squared norm (and so an
+                inner product with it) overflows float32 (> 1e36; rescale it).
         """
         if isinstance(qv, (str, bytes)):
             raise QueryError(f"query vectors must be a float array of shape (nq, {self.dim}), got {type(qv).__name__}")
+        kind = getattr(getattr(qv, "dtype", None), "kind", None)
+        if kind is not None and kind not in "fiu":  # complex (its imaginary part dropped), bool, objects...
+            raise QueryError(f"query vectors must be real numbers, got dtype {qv.dtype}")
         try:
             qv = np.asarray(qv, dtype=np.float32)
         except (TypeError, ValueError) as e:
@@ -496,9 +501,10 @@ class DenseLeg:
         vec = self.vectors[shard]
         pi = None
         if prepared.params.exhaustive:  # the exact reference: raw inner products, nothing kept
+            vec32 = np.ascontiguousarray(vec, dtype=np.float32)
             with thread_limits(threads):
-                D, I = _prefix_scan(np.ascontiguousarray(vec, dtype=np.float32), q, min(depth, s.rows), threads,
-                                    fp.batch_size)
+                D, I = self._with_boundary_ties(lambda kq: _prefix_scan(vec32, q, kq, threads, fp.batch_size),
+                                                min(depth, s.rows), s.rows, q, shard)
             return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
         if prepared.use_own:
             cpu, gpu, exact = self.cpu_indexes[shard], self.indexes[shard], vec
@@ -513,12 +519,19 @@ class DenseLeg:
             elif cpu is None:
                 D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size)
             else:
-                D, I = self._faiss_search(cpu, gpu, qp, kk, fp)
-                if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
-                    bad = int(I.min()) if I.min() < -1 else int(I.max())
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
-                                           f"{s.rows} rows (corrupted index file)")
-                D, I = self._complete(D, I, qp, exact, min(depth, s.rows))
+                def candidates(kq: int) -> tuple[np.ndarray, np.ndarray]:
+                    D, I = self._faiss_search(cpu, gpu, qp, kq, fp)
+                    if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
+                        bad = int(I.min()) if I.min() < -1 else int(I.max())
+                        raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                               f"{s.rows} rows (corrupted index file)")
+                    return self._complete(D, I, qp, exact, min(depth, s.rows))
+
+                if prepared.use_own and fp.rescore and kk == min(depth, s.rows):
+                    # exact search at full dimension: the cut must not split a group of tied scores
+                    D, I = self._with_boundary_ties(candidates, kk, s.rows, q, shard)
+                else:
+                    D, I = candidates(kk)
         if fp.rescore:
             return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
         valid = I >= 0
@@ -561,8 +574,10 @@ class DenseLeg:
             return self._scan_passing(prepared, shard, depth, threads, fp, mask)
         with thread_limits(threads):
             if p.exhaustive:
-                D, I = _prefix_scan(np.ascontiguousarray(vec, dtype=np.float32), q, need, threads, fp.batch_size,
-                                    allow=allow)
+                vec32 = np.ascontiguousarray(vec, dtype=np.float32)
+                D, I = self._with_boundary_ties(
+                    lambda kq: _prefix_scan(vec32, q, kq, threads, fp.batch_size, allow=allow), need, mask.n_pass,
+                    q, shard)
                 return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base),
                                              threads)
             exact = vec if prepared.use_own else pi.prefix
@@ -571,15 +586,21 @@ class DenseLeg:
             elif cpu is None:
                 D, I = _prefix_scan(exact, qp, kk, threads, fp.batch_size, allow=allow)
             else:
-                D, I = self._faiss_search_filtered(cpu, qp, kk, fp, mask)
-                if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
-                    bad = int(I.min()) if I.min() < -1 else int(I.max())
-                    raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
-                                           f"{s.rows} rows (corrupted index file)")
-                ok = (I >= 0) & (allow[np.maximum(I, 0)] != 0)  # never a masked id, whatever FAISS did
-                I = np.where(ok, I, -1)
-                D = np.where(ok, D, -np.inf).astype(np.float32)
-                D, I = self._complete(D, I, qp, exact, need, mask)
+                def candidates(kq: int) -> tuple[np.ndarray, np.ndarray]:
+                    D, I = self._faiss_search_filtered(cpu, qp, kq, fp, mask)
+                    if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
+                        bad = int(I.min()) if I.min() < -1 else int(I.max())
+                        raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                               f"{s.rows} rows (corrupted index file)")
+                    ok = (I >= 0) & (allow[np.maximum(I, 0)] != 0)  # never a masked id, whatever FAISS did
+                    I = np.where(ok, I, -1)
+                    D = np.where(ok, D, -np.inf).astype(np.float32)
+                    return self._complete(D, I, qp, exact, need, mask)
+
+                if prepared.use_own and fp.rescore and kk == need:  # exact: no tie group cut (see search_shard)
+                    D, I = self._with_boundary_ties(candidates, kk, mask.n_pass, q, shard)
+                else:
+                    D, I = candidates(kk)
         if fp.rescore:
             return _kernels.rescore_topk(q, vec, np.ascontiguousarray(I, dtype=np.int64), depth, int(s.base), threads)
         valid = I >= 0
@@ -600,7 +621,8 @@ class DenseLeg:
         need = min(depth, len(rows))
         with thread_limits(threads):
             if fp.rescore or prepared.params.exhaustive:
-                _, I = _prefix_scan(sub, prepared.q, need, threads, fp.batch_size)
+                _, I = self._with_boundary_ties(lambda kq: _prefix_scan(sub, prepared.q, kq, threads, fp.batch_size),
+                                                need, len(rows), prepared.q, shard)
                 cand = np.where(I >= 0, rows[np.maximum(I, 0)], -1)
                 return _kernels.rescore_topk(prepared.q, vec, np.ascontiguousarray(cand, dtype=np.int64), depth,
                                              int(s.base), threads)
@@ -734,6 +756,44 @@ class DenseLeg:
         out[offs[r_] + c_] = vals[src]
         return out
 
+    def _with_boundary_ties(self, run: Callable[[int], tuple[np.ndarray, np.ndarray]], k: int, rows: int,
+                            q: np.ndarray, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Candidates ``run(kq)`` (scores and shard-local ids, any order) for an exact top-``k``
+        that the exact re-scoring then orders: ``kq`` grows past ``k`` until no query's last
+        candidate is within the float32 rounding bound of its ``k``-th score, so a group of
+        documents with equal exact scores (duplicate passages) is never cut by the candidate
+        generator's rounding (BLAS sums in another order than the re-scoring: identical vectors
+        can score a few ulps apart) and the tie goes to the earlier document, as documented.
+
+        The bound: two float32 evaluations of q·v in different orders differ by at most
+        2·d·2⁻²⁴·‖q‖·‖v‖ (Higham, *Accuracy and Stability of Numerical Algorithms*, §3.1).
+        """
+        if k >= rows:
+            return run(k)
+        eps = (2.0 ** -22) * q.shape[1] * np.linalg.norm(q.astype(np.float64), axis=1) * self._max_norm(shard)
+        kq = min(rows, k + TIE_MARGIN)
+        while True:
+            D, I = run(kq)
+            if kq >= rows:
+                return D, I
+            Ds = np.where(I >= 0, D, -np.inf)
+            kth = -np.partition(-Ds, k - 1, axis=1)[:, k - 1]
+            if not np.any(Ds.min(axis=1) >= kth - eps):
+                return D, I
+            kq = min(rows, 2 * kq)
+
+    def _max_norm(self, shard: int) -> float:
+        """The largest L2 norm of the shard's stored vectors (computed once, in blocks)."""
+        got = self._norms.get(shard)
+        if got is None:
+            vec = self.vectors[shard]
+            got = 0.0
+            for lo in range(0, vec.shape[0], 65536):
+                b = np.asarray(vec[lo:lo + 65536], dtype=np.float64)
+                got = max(got, float(np.sqrt(np.einsum("ij,ij->i", b, b).max(initial=0.0))))
+            self._norms[shard] = got
+        return got
+
     @staticmethod
     def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int,
                   mask: ShardMask | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -754,6 +814,10 @@ class DenseLeg:
             D[r, :len(top)] = s[top]
         return D, I
 
+
+#: extra candidates an exact search takes beyond its depth, so that a group of tied scores at the
+#: cut is usually complete at the first try (:meth:`DenseLeg._with_boundary_ties`)
+TIE_MARGIN = 8
 
 #: query and document block sizes of :func:`_prefix_scan` (a 2 MiB float32 score block).
 SCAN_QUERY_BLOCK = 256
