@@ -682,7 +682,9 @@ class DenseLeg:
         postfilter = ivf is not None and frac >= IVF_POSTFILTER_ABOVE
         nprobe = base_nprobe if postfilter else math.ceil(base_nprobe / frac)
         ef = int(inner.hnsw.efSearch) if fp.ef_search is None and isinstance(inner, faiss.IndexHNSW) else fp.ef_search
-        ef = None if ef is None else min(max(mask.n_pass, k), math.ceil(max(ef, k) / frac))
+        # efSearch scaled by the passing fraction, at most the shard's rows: the traversal's
+        # candidate list holds non-passing nodes too, so the passing count is no bound on it
+        ef = None if ef is None else min(max(mask.rows, k), math.ceil(max(ef, k) / frac))
         nq = q.shape[0]
         step = fp.batch_size or max(1, min(nq, CHUNK_BYTES // max(1, k * 12 + q.shape[1] * 4)))
         D = np.empty((nq, k), np.float32)
