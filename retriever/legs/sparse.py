@@ -390,7 +390,9 @@ class SparseLeg:
                     *[a[n] for n in _BLOCK_ARGS], *prepared.batch, ctx.depth,
                     query_cut=int(p.query_cut), heap_factor=float(p.heap_factor), n_threads=ctx.n_threads,
                     allow=mask.allow)
-                if mask.allow is not None:
+                # a filter (or tombstones) in the call, also on a shard every row of which passes
+                # (given as no mask): k hits guaranteed whenever k passing documents match
+                if ctx.allow is not None:
                     short = np.flatnonzero(n_found < min(ctx.depth, mask.n_pass))
                     if len(short):  # guaranteed k: these queries again, exactly
                         sub = _sub_batch(prepared.batch, short)
