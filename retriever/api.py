@@ -604,24 +604,31 @@ class Retriever:
         found = iter(docs)
         return [next(found) if i in live else None for i in want]
 
-    def doc_ids(self, ordinals: np.ndarray) -> np.ndarray:
+    def doc_ids(self, ordinals: np.ndarray, *, generation: int | None = None) -> np.ndarray:
         """Map global ordinals (from :class:`BatchResult`) to document id strings.
 
         Args:
             ordinals: int array of any shape, e.g. ``BatchResult.ids`` (whole or sliced).
+            generation: the generation the ordinals came from (``BatchResult.generation``): after
+                a :meth:`refresh` to another one they would name other documents, so that is an
+                error (``None``: not checked).
 
         Returns:
             object array of the same shape; the -1 padding past ``n_found`` maps to ``None`` (it
             used to wrap around to the last document's id).
 
         Raises:
-            QueryError: non-integer ordinals, or an ordinal outside [-1, n_docs).
+            QueryError: non-integer ordinals, an ordinal outside [-1, n_docs), or ordinals of
+                another generation than the one this Retriever holds.
         """
         ords = np.asarray(ordinals)
         if ords.size and not np.issubdtype(ords.dtype, np.integer):
             raise QueryError(f"ordinals must be integers, got dtype {ords.dtype}")
         ords = ords.astype(np.int64, copy=False)
         reader = self.reader  # one generation for the check and the lookup
+        if generation is not None and generation != reader.generation:
+            raise QueryError(f"these ordinals are of generation {generation}, this Retriever holds generation "
+                             f"{reader.generation} since a refresh(): they would name other documents; search again")
         n = reader.n_docs
         if ords.size and (ords.min() < -1 or ords.max() >= n):
             bad = int(ords.min()) if ords.min() < -1 else int(ords.max())

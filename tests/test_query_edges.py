@@ -161,3 +161,23 @@ def test_seismic_keeps_the_k_hits_promise_when_a_filter_passes_a_whole_shard(tmp
         exact = r.search_arrays(["x"], k=5, mode="sparse", sparse_vectors=sv, filter=flt)
         got = r.search_arrays(["x"], k=5, mode="sparse", sparse_vectors=sv, filter=flt, leg_params=lp)
         assert exact.n_found[0] == got.n_found[0] == 5, hi
+
+
+def test_doc_ids_checks_the_generation_it_is_given(tmp_path):
+    """doc_ids(ordinals, generation=BatchResult.generation) after a refresh to a compacted
+    generation (ordinals renumbered) is an error instead of naming other documents; without
+    generation= (or with the current one) it maps as before."""
+    build_index([{"_id": f"d{i}", "text": f"blood {i}"} for i in range(6)], tmp_path / "i", legs=("bm25",),
+                shard_size=2, show_progress=False)
+    r = Retriever.open(tmp_path / "i")
+    res = r.search_arrays(["blood 5"], k=1, mode="bm25")
+    assert r.doc_ids(res.ids[0], generation=res.generation).tolist() == ["d5"]
+    with IndexUpdater.open(tmp_path / "i") as u:
+        u.delete(["d0", "d1"])
+        u.commit()
+        u.compact(full=True)
+    assert r.refresh()
+    with pytest.raises(QueryError, match=f"generation {res.generation}.*since a refresh"):
+        r.doc_ids(res.ids[0], generation=res.generation)
+    new = r.search_arrays(["blood 5"], k=1, mode="bm25")
+    assert r.doc_ids(new.ids[0], generation=new.generation).tolist() == ["d5"]
