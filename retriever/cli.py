@@ -403,7 +403,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if not parent.is_dir():
             raise ConfigError(f"--run-out: folder {str(parent)!r} does not exist")
     r = Retriever.open(args.dir, n_threads=args.threads)
-    modes = args.mode or ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
+    modes = list(dict.fromkeys(args.mode)) if args.mode else ([*r.legs, "hybrid"] if len(r.legs) > 1 else list(r.legs))
     qids = list(queries)
     fusion = _fusion(args)
     for mode in modes:
@@ -449,6 +449,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     threads = min(args.threads or os.cpu_count() or 1, MAX_THREADS)
     r = Retriever.open(args.dir, n_threads=threads)
+    if qv is not None:  # the file's own shape, named with the file (the engine checks one query at a time)
+        dim = getattr(r.engine.legs.get("dense"), "dim", None)
+        if qv.ndim != 2 or qv.shape[0] != len(texts) or (dim is not None and qv.shape[1] != dim):
+            raise QueryError(f"--query-vectors: {args.query_vectors!r} holds shape {qv.shape}, expected "
+                             f"({len(texts)}, {dim if dim is not None else 'dim'}): one row per query"
+                             f"{' (after --max-queries)' if args.max_queries else ''}")
     rep = bench_index(r, texts, modes=args.mode, k=args.k, n_threads=threads, batch_size=args.batch_size,
                       query_vectors=qv, fusion=_fusion(args), depth=args.depth, recall=not args.no_recall,
                       filter=args.filter)

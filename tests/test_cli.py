@@ -247,3 +247,42 @@ def test_living_index_commands_refuse_bad_files_naming_them(tmp_path, capsys):
     assert ".npz archive" in err
     r = Retriever.open(idx)
     assert r.reader.generation == 1 and sorted(r.live_ids()) == ["d0", "d1", "d2", "d3"]
+
+
+def _tiny_hybrid(tmp_path):
+    import numpy as np
+
+    from retriever import build_index
+
+    docs = [{"_id": f"d{i}", "text": f"word{i % 7} common alpha"} for i in range(20)]
+    build_index(docs, tmp_path / "idx", legs=("bm25", "dense"), show_progress=False,
+                dense_vectors=np.random.default_rng(0).standard_normal((20, 8)).astype("float32"))
+    (tmp_path / "q.jsonl").write_text('{"_id": "q0", "text": "word0 alpha"}\n{"_id": "q1", "text": "word1"}\n')
+    (tmp_path / "qrels.tsv").write_text("query-id\tcorpus-id\tscore\nq0\td0\t1\nq1\td1\t1\n")
+    return tmp_path / "idx"
+
+
+def test_eval_with_a_mode_given_twice_evaluates_it_once(tmp_path, capsys):
+    """--mode bm25 --mode bm25 is one mode: printed once, the run file written under its own name
+    (not FILE.bm25 as for several modes)."""
+    idx = _tiny_hybrid(tmp_path)
+    run = tmp_path / "run.txt"
+    assert main(["eval", str(idx), "--queries", str(tmp_path / "q.jsonl"), "--qrels", str(tmp_path / "qrels.tsv"),
+                 "--mode", "bm25", "--mode", "bm25", "--run-out", str(run)]) == 0
+    assert capsys.readouterr().out.count("bm25") == 1 and run.exists()
+
+
+def test_bench_query_vectors_of_the_wrong_shape_name_the_file(tmp_path, capsys):
+    """A --query-vectors file of the wrong width or row count: one line naming the flag, the file
+    and its whole shape (it said the shape of one query, without the file)."""
+    import numpy as np
+
+    from tests.conftest import cli_error
+
+    idx = _tiny_hybrid(tmp_path)
+    for shape in ((2, 7), (3, 8)):
+        qv = tmp_path / "qv.npy"
+        np.save(qv, np.ones(shape, dtype="float32"))
+        err = cli_error(capsys, ["bench", str(idx), "--queries", str(tmp_path / "q.jsonl"), "--query-vectors", str(qv),
+                                 "--mode", "dense", "--no-recall", "--threads", "1"])
+        assert "--query-vectors" in err and "qv.npy" in err and f"shape {shape}" in err and "expected (2, 8)" in err

@@ -17,7 +17,7 @@ import numpy as np
 
 from retriever.api import Retriever
 from retriever.index.config import BuildConfig, DenseConfig
-from retriever.index.errors import ConfigError, CorpusError, QueryError
+from retriever.index.errors import ConfigError, CorpusError, IndexExistsError, QueryError
 from retriever.index.format import CURRENT
 from retriever.index.pipeline import build_index
 from retriever.index.updates import DeleteReport, IndexUpdater
@@ -39,13 +39,19 @@ def make_record(doc_id: str, text: str, metadata: Mapping[str, Any] | None) -> d
     value as the record's title (indexed by BM25 with the text), the other metadata as fields.
 
     Raises:
-        CorpusError: a metadata key ``_id`` or ``text``, or a ``title`` that is not a string
-            (names the document and the key).
+        CorpusError: metadata that is not a dict or has a key that is not a string, a metadata key
+            ``_id`` or ``text``, or a ``title`` that is not a string (names the document and the key).
     """
     if not isinstance(doc_id, str):
         raise CorpusError(f"document ids are strings, got {doc_id!r} ({type(doc_id).__name__})", field="_id")
     rec: dict[str, Any] = {"_id": doc_id, "text": text}
+    if metadata is not None and not isinstance(metadata, Mapping):
+        raise CorpusError(f"document {doc_id!r}: metadata must be a dict, got {type(metadata).__name__}",
+                          field="metadata")
     for key, value in (metadata or {}).items():
+        if not isinstance(key, str):
+            raise CorpusError(f"document {doc_id!r}: metadata keys are strings, got {key!r} ({type(key).__name__})",
+                              field="metadata")
         if key in RESERVED_KEYS:
             raise CorpusError(f"document {doc_id!r}: metadata key {key!r} is reserved (the record's own field)",
                               field=key)
@@ -159,9 +165,19 @@ class IndexStore:
         self._lock = threading.RLock()
         self._updater: IndexUpdater | None = None
         self.retriever: Retriever | None = None
-        if (self.path / CURRENT).is_file() or (self.path / "manifest.json").is_file():
+        self._closed = False
+        self._open_existing()
+
+    def _open_existing(self) -> None:
+        """Open the index when it exists on disk and this store has not opened it yet (another
+        store may have created it since this one was made)."""
+        if self.retriever is None and ((self.path / CURRENT).is_file() or (self.path / "manifest.json").is_file()):
             self.retriever = Retriever.open(self.path, **self.open_options)
             self._check_dense()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"this store of {self.path} is closed")
 
     # ------------------------------------------------------------------ state
     @property
@@ -188,6 +204,7 @@ class IndexStore:
     def close(self) -> None:
         """Close the writer (releasing the index's ``LOCK``) and the reader."""
         with self._lock:
+            self._closed = True
             if self._updater is not None:
                 self._updater.close()
                 self._updater = None
@@ -210,10 +227,19 @@ class IndexStore:
             raise ConfigError("this store's dense vectors come from its embedding model: dense_vectors needed")
         vectors = dense_vectors if self.external_vectors and self.has_dense else None
         with self._lock:
+            self._check_open()
+            self._open_existing()
             if self.retriever is None:
-                build_index(list(records), self.path, self.config, dense_vectors=vectors, show_progress=False)
-                self.retriever = Retriever.open(self.path, **self.open_options)
-                return
+                try:
+                    build_index(list(records), self.path, self.config, dense_vectors=vectors, show_progress=False)
+                except IndexExistsError:  # another store made it meanwhile: add to it
+                    self._open_existing()
+                    if self.retriever is None:
+                        raise
+                else:
+                    self.retriever = Retriever.open(self.path, **self.open_options)
+                    self._writer()  # the store that made the index holds its LOCK from now on, as after any write
+                    return
             upd = self._writer()
             upd.upsert(list(records), dense_vectors=vectors)
             upd.commit()
@@ -221,8 +247,17 @@ class IndexStore:
 
     def delete(self, ids: Sequence[str]) -> DeleteReport:
         """Delete the live documents with these ids (one commit); unknown ids are reported in the
-        returned :class:`~retriever.index.updates.DeleteReport`, not an error."""
+        returned :class:`~retriever.index.updates.DeleteReport`, not an error.
+
+        Raises:
+            ConfigError: ``ids`` is one string (a list of ids is meant; a string would be taken
+                character by character), or the store is closed.
+        """
+        if isinstance(ids, (str, bytes)):
+            raise ConfigError(f"delete takes a list of ids, not one string: delete([{ids!r}])")
         with self._lock:
+            self._check_open()
+            self._open_existing()
             if self.retriever is None:
                 return DeleteReport(0, list(dict.fromkeys(ids)))
             upd = self._writer()
@@ -241,17 +276,23 @@ class IndexStore:
     def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
         """Stored live documents by id, in the order asked, unknown ids left out."""
         with self._lock:
+            self._check_open()
+            self._open_existing()
             return [] if self.retriever is None else self.retriever.get(list(ids))
 
     def live_ids(self) -> list[str]:
         """The ids of the live documents."""
         with self._lock:
+            self._check_open()
+            self._open_existing()
             return [] if self.retriever is None else self.retriever.live_ids()
 
     def has_field(self, name: str) -> bool:
         """Whether the index's metadata schema lists the field ``name`` (False while the store
         is empty): a filter on a field the index never held is an error, not an empty match."""
         with self._lock:
+            self._check_open()
+            self._open_existing()
             r = self.retriever
             return r is not None and name in r.reader.metadata_schema
 
@@ -264,6 +305,8 @@ class IndexStore:
         from retriever.filters import compile_filter
 
         with self._lock:
+            self._check_open()
+            self._open_existing()
             r = self.retriever
             if r is None:
                 return []
@@ -297,8 +340,12 @@ class IndexStore:
             return self._search(query, opts, query_vector)
 
     def _search(self, query: str, opts: SearchOptions, query_vector: Any) -> tuple[list[Hit], BatchResult | None]:
+        self._check_open()
+        self._open_existing()
         retriever = self.retriever
-        if retriever is None:
+        if retriever is None:  # nothing stored yet: no hits, after the checks a search would make
+            if isinstance(opts.k, bool) or not isinstance(opts.k, (int, np.integer)) or opts.k < 1:
+                raise QueryError(f"k must be an integer >= 1, got {opts.k!r}")
             return [], None
         runs_dense = opts.mode == "dense" or (opts.mode == "hybrid" and self.has_dense)
         kwargs: dict[str, Any] = {}

@@ -241,10 +241,14 @@ class LangChainVectorStore(VectorStore):
 
         Returns:
             True.
+
+        Raises:
+            ConfigError: ``ids`` is one string (a list is meant), or the store is closed.
         """
         if kwargs:
             raise QueryError(f"delete: unknown keyword {sorted(kwargs)[0]!r}")
-        self.last_delete = self.store.delete(self.store.live_ids() if ids is None else list(ids))
+        self.last_delete = self.store.delete(self.store.live_ids() if ids is None else
+                                             ids if isinstance(ids, (str, bytes)) else list(ids))
         return True
 
     # ------------------------------------------------------------------ reads
