@@ -29,9 +29,10 @@ datetime comes back in UTC (``+00:00``), the instant unchanged. Other objects wi
 (``time``) become their ISO string, and other unknown objects ``str(value)``, as before.
 A field that holds values of two kinds in one build (``1`` and ``"1"``, or ``1`` and ``1.5``) is
 a :class:`retriever.index.errors.CorpusError` naming the field, both types and the first record
-of each. ``None`` fits every type, ``[]`` a list or JSON column; a field that has held only ``[]``
-(and ``None``) by the end of a shard becomes a list-of-strings column there (so its ``[]`` reads
-back), and a later JSON value of it is then a conflict as after any list of strings.
+of each. ``None`` fits every type, ``[]`` a list or JSON one; a shard in which a field has held
+only ``[]`` (and ``None``) stores it as a column of empty lists (so the ``[]`` reads back) that
+types nothing: its shard schema says null (:func:`shard_field_types`), and the field takes the type
+its other values give it, in any shard layout.
 """
 
 from __future__ import annotations
@@ -278,13 +279,6 @@ class MetadataColumns:
                 firsts = self._first.setdefault(name, {})
                 if kind not in firsts:
                     firsts[kind] = FirstSeen(d.id, self._position + i, d.path, d.line)
-        for name, col in values.items():  # a field of only [] (and nulls) so far holds lists of strings
-            if kinds[name] is None:
-                i = next((i for i, v in enumerate(col) if type(v) is _EmptyList), None)
-                if i is not None:
-                    kinds[name] = "list<string>"
-                    d = docs[i]
-                    self._first.setdefault(name, {})["list<string>"] = FirstSeen(d.id, self._position + i, d.path, d.line)
         self._position += n
         children, fields = [], []
         for name, kind in kinds.items():
@@ -306,12 +300,30 @@ def _to_json_text(v: Any) -> str | None:
 
 def _column(vals: list[Any], kind: str | None) -> pa.Array:
     if kind is None:
+        if any(type(v) is _EmptyList for v in vals):  # only [] (and nulls) so far: kept as empty lists,
+            return pa.array([None if v is None else [] for v in vals], KIND_TYPES["list<string>"])  # typed later
         return pa.nulls(len(vals))
     if kind == "json":
         return pa.ExtensionArray.from_storage(JSON_TYPE, pa.array([_to_json_text(v) for v in vals], pa.large_string()))
     if kind == "list<string>":
         vals = [None if v is None else list(v) for v in vals]
     return pa.array(vals, KIND_TYPES[kind])
+
+
+def shard_field_types(struct: pa.StructArray) -> dict[str, str | None]:
+    """A shard's metadata field -> type name (:func:`type_name`); a list column whose values are
+    all empty or null (a field of only ``[]`` in the shard) is None: it fits any list or JSON type."""
+    import pyarrow.compute as pc
+
+    out: dict[str, str | None] = {}
+    for i, f in enumerate(struct.type):
+        name = type_name(f.type)
+        if pa.types.is_large_list(f.type):
+            lengths = pc.list_value_length(struct.field(i))
+            if (pc.max(lengths).as_py() or 0) == 0:
+                name = None
+        out[f.name] = name
+    return out
 
 
 def type_name(typ: pa.DataType) -> str | None:

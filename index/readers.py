@@ -158,6 +158,21 @@ def read_jsonl(path: str | Path) -> Iterator[Document]:
 _CSV_FIELD_LIMIT = 2**31 - 1
 
 
+def _decoded_lines(raw: Any, spath: str) -> Iterator[str]:
+    """The lines of a binary file as text (UTF-8, a byte-order mark dropped from the first),
+    line ends kept (the csv module's ``newline=""`` contract).
+
+    Raises:
+        CorpusError: a line that is not valid UTF-8 (names the line and the byte's column).
+    """
+    for lineno, b in enumerate(raw, start=1):
+        try:
+            yield b.decode("utf-8-sig" if lineno == 1 else "utf-8")
+        except UnicodeDecodeError as e:
+            raise CorpusError(f"not valid UTF-8 (byte {b[e.start:e.start + 1]!r} at column {e.start + 1})",
+                              path=spath, line=lineno) from None
+
+
 def read_csv(path: str | Path) -> Iterator[Document]:
     """Stream documents from a CSV (``,``) or TSV (``.tsv``) file with a header row."""
     path = Path(path)
@@ -167,10 +182,12 @@ def read_csv(path: str | Path) -> Iterator[Document]:
         raw = _open_binary(path)
     except FileNotFoundError:
         raise CorpusError("file not found", path=spath) from None
-    with raw, io.TextIOWrapper(raw, encoding="utf-8-sig", errors="strict", newline="") as f:
-        # strict: a stray or unterminated quote is an error, not a field that silently swallows
-        # the following rows; fields may be as long as a document (the csv default is 128 KiB)
-        reader = csv.DictReader(f, delimiter=delim, strict=True)
+    with raw:
+        # decoded line by line, so a bad byte is named at its own line (a text wrapper decodes
+        # ahead in chunks); strict: a stray or unterminated quote is an error, not a field that
+        # silently swallows the following rows; fields may be as long as a document (the csv
+        # default is 128 KiB)
+        reader = csv.DictReader(_decoded_lines(raw, spath), delimiter=delim, strict=True)
         csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
         try:
             names = reader.fieldnames or []
@@ -185,8 +202,6 @@ def read_csv(path: str | Path) -> Iterator[Document]:
                     raise CorpusError(f"row has fewer fields than the header ({len(names)}: {names})",
                                       path=spath, line=reader.line_num)
                 yield to_document(row, spath, reader.line_num)
-        except UnicodeDecodeError:
-            raise CorpusError("not valid UTF-8", path=spath, line=reader.line_num + 1) from None
         except csv.Error as e:
             hint = (" (an unterminated quoted field?)" if "end of data" in str(e) else
                     " (a field that starts with a double quote must be quoted whole, inner quotes doubled)"

@@ -30,7 +30,7 @@ from .builders import ShardHandle, ShardOutput
 from .faults import FaultHook, no_faults
 from .format import (CURRENT, FORMAT_NAME, SHARD_STATS, format_version_of, is_index, manifest_digest, manifest_name,
                      sha256_file, write_arrays, write_table)
-from .metadata import MetadataColumns, combine_schema, normalize_metadata, type_name
+from .metadata import MetadataColumns, combine_schema, normalize_metadata, shard_field_types
 
 _RENAME_EXCHANGE = 2
 
@@ -296,7 +296,7 @@ class IndexWriter:
         self.write_table(f"{rel_dir}/docs.arrow", table)
         self._faults("shard_docs")
         handle = ShardHandle(index, rel_dir, n)
-        self._open[rel_dir] = {"rows": n, "metadata_fields": {f.name: type_name(f.type) for f in struct.type}}
+        self._open[rel_dir] = {"rows": n, "metadata_fields": shard_field_types(struct)}
         return handle
 
     def end_shard(self, shard: ShardHandle, outputs: dict[str, ShardOutput]) -> dict[str, Any]:

@@ -448,7 +448,11 @@ def shard_table(shard: Shard, schema: Mapping[str, str | None]) -> pa.Table:
             if isinstance(child.type, pa.BaseExtensionType):
                 child = pa.chunked_array([c.storage for c in child.chunks], child.type.storage_type)
             if child.type != f.type:
-                child = child.cast(f.type)
+                if pa.types.is_large_list(child.type) and pa.types.is_large_string(f.type):
+                    # a shard's column of only [] (its shard schema says null) in a JSON field: "[]"
+                    child = pc.if_else(pc.is_valid(child), pa.scalar("[]", f.type), pa.scalar(None, f.type))
+                else:
+                    child = child.cast(f.type)
             arrays.append(child)
         else:
             arrays.append(pa.chunked_array([pa.nulls(shard.rows, f.type)], f.type))

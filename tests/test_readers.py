@@ -81,3 +81,25 @@ def test_unknown_format_and_missing(tmp_path):
         read_corpus(tmp_path / "nope.jsonl")
     with pytest.raises(CorpusError, match="corpus.jsonl"):
         read_corpus(tmp_path)
+
+
+@pytest.mark.parametrize("ext,sep", [("csv", ","), ("tsv", "\t")])
+@pytest.mark.parametrize("bad_line", [2, 3, 151, 5000])
+def test_csv_non_utf8_is_named_at_its_own_line(tmp_path, ext, sep, bad_line):
+    """A bad byte in a CSV / TSV is named at its physical line and column (the text wrapper decoded
+    ahead in 8 KiB chunks: the error named the row after the last one parsed, up to ~60 lines
+    early, line 2 as the header's line 1)."""
+    from retriever.index.errors import CorpusError
+    from retriever.index.readers import read_corpus
+
+    rows = [f"d{i}{sep}hello {i} {'y' * 100}\n".encode() for i in range(2, 6000)]
+    rows[bad_line - 2] = f"d{bad_line}{sep}h".encode() + b"\xff" + b"llo\n"
+    p = tmp_path / f"c.{ext}"
+    p.write_bytes(b"\xef\xbb\xbf" + f"_id{sep}text\n".encode() + b"".join(rows))
+    with pytest.raises(CorpusError, match=rf"line {bad_line}: not valid UTF-8 \(byte b'\\xff' at column "
+                                          rf"{len(f'd{bad_line}') + 3}\)") as ei:
+        for _ in read_corpus(p):
+            pass
+    assert ei.value.line == bad_line
+    p.write_bytes(b"\xef\xbb\xbf" + f"_id{sep}text\n".encode() + b"".join(rows[:bad_line - 2] + rows[bad_line - 1:]))
+    assert sum(1 for _ in read_corpus(p)) == 5997  # a byte-order mark and every good row read

@@ -1010,3 +1010,21 @@ def test_a_field_of_only_empty_lists_keeps_them_and_equals_a_fresh_build(tmp_pat
                       ({"tags": "x"}, ["d3"]), ({"tags": {"$exists": False}}, ["d1", "d2"])):
         got = sorted(h.id for h in r.search("apple pear", k=5, mode="bm25", filter=flt))
         assert got == want == sorted(h.id for h in f.search("apple pear", k=5, mode="bm25", filter=flt)), flt
+
+
+@pytest.mark.parametrize("later", [["x"], [1, 2]])
+def test_empty_lists_take_the_type_later_values_give_in_any_layout(tmp_path, later):
+    """A shard of only [] types nothing: a later list of strings or JSON value gives the field its
+    type, so the build succeeds with one shard per document as in one shard, the [] reads back as []
+    and filters answer alike (a build with shard_size=1 failed on [] then [1, 2])."""
+    recs = [{"_id": "a", "text": "one", "x": []}, {"_id": "b", "text": "one two", "x": later},
+            {"_id": "c", "text": "one three"}]
+    build_index(recs, tmp_path / "one", legs=("bm25",), show_progress=False)
+    build_index(recs, tmp_path / "each", legs=("bm25",), shard_size=1, show_progress=False)
+    r1, r2 = Retriever.open(tmp_path / "one"), Retriever.open(tmp_path / "each")
+    assert r1.reader.metadata_schema == r2.reader.metadata_schema
+    assert r1.get(["a", "b", "c"]) == r2.get(["a", "b", "c"])
+    assert [d["metadata"] for d in r2.get(["a", "b"])] == [{"x": []}, {"x": later}]
+    for flt in ({"x": {"$exists": True}}, {"x": {"$exists": False}}):
+        assert sorted(h.id for h in r1.search("one", k=5, mode="bm25", filter=flt)) == \
+               sorted(h.id for h in r2.search("one", k=5, mode="bm25", filter=flt)), flt
