@@ -23,7 +23,6 @@ per-shard maxima are computed once per :class:`LegBounds` (i.e. per opened index
 
 from __future__ import annotations
 
-import threading
 from typing import Any, Mapping
 
 import numpy as np
@@ -48,8 +47,6 @@ class LegBounds:
 
     def __init__(self, legs: Mapping[str, Any]) -> None:
         self.legs = legs
-        self._lock = threading.Lock()
-        self._dense_norm_max: float | None = None
 
     def bounds(self, name: str, prepared: Any) -> tuple[np.ndarray, np.ndarray]:
         """``(inf float64 (nq,), sup float64 (nq,))`` of leg ``name`` for the prepared batch.
@@ -77,15 +74,7 @@ class LegBounds:
         raise QueryError(f"no theoretical score range is known for leg {name!r}")
 
     def dense_norm_max(self) -> float:
-        """The largest L2 norm of the dense leg's stored document vectors (0.0 for no documents),
-        computed once (one pass over the vectors, in chunks)."""
-        with self._lock:
-            if self._dense_norm_max is None:
-                m = 0.0
-                for v in self.legs["dense"].vectors:
-                    for i in range(0, len(v), 65536):
-                        chunk = np.asarray(v[i:i + 65536], dtype=np.float32)
-                        if len(chunk):
-                            m = max(m, float(np.sqrt(np.einsum("ij,ij->i", chunk, chunk).max())))
-                self._dense_norm_max = m
-            return self._dense_norm_max
+        """The largest L2 norm of the dense leg's stored document vectors over its shards (0.0 for
+        no documents; each shard's computed once by :meth:`retriever.legs.dense.DenseLeg.max_norm`)."""
+        leg = self.legs["dense"]
+        return max((leg.max_norm(i) for i in range(len(leg.vectors))), default=0.0)

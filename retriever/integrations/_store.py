@@ -175,9 +175,11 @@ class IndexStore:
             self.retriever = Retriever.open(self.path, **self.open_options)
             self._check_dense()
 
-    def _check_open(self) -> None:
+    def _ready(self) -> None:
+        """Refuse a closed store; open the index if another store created it since."""
         if self._closed:
             raise ConfigError(f"this store of {self.path} is closed")
+        self._open_existing()
 
     # ------------------------------------------------------------------ state
     @property
@@ -227,8 +229,7 @@ class IndexStore:
             raise ConfigError("this store's dense vectors come from its embedding model: dense_vectors needed")
         vectors = dense_vectors if self.external_vectors and self.has_dense else None
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             if self.retriever is None:
                 try:
                     build_index(list(records), self.path, self.config, dense_vectors=vectors, show_progress=False)
@@ -256,8 +257,7 @@ class IndexStore:
         if isinstance(ids, (str, bytes)):
             raise ConfigError(f"delete takes a list of ids, not one string: delete([{ids!r}])")
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             if self.retriever is None:
                 return DeleteReport(0, list(dict.fromkeys(ids)))
             upd = self._writer()
@@ -276,23 +276,20 @@ class IndexStore:
     def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
         """Stored live documents by id, in the order asked, unknown ids left out."""
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             return [] if self.retriever is None else self.retriever.get(list(ids))
 
     def live_ids(self) -> list[str]:
         """The ids of the live documents."""
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             return [] if self.retriever is None else self.retriever.live_ids()
 
     def has_field(self, name: str) -> bool:
         """Whether the index's metadata schema lists the field ``name`` (False while the store
         is empty): a filter on a field the index never held is an error, not an empty match."""
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             r = self.retriever
             return r is not None and name in r.reader.metadata_schema
 
@@ -305,8 +302,7 @@ class IndexStore:
         from retriever.filters import compile_filter
 
         with self._lock:
-            self._check_open()
-            self._open_existing()
+            self._ready()
             r = self.retriever
             if r is None:
                 return []
@@ -340,8 +336,7 @@ class IndexStore:
             return self._search(query, opts, query_vector)
 
     def _search(self, query: str, opts: SearchOptions, query_vector: Any) -> tuple[list[Hit], BatchResult | None]:
-        self._check_open()
-        self._open_existing()
+        self._ready()
         retriever = self.retriever
         if retriever is None:  # nothing stored yet: no hits, after the checks a search would make
             if isinstance(opts.k, bool) or not isinstance(opts.k, (int, np.integer)) or opts.k < 1:

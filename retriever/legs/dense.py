@@ -521,10 +521,7 @@ class DenseLeg:
             else:
                 def candidates(kq: int) -> tuple[np.ndarray, np.ndarray]:
                     D, I = self._faiss_search(cpu, gpu, qp, kq, fp)
-                    if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
-                        bad = int(I.min()) if I.min() < -1 else int(I.max())
-                        raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
-                                               f"{s.rows} rows (corrupted index file)")
+                    self._check_faiss_ids(I, s)
                     return self._complete(D, I, qp, exact, min(depth, s.rows))
 
                 if prepared.use_own and fp.rescore and kk == min(depth, s.rows):
@@ -588,10 +585,7 @@ class DenseLeg:
             else:
                 def candidates(kq: int) -> tuple[np.ndarray, np.ndarray]:
                     D, I = self._faiss_search_filtered(cpu, qp, kq, fp, mask)
-                    if I.size and (I.min() < -1 or I.max() >= s.rows):  # a FAISS file that lies about its ids
-                        bad = int(I.min()) if I.min() < -1 else int(I.max())
-                        raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
-                                               f"{s.rows} rows (corrupted index file)")
+                    self._check_faiss_ids(I, s)
                     ok = (I >= 0) & (allow[np.maximum(I, 0)] != 0)  # never a masked id, whatever FAISS did
                     I = np.where(ok, I, -1)
                     D = np.where(ok, D, -np.inf).astype(np.float32)
@@ -772,7 +766,7 @@ class DenseLeg:
         """
         if k >= rows:
             return run(k)
-        eps = (2.0 ** -22) * q.shape[1] * np.linalg.norm(q.astype(np.float64), axis=1) * self._max_norm(shard)
+        eps = (2.0 ** -22) * q.shape[1] * np.linalg.norm(q.astype(np.float64), axis=1) * self.max_norm(shard)
         kq = min(rows, k + TIE_MARGIN)
         while True:
             D, I = run(kq)
@@ -784,8 +778,10 @@ class DenseLeg:
                 return D, I
             kq = min(rows, 2 * kq)
 
-    def _max_norm(self, shard: int) -> float:
-        """The largest L2 norm of the shard's stored vectors (computed once, in blocks)."""
+    def max_norm(self, shard: int) -> float:
+        """The largest L2 norm of shard position ``shard``'s stored vectors (0.0 for none), computed
+        once per shard (one pass, in chunks): the exact search's tie bound and the theoretical
+        score range of fusion (:meth:`retriever.fusion_bounds.LegBounds.dense_norm_max`)."""
         got = self._norms.get(shard)
         if got is None:
             vec = self.vectors[shard]
@@ -795,6 +791,18 @@ class DenseLeg:
                 got = max(got, float(np.sqrt(np.einsum("ij,ij->i", b, b).max(initial=0.0))))
             self._norms[shard] = got
         return got
+
+    @staticmethod
+    def _check_faiss_ids(I: np.ndarray, s: Any) -> None:
+        """Refuse ids a FAISS file returned outside shard ``s``'s rows (a corrupted index file).
+
+        Raises:
+            IndexFormatError: names the file, the id and the rows.
+        """
+        if I.size and (I.min() < -1 or I.max() >= s.rows):
+            bad = int(I.min()) if I.min() < -1 else int(I.max())
+            raise IndexFormatError(f"{s.dir / 'dense.faiss'}: returned id {bad}, outside the shard's "
+                                   f"{s.rows} rows (corrupted index file)")
 
     @staticmethod
     def _complete(D: np.ndarray, I: np.ndarray, qp: np.ndarray, exact: np.ndarray | None, need: int,
