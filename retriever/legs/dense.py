@@ -524,8 +524,9 @@ class DenseLeg:
                     self._check_faiss_ids(I, s)
                     return self._complete(D, I, qp, exact, min(depth, s.rows))
 
-                if prepared.use_own and fp.rescore and kk == min(depth, s.rows):
+                if prepared.use_own and fp.rescore and kk == min(depth, s.rows) and _is_flat(cpu):
                     # exact search at full dimension: the cut must not split a group of tied scores
+                    # (an approximate index's candidates are approximate anyway: left as they are)
                     D, I = self._with_boundary_ties(candidates, kk, s.rows, q, shard)
                 else:
                     D, I = candidates(kk)
@@ -591,7 +592,7 @@ class DenseLeg:
                     D = np.where(ok, D, -np.inf).astype(np.float32)
                     return self._complete(D, I, qp, exact, need, mask)
 
-                if prepared.use_own and fp.rescore and kk == need:  # exact: no tie group cut (see search_shard)
+                if prepared.use_own and fp.rescore and kk == need and _is_flat(cpu):  # exact: see search_shard
                     D, I = self._with_boundary_ties(candidates, kk, mask.n_pass, q, shard)
                 else:
                     D, I = candidates(kk)
@@ -635,7 +636,7 @@ class DenseLeg:
             gen = float(self.dim)
         elif pi is not None and pi.int8 is not None:
             gen = fp.dim / 4.0
-        elif cpu is None or type(cpu).__name__ in ("IndexFlatIP", "IndexFlat"):
+        elif cpu is None or _is_flat(cpu):
             gen = float(self.dim if prepared.use_own else fp.dim)
         else:
             return False
@@ -823,6 +824,11 @@ class DenseLeg:
             I[r, :len(top)] = top if rows is None else rows[top]
             D[r, :len(top)] = s[top]
         return D, I
+
+
+def _is_flat(index: Any) -> bool:
+    """Whether a CPU FAISS index is an exact flat scan (``IndexFlatIP`` / ``IndexFlat``)."""
+    return type(index).__name__ in ("IndexFlatIP", "IndexFlat")
 
 
 #: extra candidates an exact search takes beyond its depth, so that a group of tied scores at the
