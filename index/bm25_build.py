@@ -20,9 +20,11 @@ from itertools import compress
 from typing import Any, Callable, Mapping, Sequence, TYPE_CHECKING
 
 import numpy as np
+import pyarrow as pa
 
 from .analyzer import _IDEO, Analyzer
-from .analyzer_kernels import CountScratch, CsrScratch, TokenTable, count_terms, csr_by_term, csr_by_term_compact, scan_tokens, utf8_arrays
+from .analyzer_kernels import (CountScratch, CsrScratch, TokenTable, arrow_utf8_arrays, count_terms, csr_by_term,
+                               csr_by_term_compact, scan_tokens, utf8_arrays)
 
 if TYPE_CHECKING:
     from .builders import Batch, IndexOutput, ShardHandle, ShardOutput
@@ -141,26 +143,32 @@ class PostingsBuilder:
         analyzer: the index's analyzer.
         background: analyse on a worker thread.
         vocab: terms that already have ids (an existing index's vocabulary, term id i =
-            ``vocab[i]``): new terms get ids from ``len(vocab)`` on, so a segment added to a
-            living index uses the index's global term ids.
+            ``vocab[i]``; a list or an Arrow string array without nulls): new terms get ids from
+            ``len(vocab)`` on, so a segment added to a living index uses the index's global term
+            ids.
     """
 
-    def __init__(self, analyzer: Analyzer, *, background: bool = True, vocab: Sequence[str] = ()) -> None:
+    def __init__(self, analyzer: Analyzer, *, background: bool = True, vocab: Sequence[str] | pa.Array = ()) -> None:
         self.analyzer = analyzer
         self._tokens = TokenTable()  # token -> entry; value: term id (-1: not indexed)
         self._terms = TokenTable()  # term -> term id (entry number)
         if len(vocab):
-            data, offsets = utf8_arrays(list(vocab))
-            scan_tokens(data, offsets, self._terms, lowercase=False, ideo_class=_IDEO, verbatim=True)
-            if self._terms.n != len(vocab):
-                raise ValueError(f"vocabulary has {len(vocab)} terms but {self._terms.n} distinct ones")
+            if isinstance(vocab, pa.Array):
+                data, offsets = arrow_utf8_arrays(vocab)
+            else:
+                data, offsets = utf8_arrays(list(vocab))
+            try:
+                self._terms.add_distinct(data, offsets)
+            except ValueError as e:
+                raise ValueError(f"vocabulary of {len(vocab)} terms: term {e}") from None
         stop = sorted(analyzer.stop_words)
         if stop:
             data, offsets = utf8_arrays(stop)
             scan_tokens(data, offsets, self._tokens, lowercase=False, ideo_class=_IDEO, verbatim=True)
             self._tokens.set_values(0, np.full(self._tokens.n, -1, dtype=np.int64))
         self._n_resolved = self._tokens.n  # entries 0.._n_resolved-1 have their term ids
-        self._terms_cache: list[str] = list(vocab)
+        self._vocab_seed = vocab  # made a list of Python strings only when :attr:`terms` is asked for
+        self._terms_cache: list[str] | None = None
         self._shard = _Shard()
         self._n = 0  # documents of the current shard handed to add()
         self._sum_dl = 0
@@ -179,9 +187,25 @@ class PostingsBuilder:
         """The vocabulary so far: term id i is ``terms[i]``."""
         self._wait(0)
         t = self._terms
+        if self._terms_cache is None:
+            seed = self._vocab_seed
+            self._terms_cache = seed.to_pylist() if isinstance(seed, pa.Array) else list(seed)
+            self._vocab_seed = ()
         if len(self._terms_cache) < t.n:
             self._terms_cache.extend(t.tokens(len(self._terms_cache), t.n))
         return self._terms_cache
+
+    @property
+    def n_terms(self) -> int:
+        """The vocabulary's size so far (``len(terms)``, without making its list)."""
+        self._wait(0)
+        return self._terms.n
+
+    def terms_since(self, lo: int) -> list[str]:
+        """Term ids ``lo ..`` of the vocabulary so far (``terms[lo:]``, decoded from the term
+        table: a living index's seed vocabulary is never made a list)."""
+        self._wait(0)
+        return self._terms.tokens(lo, self._terms.n)
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -429,7 +453,7 @@ class BM25Builder:
     name = "bm25"
 
     def __init__(self, analyzer: Analyzer, faults: Callable[[str], None], *, background: bool = True,
-                 vocab: Sequence[str] = ()) -> None:
+                 vocab: Sequence[str] | pa.Array = ()) -> None:
         self.postings = PostingsBuilder(analyzer, background=background, vocab=vocab)
         self._trim = len(vocab) > 0  # a segment of a living index: no empty lists past its last term
         self._faults = faults

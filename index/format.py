@@ -251,6 +251,27 @@ def read_manifest(root: Path, generation: int | None = None, *,
         raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
     if "manifest_sha256" not in m or m["manifest_sha256"] != manifest_digest(m):
         raise IndexFormatError(f"{mpath}: manifest checksum mismatch (manifest corrupted or edited)")
+    check_manifest(root, gen, m, checked=checked)
+    return m
+
+
+def check_manifest(root: Path, generation: int, m: Mapping[str, Any], *,
+                   checked: Mapping[str, Any] | None = None) -> None:
+    """The checks :func:`read_manifest` makes of a parsed manifest ``m`` of generation
+    ``generation`` past its checksum: format version, field types and ranges, the listed files
+    on disk (present, confined, of the listed size) and the shard entries. A writer runs them on
+    the manifest it is about to commit, before writing it.
+
+    Args:
+        checked: as for :func:`read_manifest`.
+
+    Raises:
+        IndexFormatError: the first violation, naming the manifest file, the field and the value.
+    """
+    gen = generation
+    mpath = root / manifest_name(gen)
+    if not isinstance(m, dict) or m.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{mpath}: not a {FORMAT_NAME} manifest")
     if m.get("format_version") not in READ_FORMAT_VERSIONS:
         raise IndexFormatError(f"{mpath}: unsupported format_version {m.get('format_version')!r} "
                                f"(this build reads {', '.join(map(str, READ_FORMAT_VERSIONS))})")
@@ -288,7 +309,6 @@ def read_manifest(root: Path, generation: int | None = None, *,
                                        f"(got {f!r})")
         if s["dir"] not in known_dirs:
             safe_join(root, s["dir"], str(mpath))
-    return m
 
 
 def read_shard_stats(path: Path, rows: int, raw: bytes | None = None) -> dict[str, Any]:

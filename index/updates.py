@@ -354,7 +354,7 @@ class IndexUpdater:
                 deleted = np.zeros(0, dtype=np.int64)
             self.segments.append(_Segment(dict(e), st, deleted))
         self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
-        self._vocab: list[str] | None = None  # loaded on first add / compaction
+        self._n_vocab: int = int(m["stats"].get("n_terms", 0))  # terms now (the adds' new terms included)
         self._n_committed_terms = int(m["stats"].get("n_terms", 0))
         self._ids: dict[str, int] | None = None
         self._by_dir = {s.dir: s for s in self.segments}
@@ -404,16 +404,21 @@ class IndexUpdater:
             self._ids = ids
         return self._ids
 
-    def _vocabulary(self) -> list[str]:
-        if self._vocab is None:
-            terms: list[str] = []
-            for rel in self.vocab_files:
-                terms.extend(read_table(self.root / rel, full=True).column("term").to_pylist())
-            if len(terms) != self._n_committed_terms:
-                raise IndexFormatError(f"{self.root}: the vocabulary files hold {len(terms)} terms, the "
-                                       f"manifest says {self._n_committed_terms}")
-            self._vocab = terms
-        return self._vocab
+    def _vocab_array(self) -> pa.Array:
+        """The vocabulary now as one Arrow string array (term id i at row i), read from the
+        committed vocabulary files and those the adds since the last commit wrote (every term an
+        add brought is written with its segment, so these hold them all)."""
+        if self._n_vocab != self._vocab_covered:
+            raise RuntimeError(f"internal error: {self._n_vocab} terms, {self._vocab_covered} of them in files")
+        chunks: list[pa.Array] = []
+        for rel in self.vocab_files + self._vocab_pending:
+            chunks.extend(read_table(self.root / rel, full=True).column("term").cast(pa.large_string()).chunks)
+        terms = pa.concat_arrays(chunks) if chunks else pa.array([], pa.large_string())
+        if len(terms) != self._vocab_covered or terms.null_count:
+            raise IndexFormatError(f"{self.root}: the vocabulary files hold {len(terms)} terms "
+                                   f"({terms.null_count} null), the manifest and the adds since say "
+                                   f"{self._vocab_covered}")
+        return terms
 
     def _vocab_name(self) -> str:
         """The name of the next vocabulary file of the pending generation G: ``vocab.G.arrow``
@@ -530,21 +535,23 @@ class IndexUpdater:
         """The BM25 builder, seeded with the index's vocabulary (kept across adds and commits)."""
         b = self._builders.get("bm25")
         if b is None:
-            b = self._builders["bm25"] = self._new_bm25_builder(self._vocabulary())
+            b = self._builders["bm25"] = self._new_bm25_builder()
         return b
 
-    def _new_bm25_builder(self, vocab: list[str]) -> Any:
+    def _new_bm25_builder(self) -> Any:
+        """A BM25 builder seeded with the vocabulary (:meth:`_vocab_array`; its term table is
+        built from the files' string buffers: the vocabulary is never a list of Python strings)."""
         from .analyzer import Analyzer
         from .bm25_build import BM25Builder
 
-        return BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=vocab)
+        return BM25Builder(Analyzer(self.config.analyzer), self._faults, vocab=self._vocab_array())
 
     def _first_add_tables(self) -> None:
         """The two tables of the whole index that the first add needs, built side by side: the
-        BM25 builder's term table (a compiled scan of the vocabulary that runs without the GIL) on
-        a worker thread while this thread builds the id map (Python)."""
+        BM25 builder (reading the vocabulary, then its term table: a compiled scan that runs
+        without the GIL) on a worker thread while this thread builds the id map (Python)."""
         pool = self._pool()
-        fut = pool.submit(self._new_bm25_builder, self._vocabulary())
+        fut = pool.submit(self._new_bm25_builder)
         try:
             self._id_map()
         except BaseException:  # the id map's error is the one raised; the builder is stopped
@@ -564,8 +571,7 @@ class IndexUpdater:
         from the vocabulary as it was)."""
         if "bm25" in self._builders:
             self._builders.pop("bm25").close(raise_errors=False)
-        if self._vocab is not None:
-            del self._vocab[n_terms_before:]
+        self._n_vocab = n_terms_before
 
     def _dense_builder(self, vectors: Any, model: Mapping[str, Any], compaction: bool) -> Any:
         from .dense_build import DenseBuilder
@@ -674,7 +680,7 @@ class IndexUpdater:
         handed = False  # a batch went to the BM25 builder (set before the call: it may fail inside it)
         bm25 = "bm25" in self.config.legs
         bs, first_seg = self.config.batch_size, self.config.shard_size
-        n_terms_before = len(self._vocabulary()) if bm25 else 0
+        n_terms_before = self._n_vocab if bm25 else 0
         if bm25 and "bm25" not in self._builders and self._ids is None:
             self._first_add_tables()
         try:
@@ -747,7 +753,7 @@ class IndexUpdater:
         from .pipeline import _ShardDocs, _batches, _write_shard
 
         writer = _SegmentWriter(self.root, self._next_shard(), self._faults, self._pool())
-        n_terms_before = len(self._vocabulary()) if "bm25" in self.config.legs else 0
+        n_terms_before = self._n_vocab if "bm25" in self.config.legs else 0
         try:
             builders = self._make_builders(dense_vectors, sparse_vectors, compaction=compaction)
             if cuts is None:
@@ -791,12 +797,12 @@ class IndexUpdater:
             if "bm25" in self._builders:
                 # the terms this batch added, written with its segment files (durable when they
                 # are): the commit only lists the file
-                terms = self._builders["bm25"].postings.terms
-                if len(terms) > self._vocab_covered:
+                postings = self._builders["bm25"].postings
+                if postings.n_terms > self._vocab_covered:
                     vocab_rel = self._vocab_name()
-                    vocab_end = len(terms)
+                    vocab_end = postings.n_terms
                     writer.write_root_table(vocab_rel, pa.table(
-                        {"term": pa.array(terms[self._vocab_covered:], pa.large_string())}))
+                        {"term": pa.array(postings.terms_since(self._vocab_covered), pa.large_string())}))
             out = writer.finish_segments()
             self._faults("update_segments")
             self._recorded.update(writer.files)
@@ -808,12 +814,11 @@ class IndexUpdater:
             writer.abort()
             if "bm25" in self._builders:  # its vocabulary may hold terms of the failed batch
                 self._builders.pop("bm25").close(raise_errors=False)
-                if self._vocab is not None:
-                    del self._vocab[n_terms_before:]
+                self._n_vocab = n_terms_before
             raise
         finally:
-            if "bm25" in self._builders and self._vocab is not None:
-                self._vocab = self._builders["bm25"].postings.terms
+            if "bm25" in self._builders:
+                self._n_vocab = self._builders["bm25"].postings.n_terms
 
     def _feed(self, builders: Sequence[Any], docs: Sequence[Document]) -> None:
         batch = Batch(docs, [f"{d.title} {d.text}" if d.title else d.text for d in docs])
@@ -870,8 +875,7 @@ class IndexUpdater:
             for rel in [f for f in files if f.startswith(d + "/")]:
                 del files[rel]
         shards: list[dict[str, Any]] = []
-        vocab = self._vocab if self._vocab is not None else None
-        n_terms = len(vocab) if vocab is not None else self._n_committed_terms
+        n_terms = self._n_vocab
         touched = set()
         for s in self.segments:
             e = dict(s.entry)
@@ -897,15 +901,18 @@ class IndexUpdater:
             _fsync_dir(self.root / d)
         self._faults("update_deletes")
         vocab_files = list(self.vocab_files)
-        if vocab is not None and len(vocab) > self._n_committed_terms:
+        if n_terms > self._n_committed_terms:
             # the files the adds wrote, then (only when they do not cover every new term) one more
             for rel in self._vocab_pending:
                 files[rel] = self._recorded[rel]
                 vocab_files.append(rel)
-            if len(vocab) > self._vocab_covered:
+            if n_terms > self._vocab_covered:
+                if "bm25" not in self._builders:
+                    raise RuntimeError(f"internal error: terms {self._vocab_covered}..{n_terms - 1} are in no "
+                                       f"file and no builder; nothing was committed")
                 rel = self._vocab_name()
-                files[rel] = _durable_entry(self.root / rel, table_bytes(
-                    pa.table({"term": pa.array(vocab[self._vocab_covered:], pa.large_string())})))
+                files[rel] = _durable_entry(self.root / rel, table_bytes(pa.table({"term": pa.array(
+                    self._builders["bm25"].postings.terms_since(self._vocab_covered), pa.large_string())})))
                 _fsync_dir(self.root)
                 vocab_files.append(rel)
             self._faults("update_vocab")
@@ -932,8 +939,6 @@ class IndexUpdater:
         # the builders (the BM25 one holds exactly the committed vocabulary now) and the id map
         # stay: the next add does not redo work proportional to the index
         self._ids = ids
-        if vocab is not None:
-            self._vocab = vocab
         self._clean()
         self._faults("update_clean")
         return m["generation"]

@@ -355,3 +355,49 @@ def test_topk_text_kernel_checks():
     with pytest.raises(ValueError, match="impact_rows and impact_row_slot go together"):
         _kernels.bm25_topk_text(data, off, *tab, idf, *post, 2, impact_rows=np.zeros(2, np.float32),
                                 impact_row_slot=np.full(3, -1, np.int32))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(terms=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=12),
+                      unique=True, max_size=300),
+       before=st.lists(st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=9),
+                       unique=True, max_size=20),
+       dup=st.integers(-1, 400))
+def test_add_distinct_equals_verbatim_scan(terms, before, dup):
+    """``TokenTable.add_distinct`` (the living index's vocabulary seed: slots filled in home-slot
+    order) builds the table ``scan_tokens(verbatim=True)`` builds: the same entries in the same
+    order, and every term found at its entry by a later scan (short keys of <= 7 bytes and long
+    hashed ones, the empty term, multi-byte UTF-8, entries already in the table); a repeated term,
+    of the batch or of the table, is a ValueError naming its index."""
+    from retriever.index.analyzer_kernels import TokenTable, scan_tokens
+
+    terms = [t for t in terms if t not in before]
+    if 0 <= dup < len(before) + len(terms) and (before or terms):
+        src = (before + terms)[dup % (len(before) + len(terms))]
+        pos = dup % (len(terms) + 1)
+        bad = terms[:pos] + [src] + terms[pos:]
+        table = TokenTable()
+        if before:
+            table.add_distinct(*utf8_arrays(before))
+        later = pos if src in before or src in terms[:pos] else terms.index(src) + 1  # the second copy
+        with pytest.raises(ValueError, match=f"^text {later} "):
+            table.add_distinct(*utf8_arrays(bad))
+        return
+    fast, ref = TokenTable(), TokenTable()
+    for table, add in ((fast, lambda t, d, o: t.add_distinct(d, o)),
+                       (ref, lambda t, d, o: scan_tokens(d, o, t, lowercase=False, ideo_class=analyzer_mod._IDEO,
+                                                         verbatim=True))):
+        for part in (before, terms):
+            if part:
+                add(table, *utf8_arrays(part))
+    assert fast.n == ref.n == len(before) + len(terms)
+    assert fast.tokens(0, fast.n) == ref.tokens(0, ref.n) == before + terms
+    np.testing.assert_array_equal(fast.off[:fast.n + 1], ref.off[:ref.n + 1])
+    probe = (before + terms)[::-1] + ["never-seen-term", "q"]
+    data, off = utf8_arrays(probe)
+    n0 = fast.n
+    _done, entries, _counts, _first = scan_tokens(data, off, fast, lowercase=False, ideo_class=analyzer_mod._IDEO,
+                                                  verbatim=True)
+    want = list(range(n0))[::-1]
+    assert entries.tolist()[:n0] == want
+    assert fast.n == n0 + len({"never-seen-term", "q"} - set(before + terms))
