@@ -227,6 +227,41 @@ def _insert_distinct(data, offsets, slots, e_off, blob, n_e):
     return -1
 
 
+@nb.njit(cache=True, nogil=True)
+def _find_entries(data, offsets, slots, e_off, blob):
+    """i64[n]: the entry of each text of ``data`` / ``offsets`` (verbatim), -1 where absent (the
+    table is not changed)."""
+    n = offsets.shape[0] - 1
+    out = np.full(n, -1, dtype=np.int64)
+    mask = (slots.shape[0] >> 1) - 1
+    for i in range(n):
+        s = offsets[i]
+        m = offsets[i + 1] - s
+        key = _key(data, s, m)
+        slot = _slot_of(key, mask)
+        while True:
+            k2 = slots[2 * slot]
+            if k2 == 0:
+                break
+            if k2 == key:
+                e = slots[2 * slot + 1]
+                if m <= 7:
+                    out[i] = e
+                    break
+                o = e_off[e]
+                if e_off[e + 1] - 1 - o == m:
+                    same = True
+                    for j in range(m):
+                        if blob[o + j] != data[s + j]:
+                            same = False
+                            break
+                    if same:
+                        out[i] = e
+                        break
+            slot = (slot + 1) & mask
+    return out
+
+
 @nb.njit(cache=True, inline="always")
 def _lookup(buf, s, m, slots, e_off, blob, n_e):
     """Entry of the token ``buf[s:s+m]``; adds it as entry ``n_e`` when absent (the caller checks
@@ -525,6 +560,18 @@ class TokenTable:
             t = bytes(data[offsets[bad]:offsets[bad + 1]]).decode("utf-8", "replace")
             raise ValueError(f"text {bad} ({t[:64]!r}) repeats an earlier text or an entry of the table")
         self.n += n
+
+    def find(self, data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+        """i64[n]: the entry of each text (verbatim, as :meth:`add_distinct` adds them), -1 where
+        the table has none; the table is not changed. Runs without the GIL.
+
+        Raises:
+            ValueError: ``offsets`` out of order or outside ``data``.
+        """
+        offsets = np.asarray(offsets, dtype=np.int64)
+        if len(offsets) < 1 or offsets[0] < 0 or offsets[-1] > len(data) or bool((np.diff(offsets) < 0).any()):
+            raise ValueError(f"offsets must be non-decreasing within [0, {len(data)}]")
+        return _find_entries(data, offsets, self.slots, self.off, self.blob)
 
     def copy(self) -> "TokenTable":
         """An independent copy (same entries and values)."""

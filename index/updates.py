@@ -30,7 +30,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import os
 import re
@@ -54,6 +53,7 @@ from .arrow_io import arrays_table, table_bytes
 from .format import (CURRENT, manifest_name, read_arrays, read_current, read_manifest, read_shard_stats,
                      read_table)
 from .generations import commit_generation, file_entry
+from .id_map import IdMap
 from .locking import LOCK, writer_lock
 from .metadata import MetadataColumns, combine_schema
 from .readers import Document, read_corpus
@@ -356,7 +356,7 @@ class IndexUpdater:
         self.vocab_files: list[str] = list(m.get("vocab") or (["vocab.arrow"] if "bm25" in self.config.legs else []))
         self._n_vocab: int = int(m["stats"].get("n_terms", 0))  # terms now (the adds' new terms included)
         self._n_committed_terms = int(m["stats"].get("n_terms", 0))
-        self._ids: dict[str, int] | None = None
+        self._ids: IdMap | None = None
         self._by_dir = {s.dir: s for s in self.segments}
         self._dropped: list[str] = []  # segment directories a pending compaction replaced
         # vocabulary files the adds since the last commit wrote (durable, recorded, listed by no
@@ -381,26 +381,29 @@ class IndexUpdater:
         """(segment directory, row) of an id-map code."""
         return self._seg_dirs[code >> _ROW_BITS], code & _ROW_MASK
 
-    def _id_map(self) -> dict[str, int]:
-        """id -> code of every live document (built on first use); :meth:`_where` decodes a code
-        into (segment directory, row).
+    def _id_map(self) -> IdMap:
+        """id -> code (segment number << 32 | row) of every live document, built on first use
+        from the segments' id columns (:class:`~retriever.index.id_map.IdMap`: a compiled table,
+        no Python string per document); :meth:`_where` decodes a code into (segment directory,
+        row).
 
-        The values are plain ints (segment number << 32 | row), not tuples: a dict of strings and
-        ints is not tracked by the cyclic garbage collector, which otherwise walks the whole map
-        (one tuple per document of the index) in every full collection during adds."""
+        Raises:
+            IndexFormatError: two live rows hold one id (names it and the segment)."""
         if self._ids is None:
-            ids: dict[str, int] = {}
+            ids = IdMap()
             for s in self.segments:
-                col = read_table(self.root / s.dir / "docs.arrow").column("id").to_pylist()
-                base = self._seg_base(s.dir)
+                col = read_table(self.root / s.dir / "docs.arrow").column("id")
+                codes = np.arange(len(col), dtype=np.int64) + self._seg_base(s.dir)
                 dead = s.all_deleted()
-                if len(dead) == 0:
-                    ids.update(zip(col, range(base, base + len(col))))
-                else:
+                if len(dead):
                     live = np.ones(len(col), dtype=bool)
                     live[dead] = False
-                    ids.update(zip(itertools.compress(col, live.tolist()),
-                                   (np.flatnonzero(live) + base).tolist()))
+                    col, codes = col.filter(pa.array(live)), codes[live]
+                try:
+                    ids.load(col, codes)
+                except ValueError as e:
+                    raise IndexFormatError(f"{self.root / s.dir}: a live document id is live in an earlier "
+                                           f"segment too ({e})") from None
             self._ids = ids
         return self._ids
 
@@ -548,8 +551,8 @@ class IndexUpdater:
 
     def _first_add_tables(self) -> None:
         """The two tables of the whole index that the first add needs, built side by side: the
-        BM25 builder (reading the vocabulary, then its term table: a compiled scan that runs
-        without the GIL) on a worker thread while this thread builds the id map (Python)."""
+        BM25 builder (reading the vocabulary, then its term table) on a worker thread while this
+        thread builds the id map (both compiled inserts that run without the GIL)."""
         pool = self._pool()
         fut = pool.submit(self._new_bm25_builder)
         try:
@@ -709,13 +712,13 @@ class IndexUpdater:
         k = 0
         for entry, _ in written:
             base, n = self._seg_base(entry["dir"]), int(entry["rows"])
-            ids.update(zip(batch_ids[k:k + n], range(base, base + n)))
+            ids.assign(batch_ids[k:k + n], np.arange(base, base + n, dtype=np.int64))
             k += n
         return len(docs)
 
     def _checked_build(self, docs: list[Document], dense_vectors: Any, sparse_vectors: Any, replace: bool,
                        prefed: int) -> tuple[list[tuple[dict[str, Any], dict[str, Any]]], list[int], list[str],
-                                             dict[str, int]]:
+                                             IdMap]:
         """The input checks of :meth:`add`, then the new segments (``prefed``: leading documents
         already given to the BM25 builder). Returns (segments written, id-map codes replaced,
         the batch's ids, the id map)."""
@@ -728,14 +731,16 @@ class IndexUpdater:
                     raise CorpusError(f"document id {d.id!r} appears twice in this batch: positions {p} and {pos} "
                                       f"(counting from 0)", path=d.path, line=d.line, field="_id")
         ids = self._id_map()
+        codes = ids.find(batch_ids)
+        hit = np.flatnonzero(codes >= 0)
         replaced: list[int] = []
-        if not ids.keys().isdisjoint(batch_ids):
+        if len(hit):
             if not replace:
-                d = next(d for d in docs if d.id in ids)
-                where, row = self._where(ids[d.id])
+                d = docs[int(hit[0])]
+                where, row = self._where(int(codes[hit[0]]))
                 raise CorpusError(f"document id {d.id!r} is already in the index ({where}, row {row}); "
                                   f"use upsert to replace it", path=d.path, line=d.line, field="_id")
-            replaced = [ids[i] for i in batch_ids if i in ids]
+            replaced = codes[hit].tolist()
         if any(d.metadata for d in docs):  # without metadata there is no type to conflict
             schema = {k: v for k, v in combine_schema(s.stats.get("metadata_fields", {}) for s in self.segments
                                                       if s.dir not in self._dropped).items() if v is not None}
@@ -844,16 +849,12 @@ class IndexUpdater:
         for i in want:
             if not isinstance(i, str):
                 raise ConfigError(f"document ids are strings, got {i!r} ({type(i).__name__})")
-        m = self._id_map()
-        unknown = [i for i in want if i not in m]
-        n = 0
-        for i in want:
-            code = m.pop(i, None)
-            if code is not None:
-                d, row = self._where(code)
-                self._by_dir[d].pending.add(row)
-                n += 1
-        return DeleteReport(n, unknown)
+        codes = self._id_map().remove(want)
+        unknown = [want[j] for j in np.flatnonzero(codes < 0).tolist()]
+        for code in codes[codes >= 0].tolist():
+            d, row = self._where(code)
+            self._by_dir[d].pending.add(row)
+        return DeleteReport(len(want) - len(unknown), unknown)
 
     # ------------------------------------------------------------------ commit
     def commit(self) -> int:
