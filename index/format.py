@@ -280,7 +280,7 @@ def check_manifest(root: Path, generation: int, m: Mapping[str, Any], *,
                                f"{format_version_of(m['shards'])} (segments listing their BM25 terms)")
     if m.get("generation") != gen:
         raise IndexFormatError(f"{mpath}: says generation {m.get('generation')!r}, its name says {gen}")
-    validate_manifest(mpath, m)
+    validate_manifest(mpath, m, known_files=checked["files"] if checked is not None else None)
     _check_fields(mpath, m)
     if len(m["shards"]) > len(m["files"]) or len({str(s.get("dir")) if isinstance(s, dict) else i
                                                   for i, s in enumerate(m["shards"])}) != len(m["shards"]):

@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from .errors import IndexFormatError
 from .locking import writer_lock
+from .manifest_schema import parse_own_json
 from .writer import _fsync_dir  # the one directory fsync of the build side
 from .format import (CURRENT, MAX_MANIFEST_BYTES, check_manifest, format_version_of, manifest_digest,
                      manifest_name, read_current, read_manifest, sha256_file)
@@ -102,15 +103,16 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
         m["manifest_sha256"] = manifest_digest(m)
         rel = manifest_name(gen)
         # the same checks as opening it, before anything is written (the parent's files, which
-        # the caller checked under the lock it still holds, are not opened again); the bytes are
-        # the JSON of this very dict, whose digest a reader recomputes from them (not read back:
-        # parsing it again took a third of a commit with 50 segments)
-        check_manifest(root, gen, m, checked=parent_manifest)
+        # the caller checked under the lock it still holds, are not opened again): on the bytes
+        # about to be written, parsed as a reader parses them, not read back from the file
+        # (reading, scanning and re-hashing it took a third of a commit with 50 segments)
         data = json.dumps(m, indent=1).encode("utf-8")
         if len(data) > MAX_MANIFEST_BYTES:
             raise IndexFormatError(f"{root / rel}: the new manifest would take {len(data)} bytes, more than "
                                    f"readers accept ({MAX_MANIFEST_BYTES}); compact the index "
                                    f"(fewer segments); nothing was committed")
+        m = parse_own_json(root / rel, data)
+        check_manifest(root, gen, m, checked=parent_manifest)
         _write_atomic(root / rel, data)
         if fault is not None:
             fault("generation_manifest")

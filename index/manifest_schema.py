@@ -16,7 +16,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from .config import MAX_K1
 from .errors import IndexFormatError
@@ -134,6 +134,47 @@ def parse_json_limited(path: Path | str, raw: bytes, *, max_depth: int = MAX_JSO
         raise IndexFormatError(f"{path}: JSON value refused: {e}") from None
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError
         raise IndexFormatError(f"{path}: not valid JSON ({e})") from None
+
+
+def _nesting(obj: Any, limit: int) -> int:
+    """Deepest nesting of lists and dicts in ``obj``, counted up to the first level above ``limit``."""
+    deepest = 0
+    stack = [(obj, 1)]
+    while stack:
+        o, d = stack.pop()
+        if isinstance(o, dict):
+            vals: Any = o.values()
+        elif isinstance(o, list):
+            vals = o
+        else:
+            continue
+        if d > deepest:
+            deepest = d
+            if deepest > limit:
+                return deepest
+        stack.extend((v, d + 1) for v in vals if isinstance(v, (dict, list)))
+    return deepest
+
+
+def parse_own_json(path: Path | str, raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """:func:`parse_json_limited` for JSON this library has just serialised (a writer checking
+    what it is about to write): the same limits and errors, with the nesting measured on the
+    parsed value (the serialiser bounds it by Python's recursion limit) instead of by a scan of
+    the bytes before parsing, which is there for untrusted files and costs more than the parse.
+
+    Raises:
+        IndexFormatError: as :func:`parse_json_limited`.
+    """
+    try:
+        obj = json.loads(raw, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant,
+                         object_pairs_hook=_pairs)
+    except _Refused as e:
+        raise IndexFormatError(f"{path}: JSON value refused: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise IndexFormatError(f"{path}: not valid JSON ({e})") from None
+    if _nesting(obj, max_depth) > max_depth:
+        raise IndexFormatError(f"{path}: JSON nested more than {max_depth} levels deep")
+    return obj
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,9 +306,13 @@ def _model(path: Path | str, field: str, m: Any) -> None:
                 _fail(path, f"{field}.sha256[{name[:64]!r}]", "a SHA-256 hex digest", digest)
 
 
-def validate_manifest(path: Path | str, m: dict[str, Any]) -> None:
+def validate_manifest(path: Path | str, m: dict[str, Any], *, known_files: Mapping[str, Any] | None = None) -> None:
     """Check the types and ranges of every manifest field the reader uses (the format is
     described in ``docs/FORMAT.md``); fields it does not know are left alone.
+
+    Args:
+        known_files: the ``files`` of a manifest validated already: an entry equal to its entry
+            there is not checked again (a commit's parent lists most of the new one's files).
 
     Raises:
         IndexFormatError: the first violation, naming the file, the field and the value.
@@ -308,7 +353,10 @@ def validate_manifest(path: Path | str, m: dict[str, Any]) -> None:
         for leg, info in m["models"].items():
             _model(path, f"models.{leg[:16]}", info)
     files = m["files"]
+    known = known_files if known_files is not None else {}
     for rel, info in files.items():
+        if known.get(rel) == info:
+            continue
         check_rel(rel, str(path))
         if not isinstance(info, dict):
             _fail(path, f"files[{rel!r}]", "an object {bytes, sha256}", info)

@@ -32,6 +32,7 @@ Ties in the fused score go to the smaller global document ordinal (corpus order)
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -280,8 +281,13 @@ def _check_weights(w: Mapping[str, float]) -> None:
     if not isinstance(w, Mapping):
         raise QueryError(f"fusion weights must be a mapping of leg name to weight, got {type(w).__name__}")
     for leg, v in w.items():
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not np.isfinite(v):
-            raise QueryError(f"fusion weight for leg {leg!r} must be a finite number, got {v!r}")
+        number = not isinstance(v, bool) and isinstance(v, (int, float, np.integer, np.floating))
+        try:
+            finite = number and math.isfinite(float(v))
+        except OverflowError:  # an int past float's range
+            finite = False
+        if not finite:
+            raise QueryError(f"fusion weight for leg {leg!r} must be a finite number, got {str(v)[:40]}")
         if abs(float(v)) > MAX_FUSION_WEIGHT:
             raise QueryError(f"fusion weight for leg {leg!r} is {v!r}; |weight| must be <= {MAX_FUSION_WEIGHT:g}")
 

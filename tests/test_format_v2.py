@@ -340,3 +340,44 @@ def test_index_info_cli_shows_generation_and_shard_rows(bm25_index, capsys):
     assert info["format_version"] == 2 and info["generation"] == 1
     assert info["shards"] == [{"dir": "shards/00000", "rows": 300, "deleted": 0}]
     assert info["metadata_schema"] == {"meta": "int64"}
+
+
+def _nested(n: int) -> dict:
+    d: dict = {}
+    cur = d
+    for _ in range(n):
+        cur["a"] = {}
+        cur = cur["a"]
+    return d
+
+
+@pytest.mark.parametrize("change", [
+    lambda m: {"build": {**m["build"], "x": 10**22}},  # an integer literal longer than readers accept
+    lambda m: {"stats": {**m["stats"], "extra": -10**21}},
+    lambda m: {"shards": [{**m["shards"][0], "x": 10**30}]},
+    lambda m: {"build": _nested(40)},  # nested deeper than readers accept
+    lambda m: {"fusion": {"method": "rrf", "fitted": _nested(35)}},
+])
+def test_commit_refuses_a_manifest_readers_would_refuse(tmp_path, change):
+    """A generation whose manifest a reader would refuse (limits on integer literals and nesting,
+    anywhere in it) is refused by the commit: IndexFormatError, no manifest written, CURRENT
+    unchanged, the index still opens (a commit that checked only the schema on its own dict
+    switched CURRENT to a manifest no reader could open)."""
+    root = tmp_path / "i"
+    build_index([{"_id": f"d{i}", "text": f"apple w{i}"} for i in range(3)], root, legs=("bm25",), show_progress=False)
+    before = sorted(p.name for p in (root / "manifests").iterdir())
+    with pytest.raises(IndexFormatError):
+        commit_generation(root, parent=1, changes=change(read_manifest(root)))
+    assert read_current(root) == 1
+    assert sorted(p.name for p in (root / "manifests").iterdir()) == before
+    assert len(Retriever.open(root).search("apple", k=3)) == 3
+
+
+def test_commit_takes_tuples_as_lists(tmp_path):
+    """``changes`` holding tuples (as JSON writes them: lists) commit, and the returned manifest
+    is what a reader reads."""
+    root = tmp_path / "i"
+    build_index([{"_id": f"d{i}", "text": f"apple w{i}"} for i in range(3)], root, legs=("bm25",), show_progress=False)
+    m = read_manifest(root)
+    got = commit_generation(root, parent=1, changes={"shards": tuple(m["shards"])})
+    assert got == read_manifest(root) and got["generation"] == 2 and isinstance(got["shards"], list)

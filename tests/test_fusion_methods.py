@@ -217,3 +217,14 @@ def test_full_score_equals_exhaustive_oracle(syn, fusion):
     ids, scores, nf, _ = fuse_loop(lists, k, plain, bounds)
     assert np.array_equal(got.ids, ids) and np.array_equal(got.n_found, nf)
     assert np.array_equal(got.scores, scores)
+
+
+def test_a_weight_past_floats_range_is_a_query_error():
+    """An int weight too large for a float is a QueryError naming the leg (was a TypeError from
+    numpy); one within range but above the limit names the limit."""
+    from retriever.fusion import Linear
+
+    with pytest.raises(QueryError, match="'bm25' must be a finite number"):
+        Linear(weights={"bm25": 10**400})
+    with pytest.raises(QueryError, match="must be <= 1e"):
+        Linear(weights={"bm25": 10**31})
