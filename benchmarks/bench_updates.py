@@ -233,6 +233,7 @@ def living(n_docs: int, batch: int, rounds: int, churn_rate: int, churn_seconds:
     docs = list(col.docs())
     vecs = _vectors(n_docs, 0)
     half = n_docs // 2
+    _warm_up(docs, vecs, tmp)
     path, built = _built(n_docs, batch, docs, vecs, tmp, cache)
     out: dict[str, Any] = {k: built[k] for k in ("fresh_build", "add", "from_cache")}
     # commit latency of 1,000 added docs, delete throughput, refresh

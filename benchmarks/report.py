@@ -294,26 +294,49 @@ def readme_rows(out: Path = RESULTS) -> list[tuple[str, str, str, str]]:
         rows.append((f"learned sparse top-10, {c['collection']} ({c['n_docs']:,} docs, {c['n_queries']:,} queries), 1 thread, "
                      "CPU-time QPS",
                      val, _on(sp.get("machine"), c.get("date")), f"`{c.get('command', sp['command']).strip()}`"))
-    rows.extend(_living_rows(read("updates_1m.json")))
+    rows.extend(_living_rows(read("updates_1m.json"), read("updates_add_1m.json")))
     return rows
 
 
-def _living_rows(u: dict | None) -> list[tuple[str, str, str, str]]:
-    """The README row of a full living-index run (``updates_1m.json`` of :mod:`benchmarks.bench_updates`):
-    the add rate against a fresh build, the 1,000-document add / delete commits, the refresh, the
-    compaction, and BM25 latency while a writer changes the index."""
+def _add_rate_row(u: dict | None) -> list[tuple[str, str, str, str]]:
+    """The README row of a living-index add-rate run of several rounds (``updates_add_1m.json``:
+    ``bench_updates --only build-add --repeat N``): medians and ranges over the rounds."""
+    r = (u or {}).get("retriever") or {}
+    med, rounds = r.get("median"), r.get("rounds")
+    if not med or not rounds:
+        return []
+    ratio, cpu = med["ratio_to_fresh_build"], med["cpu_ratio_to_fresh_build"]
+    val = (f"add / fresh build {ratio['median']:.2f}× ({ratio['min']:.2f}–{ratio['max']:.2f}), CPU time "
+           f"{cpu['median']:.2f}× ({cpu['min']:.2f}–{cpu['max']:.2f}); add {med['add_docs_per_s']['median']:,.0f} docs/s, "
+           f"fresh build {med['fresh_docs_per_s']['median']:,.0f} docs/s (medians of {ratio['n']} rounds)")
+    n = rounds[0]["fresh_build"]["docs"]
+    return [(f"living index add rate, synthetic {n:,} docs (BM25 + dense flat, half built then half added in "
+             f"{rounds[0]['add']['batch']:,}-doc commits, no encoders; each round a fresh build and the adds)", val,
+             _on(u.get("machine")), f"`{u['command'].strip()}`")]
+
+
+def _living_rows(u: dict | None, add_rounds: dict | None = None) -> list[tuple[str, str, str, str]]:
+    """The README rows of a full living-index run (``updates_1m.json`` of :mod:`benchmarks.bench_updates`):
+    the add rate against a fresh build (the medians of ``add_rounds``, a run of several rounds, when
+    given: one round's ratio moves by ±0.2 on these machines), the 1,000-document add / delete commits,
+    the refresh, the compaction, and BM25 latency while a writer changes the index."""
     r = (u or {}).get("retriever") or {}
     need = ("fresh_build", "add", "add_1000", "delete_1000", "refresh_after_1000_s", "full_open_s", "compact_full",
             "query_ms")
     if any(k not in r for k in need):
-        return []
+        return _add_rate_row(add_rounds)
     # the cache folder of the recorded command is a scratch path of that machine: shown as DIR
     cmd = "`" + re.sub(r"--cache \S+", "--cache DIR", u["command"].strip()) + "`"
     where, n = _on(u.get("machine")), u.get("docs", 0)
     a, fb, d = r["add"], r["fresh_build"], r["delete_1000"]
-    cpu = f"; CPU time {a['cpu_ratio_to_fresh_build']:.2f}×" if "cpu_ratio_to_fresh_build" in a else ""
-    val = (f"add {a['docs_per_s']:,.0f} docs/s = {a['ratio_to_fresh_build']:.2f}× a fresh build ({fb['docs_per_s']:,.0f}"
-           f"{cpu}); add + commit 1,000 docs "
+    rate_rows = _add_rate_row(add_rounds)
+    if rate_rows:
+        val = "add rate: the next row; "
+    else:
+        cpu = f"; CPU time {a['cpu_ratio_to_fresh_build']:.2f}×" if "cpu_ratio_to_fresh_build" in a else ""
+        val = (f"add {a['docs_per_s']:,.0f} docs/s = {a['ratio_to_fresh_build']:.2f}× a fresh build "
+               f"({fb['docs_per_s']:,.0f}{cpu}); ")
+    val += (f"add + commit 1,000 docs "
            f"{r['add_1000']['add_plus_commit_ms_median']:.0f} ms; delete 1,000 {1e3 * d['delete_s']['median']:.1f} ms + commit "
            f"{1e3 * d['commit_s']['median']:.0f} ms; refresh {1e3 * r['refresh_after_1000_s']['median']:.0f} ms (open "
            f"{r['full_open_s']['median']:.2f} s); full compaction {r['compact_full']['seconds']:.1f} s")
@@ -322,7 +345,8 @@ def _living_rows(u: dict | None) -> list[tuple[str, str, str, str]]:
     val += (f"; BM25 top-10 p50 / p99 {st['p50']:.2f} / {st['p99']:.2f} ms static, {wr['p50']:.2f} / {wr['p99']:.2f} ms "
             f"while a writer adds + deletes {wr['docs_per_s']:,} docs/s (p99 {wr['p99'] / st['p99']:.2f}×)")
     return [(f"living index, synthetic {n:,} docs (BM25 + dense flat, half built then half added in {a['batch']:,}-doc "
-             "commits, no encoders; one query at a time, the reader refreshing every second)", val, where, cmd)]
+             "commits, no encoders; one query at a time, the reader refreshing every second)", val, where, cmd),
+            *rate_rows]
 
 
 def readme_markdown(out: Path = RESULTS) -> str:
