@@ -163,6 +163,30 @@ def _reserve(slots, e_off, blob, n_e, new_entries, new_bytes):
     return slots, e_off, blob
 
 
+@nb.njit(cache=True, inline="always")
+def _probe(buf, s, m, key, slot, mask, slots, e_off, blob):
+    """Linear probing from ``slot`` for the token ``buf[s:s+m]`` of slot key ``key``: (its slot,
+    its entry), or (the first empty slot, -1) when the table does not hold it."""
+    while True:
+        k2 = slots[2 * slot]
+        if k2 == 0:
+            return slot, -1
+        if k2 == key:
+            e = slots[2 * slot + 1]
+            if m <= 7:
+                return slot, e
+            o = e_off[e]
+            if e_off[e + 1] - 1 - o == m:
+                same = True
+                for j in range(m):
+                    if blob[o + j] != buf[s + j]:
+                        same = False
+                        break
+                if same:
+                    return slot, e
+        slot = (slot + 1) & mask
+
+
 @nb.njit(cache=True, nogil=True)
 def _insert_distinct(data, offsets, slots, e_off, blob, n_e):
     """Add every text of ``data`` / ``offsets`` as a new entry (numbered from ``n_e`` in text
@@ -201,28 +225,11 @@ def _insert_distinct(data, offsets, slots, e_off, blob, n_e):
         counts[b] += 1
     for r in range(n):
         i = order[r]
-        key = keys[i]
-        slot = home[i]
         s = offsets[i]
-        m = offsets[i + 1] - s
-        while True:
-            k2 = slots[2 * slot]
-            if k2 == 0:
-                break
-            if k2 == key:
-                if m <= 7:
-                    return i
-                eo = e_off[slots[2 * slot + 1]]
-                if e_off[slots[2 * slot + 1] + 1] - 1 - eo == m:
-                    same = True
-                    for j in range(m):
-                        if blob[eo + j] != data[s + j]:
-                            same = False
-                            break
-                    if same:
-                        return i
-            slot = (slot + 1) & mask
-        slots[2 * slot] = key
+        slot, e = _probe(data, s, offsets[i + 1] - s, keys[i], home[i], mask, slots, e_off, blob)
+        if e >= 0:
+            return i
+        slots[2 * slot] = keys[i]
         slots[2 * slot + 1] = n_e + i
     return -1
 
@@ -238,27 +245,7 @@ def _find_entries(data, offsets, slots, e_off, blob):
         s = offsets[i]
         m = offsets[i + 1] - s
         key = _key(data, s, m)
-        slot = _slot_of(key, mask)
-        while True:
-            k2 = slots[2 * slot]
-            if k2 == 0:
-                break
-            if k2 == key:
-                e = slots[2 * slot + 1]
-                if m <= 7:
-                    out[i] = e
-                    break
-                o = e_off[e]
-                if e_off[e + 1] - 1 - o == m:
-                    same = True
-                    for j in range(m):
-                        if blob[o + j] != data[s + j]:
-                            same = False
-                            break
-                    if same:
-                        out[i] = e
-                        break
-            slot = (slot + 1) & mask
+        out[i] = _probe(data, s, m, key, _slot_of(key, mask), mask, slots, e_off, blob)[1]
     return out
 
 
@@ -268,25 +255,9 @@ def _lookup(buf, s, m, slots, e_off, blob, n_e):
     ``result == n_e``). Capacity must have been reserved (:func:`_reserve`)."""
     key = _key(buf, s, m)
     mask = (slots.shape[0] >> 1) - 1
-    slot = _slot_of(key, mask)
-    while True:
-        k2 = slots[2 * slot]
-        if k2 == 0:
-            break
-        if k2 == key:
-            e = slots[2 * slot + 1]
-            if m <= 7:
-                return e
-            o = e_off[e]
-            if e_off[e + 1] - 1 - o == m:
-                same = True
-                for j in range(m):
-                    if blob[o + j] != buf[s + j]:
-                        same = False
-                        break
-                if same:
-                    return e
-        slot = (slot + 1) & mask
+    slot, e = _probe(buf, s, m, key, _slot_of(key, mask), mask, slots, e_off, blob)
+    if e >= 0:
+        return e
     o = e_off[n_e]
     for j in range(m):
         blob[o + j] = buf[s + j]
