@@ -286,6 +286,10 @@ def check_manifest(root: Path, generation: int, m: Mapping[str, Any], *,
                                                   for i, s in enumerate(m["shards"])}) != len(m["shards"]):
         raise IndexFormatError(f"{mpath}: shard list is inconsistent (more shards than files, or a "
                                f"shard directory listed twice)")
+    vocab = m.get("vocab") or ()
+    unlisted = [v for v in vocab if v not in m["files"]]
+    if unlisted:
+        raise IndexFormatError(f"{mpath}: vocabulary file {unlisted[0]!r} is not in the file list")
     files = IndexFiles(root, m["files"], str(mpath))
     known_files: Mapping[str, Any] = checked["files"] if checked is not None else {}
     known_dirs = {s["dir"] for s in checked["shards"]} if checked is not None else set()
@@ -309,6 +313,10 @@ def check_manifest(root: Path, generation: int, m: Mapping[str, Any], *,
                                        f"(got {f!r})")
         if s["dir"] not in known_dirs:
             safe_join(root, s["dir"], str(mpath))
+    n_docs = m["stats"].get("n_docs")
+    if n_docs is not None and n_docs != sum(s["rows"] for s in m["shards"]):
+        raise IndexFormatError(f"{mpath}: shard rows add up to {sum(s['rows'] for s in m['shards'])}, "
+                               f"stats.n_docs is {n_docs}")
 
 
 def read_shard_stats(path: Path, rows: int, raw: bytes | None = None) -> dict[str, Any]:

@@ -100,18 +100,25 @@ def commit_generation(root: str | Path, *, parent: int, changes: Mapping[str, An
         m["generation"] = gen
         m["parent_generation"] = parent
         m["created"] = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-        m["manifest_sha256"] = manifest_digest(m)
         rel = manifest_name(gen)
+        try:
+            m["manifest_sha256"] = manifest_digest(m)
+            data = json.dumps(m, indent=1).encode("utf-8")
+        except (TypeError, ValueError) as e:  # UnicodeError is a ValueError
+            raise IndexFormatError(f"{root / rel}: the new manifest is not JSON a reader accepts ({e}); "
+                                   f"nothing was committed") from None
         # the same checks as opening it, before anything is written (the parent's files, which
         # the caller checked under the lock it still holds, are not opened again): on the bytes
         # about to be written, parsed as a reader parses them, not read back from the file
         # (reading, scanning and re-hashing it took a third of a commit with 50 segments)
-        data = json.dumps(m, indent=1).encode("utf-8")
         if len(data) > MAX_MANIFEST_BYTES:
             raise IndexFormatError(f"{root / rel}: the new manifest would take {len(data)} bytes, more than "
                                    f"readers accept ({MAX_MANIFEST_BYTES}); compact the index "
                                    f"(fewer segments); nothing was committed")
         m = parse_own_json(root / rel, data)
+        if m.get("manifest_sha256") != manifest_digest(m):  # e.g. int keys: sorted otherwise as strings
+            raise IndexFormatError(f"{root / rel}: the new manifest's checksum would not match what a reader "
+                                   f"parses (keys that are not strings?); nothing was committed")
         check_manifest(root, gen, m, checked=parent_manifest)
         _write_atomic(root / rel, data)
         if fault is not None:

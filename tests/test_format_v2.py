@@ -357,12 +357,20 @@ def _nested(n: int) -> dict:
     lambda m: {"shards": [{**m["shards"][0], "x": 10**30}]},
     lambda m: {"build": _nested(40)},  # nested deeper than readers accept
     lambda m: {"fusion": {"method": "rrf", "fitted": _nested(35)}},
+    lambda m: {"stats": {**m["stats"], "extra": {10: 1, 9: 2}}},  # int keys: the checksum a reader computes differs
+    lambda m: {"fusion": {"method": "rrf", "k": 60, "note": {10.5: "a", 9.5: "b"}}},
+    lambda m: {"stats": {**m["stats"], "extra": np.int64(3)}},  # not JSON: was a TypeError
+    lambda m: {"build": {**m["build"], "x": float("nan")}},  # was a ValueError
+    lambda m: {"build": {**m["build"], "x": "a\ud800"}},  # a lone surrogate: was a UnicodeEncodeError
+    lambda m: {"stats": {**m["stats"], "n_docs": 999}},  # rows add up to 3: every reader refuses it
+    lambda m: {"vocab": ["nope.arrow"]},  # a vocabulary file the manifest does not list
 ])
 def test_commit_refuses_a_manifest_readers_would_refuse(tmp_path, change):
     """A generation whose manifest a reader would refuse (limits on integer literals and nesting,
-    anywhere in it) is refused by the commit: IndexFormatError, no manifest written, CURRENT
-    unchanged, the index still opens (a commit that checked only the schema on its own dict
-    switched CURRENT to a manifest no reader could open)."""
+    anywhere in it; a checksum that does not survive the JSON round trip; values JSON cannot hold;
+    rows that do not add up; an unlisted vocabulary file) is refused by the commit:
+    IndexFormatError, no manifest written, CURRENT unchanged, the index still opens (a commit that
+    checked only the schema on its own dict switched CURRENT to a manifest no reader could open)."""
     root = tmp_path / "i"
     build_index([{"_id": f"d{i}", "text": f"apple w{i}"} for i in range(3)], root, legs=("bm25",), show_progress=False)
     before = sorted(p.name for p in (root / "manifests").iterdir())
