@@ -730,10 +730,14 @@ def test_deleted_documents_never_come_back_through_dense_sparse_and_hybrid(tmp_p
     assert [h.id for h in hits] == ["d5"]
 
 
-def test_ivf_segments_added_with_the_trained_quantiser_keep_recall(tmp_path):
-    """Approximate mode: segments added to an IVF index are filled with the index's trained
-    quantiser; recall@10 against exact search stays within 0.05 of a fresh build's (the issue asks
-    0.01 at 1M documents; at this size one query moves recall by 0.01)."""
+@pytest.mark.parametrize("factory,params", [("IVF32,Flat", {"nprobe": 2}), ("HNSW16", {"ef_search": 16}),
+                                            ("IVF32,PQ4", {"nprobe": 2})])
+def test_approximate_segments_keep_recall(tmp_path, factory, params):
+    """Approximate mode: segments added to an IVF / HNSW / IVF-PQ index are filled with the index's
+    trained quantiser (IVF, PQ) or built with its template; recall@10 against exact search (1,000
+    queries) is not below a fresh build's by more than 0.01. A living index may be above it (each
+    segment returns its own k candidates) until a full compaction merges them: then within 0.01 of
+    the fresh build's either way."""
     from retriever import DenseConfig
 
     dim, n_base, n_add = 16, 3000, 1000
@@ -747,31 +751,38 @@ def test_ivf_segments_added_with_the_trained_quantiser_keep_recall(tmp_path):
     base, extra = vecs(n_base, 1), vecs(n_add, 2)
     ids = [f"v{i}" for i in range(n_base + n_add)]
     docs = [{"_id": i, "text": "x"} for i in ids]
-    cfg = dict(legs=("dense",), dense=DenseConfig(faiss_factory="IVF32,Flat"), shard_size=10 ** 6, show_progress=False)
+    cfg = dict(legs=("dense",), dense=DenseConfig(faiss_factory=factory), shard_size=10 ** 6, show_progress=False)
     path = tmp_path / "live"
     build_index(docs[:n_base], path, dense_vectors=base, **cfg)
     dead = {f"v{i}" for i in range(0, n_base, 7)}
     with IndexUpdater.open(path) as u:
-        u.add(docs[n_base:], dense_vectors=extra)
+        u.add(docs[n_base:n_base + n_add // 2], dense_vectors=extra[:n_add // 2])
+        u.commit()
+        u.add(docs[n_base + n_add // 2:], dense_vectors=extra[n_add // 2:])
         u.delete(sorted(dead))
         u.commit()
     keep = [i for i, d in enumerate(ids) if d not in dead]
     allv = np.concatenate([base, extra])
     build_index([docs[i] for i in keep], tmp_path / "fresh", dense_vectors=allv[keep], **cfg)
-    q = vecs(200, 9)
+    q = vecs(1000, 9)
     exact = np.argsort(-(q @ allv[keep].astype(np.float16).astype(np.float32).T), axis=1, kind="stable")[:, :10]
     truth = [{ids[keep[j]] for j in row} for row in exact]
 
     def recall(path: Path) -> float:
         r = Retriever.open(path)
         assert r.reader.shards[-1].dir.joinpath("dense.faiss").is_file()
-        res = r.search_arrays(["x"] * len(q), k=10, mode="dense", query_vectors=q, leg_params={"dense": {"nprobe": 2}})
+        res = r.search_arrays(["x"] * len(q), k=10, mode="dense", query_vectors=q, leg_params={"dense": params})
         return float(np.mean([len(set(r.doc_ids(res.ids[i, :res.n_found[i]])) & truth[i]) / 10 for i in range(len(q))]))
 
     live, fresh = recall(path), recall(tmp_path / "fresh")
-    assert live > 0.5 and fresh > 0.5
-    print(f"recall@10 living {live:.3f} fresh {fresh:.3f}")
-    assert abs(live - fresh) <= 0.05, (live, fresh)
+    print(f"{factory}: recall@10 living {live:.3f} fresh {fresh:.3f}")
+    assert live > 0.4 and fresh > 0.4
+    assert live >= fresh - 0.01, (live, fresh)
+    with IndexUpdater.open(path) as u:
+        u.compact(full=True)
+    compacted = recall(path)
+    print(f"{factory}: after a full compaction {compacted:.3f}")
+    assert abs(compacted - fresh) <= 0.01, (compacted, fresh)
 
 
 def _vocab_terms(path: Path) -> list[str]:
@@ -1028,3 +1039,37 @@ def test_empty_lists_take_the_type_later_values_give_in_any_layout(tmp_path, lat
     for flt in ({"x": {"$exists": True}}, {"x": {"$exists": False}}):
         assert sorted(h.id for h in r1.search("one", k=5, mode="bm25", filter=flt)) == \
                sorted(h.id for h in r2.search("one", k=5, mode="bm25", filter=flt)), flt
+
+
+def test_adding_with_another_dense_model_names_both_and_writes_nothing(tmp_path):
+    """End to end: an index built with the bundled dense model; a writer opened with a copy of
+    it whose weights differ in one byte refuses the add with a ModelError naming both models and
+    their weights' hashes, and writes nothing; the same add with the index's model succeeds."""
+    pytest.importorskip("torch")
+    import shutil
+
+    from retriever.index.encoders.dense import default_dense_model
+
+    try:
+        src = Path(default_dense_model())
+    except ModelError as e:
+        pytest.skip(f"bundled dense model not installed: {e}")
+    other = tmp_path / "other-model"
+    shutil.copytree(src, other)
+    w = other / "model.safetensors"
+    raw = bytearray(w.read_bytes())
+    raw[-1] ^= 1  # the last byte of a weight: loads the same, hashes differently
+    w.write_bytes(bytes(raw))
+    path = tmp_path / "idx"
+    build_index([make_doc(f"d{i}", i) for i in range(6)], path, legs=("bm25", "dense"), show_progress=False)
+    before = sorted(p.relative_to(path) for p in path.rglob("*") if p.name != "LOCK")
+    with IndexUpdater.open(path, dense_model=other) as u:
+        with pytest.raises(ModelError, match=r"other-model \(weights model\.safetensors: [0-9a-f]{12}\) is not the "
+                                             r"index's .*\(weights model\.safetensors: [0-9a-f]{12}\)"):
+            u.add([make_doc("n1", 1)])
+        assert not u.pending
+    assert sorted(p.relative_to(path) for p in path.rglob("*") if p.name != "LOCK") == before
+    with IndexUpdater.open(path) as u:
+        u.add([make_doc("n1", 1)])
+        u.commit()
+    assert Retriever.open(path).reader.n_docs == 7
