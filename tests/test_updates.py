@@ -103,20 +103,28 @@ def searches(legs: tuple[str, ...]) -> list[tuple[str, dict]]:
     return out
 
 
+#: filters of the invariant's searches: none, a range passing about half the documents (every
+#: document has ``year``), one passing few, and one on the same field passing none
+FILTERS = (None, {"year": {"$gte": 2005}}, {"$or": [{"year": 1990}, {"year": {"$gt": 2018}}]}, {"year": {"$lt": 0}})
+
+
 def assert_same(r: Retriever, fresh: Retriever, legs: tuple[str, ...], ks=(1, 3, 10, 50)) -> int:
-    """Every exact-mode search of ``r`` equals ``fresh``'s; returns the number of comparisons."""
+    """Every exact-mode search of ``r`` equals ``fresh``'s, without and with each of
+    :data:`FILTERS` (k = 50 unfiltered only); returns the number of comparisons."""
     n = 0
     for mode, params in searches(legs):
         for k in ks:
-            kw = query_kwargs(legs, mode)
-            a = r.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, **kw)
-            b = fresh.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, **kw)
-            for q in range(len(QUERIES)):
-                ia = list(r.doc_ids(a.ids[q, :a.n_found[q]]))
-                ib = list(fresh.doc_ids(b.ids[q, :b.n_found[q]]))
-                assert ia == ib, (mode, params, k, QUERIES[q], ia, ib)
-                np.testing.assert_allclose(a.scores[q, :a.n_found[q]], b.scores[q, :b.n_found[q]], rtol=0, atol=1e-6)
-                n += 1
+            for flt in FILTERS if k != 50 else (None,):
+                kw = query_kwargs(legs, mode)
+                a = r.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, filter=flt, **kw)
+                b = fresh.search_arrays(QUERIES, k=k, mode=mode, leg_params=params, filter=flt, **kw)
+                for q in range(len(QUERIES)):
+                    ia = list(r.doc_ids(a.ids[q, :a.n_found[q]]))
+                    ib = list(fresh.doc_ids(b.ids[q, :b.n_found[q]]))
+                    assert ia == ib, (mode, params, k, flt, QUERIES[q], ia, ib)
+                    np.testing.assert_allclose(a.scores[q, :a.n_found[q]], b.scores[q, :b.n_found[q]], rtol=0,
+                                               atol=1e-6)
+                    n += 1
     return n
 
 
