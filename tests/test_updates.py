@@ -684,7 +684,8 @@ class LivingIndexMachine(RuleBasedStateMachine):
         if not fresh_model.live:
             assert self.reader.search("apple", k=5, mode="bm25") == []
             return
-        fresh = fresh_model.fresh(self.dir / "fresh")
+        # the same data-derived constants: the sparse quantisation scale fixed at creation
+        fresh = fresh_model.fresh(self.dir / "fresh", sparse_scale=sparse_scale_of(self.path))
         assert assert_same(self.reader, fresh, self.legs, ks=(3, 20)) > 0
 
     @invariant()
@@ -703,6 +704,24 @@ def test_living_index_state_machine():
 def test_living_index_state_machine_long():
     run_state_machine_as_test(LivingIndexMachine, settings=settings(
         max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+class LivingSparseIndexMachine(LivingIndexMachine):
+    """The same sequences on an index with the learned-sparse leg too (exact sparse search and a
+    three-leg hybrid compared with a fresh build at the index's creation scale)."""
+
+    legs = ("bm25", "dense", "sparse")
+
+
+def test_living_sparse_index_state_machine():
+    run_state_machine_as_test(LivingSparseIndexMachine, settings=settings(
+        max_examples=3, stateful_step_count=10, deadline=None, suppress_health_check=list(HealthCheck)))
+
+
+@pytest.mark.slow
+def test_living_sparse_index_state_machine_long():
+    run_state_machine_as_test(LivingSparseIndexMachine, settings=settings(
+        max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
 
 
 def test_deleted_documents_never_come_back_through_dense_sparse_and_hybrid(tmp_path):
