@@ -694,18 +694,6 @@ class LivingIndexMachine(RuleBasedStateMachine):
             assert self.updater.pending
 
 
-def test_living_index_state_machine():
-    """A bounded number of random sequences (more in the slow variant)."""
-    run_state_machine_as_test(LivingIndexMachine, settings=settings(
-        max_examples=4, stateful_step_count=12, deadline=None, suppress_health_check=list(HealthCheck)))
-
-
-@pytest.mark.slow
-def test_living_index_state_machine_long():
-    run_state_machine_as_test(LivingIndexMachine, settings=settings(
-        max_examples=60, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
-
-
 class LivingSparseIndexMachine(LivingIndexMachine):
     """The same sequences on an index with the learned-sparse leg too (exact sparse search and a
     three-leg hybrid compared with a fresh build at the index's creation scale)."""
@@ -713,15 +701,15 @@ class LivingSparseIndexMachine(LivingIndexMachine):
     legs = ("bm25", "dense", "sparse")
 
 
-def test_living_sparse_index_state_machine():
-    run_state_machine_as_test(LivingSparseIndexMachine, settings=settings(
-        max_examples=3, stateful_step_count=10, deadline=None, suppress_health_check=list(HealthCheck)))
-
-
-@pytest.mark.slow
-def test_living_sparse_index_state_machine_long():
-    run_state_machine_as_test(LivingSparseIndexMachine, settings=settings(
-        max_examples=40, stateful_step_count=30, deadline=None, suppress_health_check=list(HealthCheck)))
+@pytest.mark.parametrize("machine,examples,steps", [
+    (LivingIndexMachine, 4, 12), (LivingSparseIndexMachine, 3, 10),
+    pytest.param(LivingIndexMachine, 60, 30, marks=pytest.mark.slow),
+    pytest.param(LivingSparseIndexMachine, 40, 30, marks=pytest.mark.slow)])
+def test_living_index_state_machine(machine, examples, steps):
+    """Random add / delete / upsert / commit / compact / reopen sequences against fresh builds: a
+    bounded number in the suite, more in the slow run."""
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=examples, stateful_step_count=steps, deadline=None, suppress_health_check=list(HealthCheck)))
 
 
 def test_deleted_documents_never_come_back_through_dense_sparse_and_hybrid(tmp_path):
