@@ -167,8 +167,7 @@ class PostingsBuilder:
             scan_tokens(data, offsets, self._tokens, lowercase=False, ideo_class=_IDEO, verbatim=True)
             self._tokens.set_values(0, np.full(self._tokens.n, -1, dtype=np.int64))
         self._n_resolved = self._tokens.n  # entries 0.._n_resolved-1 have their term ids
-        self._vocab_seed = vocab  # made a list of Python strings only when :attr:`terms` is asked for
-        self._terms_cache: list[str] | None = None
+        self._terms_cache: list[str] = []  # decoded from the table when :attr:`terms` is asked for
         self._shard = _Shard()
         self._n = 0  # documents of the current shard handed to add()
         self._sum_dl = 0
@@ -187,10 +186,6 @@ class PostingsBuilder:
         """The vocabulary so far: term id i is ``terms[i]``."""
         self._wait(0)
         t = self._terms
-        if self._terms_cache is None:
-            seed = self._vocab_seed
-            self._terms_cache = seed.to_pylist() if isinstance(seed, pa.Array) else list(seed)
-            self._vocab_seed = ()
         if len(self._terms_cache) < t.n:
             self._terms_cache.extend(t.tokens(len(self._terms_cache), t.n))
         return self._terms_cache

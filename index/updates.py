@@ -402,8 +402,8 @@ class IndexUpdater:
                 try:
                     ids.load(col, codes)
                 except ValueError as e:
-                    raise IndexFormatError(f"{self.root / s.dir}: a live document id is live in an earlier "
-                                           f"segment too ({e})") from None
+                    raise IndexFormatError(f"{self.root / s.dir}: a document id is live twice in the index, here "
+                                           f"and in this or an earlier segment ({e})") from None
             self._ids = ids
         return self._ids
 
