@@ -35,7 +35,7 @@ import os
 import re
 import shutil
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -877,6 +877,7 @@ class IndexUpdater:
                 del files[rel]
         shards: list[dict[str, Any]] = []
         n_terms = self._n_vocab
+        tombstones = self._tombstones(gen, n_terms)
         touched = set()
         for s in self.segments:
             e = dict(s.entry)
@@ -885,13 +886,7 @@ class IndexUpdater:
                     rec = self._recorded.get(rel)
                     files[rel] = rec if rec is not None else file_entry(self.root, rel)
             if s.pending:
-                rows = s.all_deleted()
-                rel = f"{s.dir}/deletes.{gen:06d}.arrow"
-                arrays: dict[str, np.ndarray] = {"rows": rows.astype(np.uint32)}
-                if "bm25" in self.config.legs:
-                    terms, df = _deleted_df(self.root / s.dir, rows, s.entry, n_terms)
-                    arrays["bm25_terms"], arrays["bm25_df"] = terms, df
-                entry = _durable_entry(self.root / rel, table_bytes(arrays_table(arrays)))
+                rel, entry = tombstones[s.dir]
                 touched.add(s.dir)
                 if e.get("deletes"):
                     files.pop(e["deletes"], None)
@@ -943,6 +938,26 @@ class IndexUpdater:
         self._clean()
         self._faults("update_clean")
         return m["generation"]
+
+    def _tombstones(self, gen: int, n_terms: int) -> dict[str, tuple[str, dict[str, Any]]]:
+        """The tombstone file of generation ``gen`` of each segment with pending deletes (its
+        deleted rows and, with BM25, their per-term df from a pass over its postings), written,
+        fsynced and hashed on the updater's worker threads, segments side by side (the postings
+        passes run without the GIL): segment directory -> (file, its manifest entry).
+
+        Raises:
+            the first error of a segment, in segment order, after every segment's job ended."""
+        def one(s: _Segment) -> tuple[str, dict[str, Any]]:
+            rows = s.all_deleted()
+            rel = f"{s.dir}/deletes.{gen:06d}.arrow"
+            arrays: dict[str, np.ndarray] = {"rows": rows.astype(np.uint32)}
+            if "bm25" in self.config.legs:
+                arrays["bm25_terms"], arrays["bm25_df"] = _deleted_df(self.root / s.dir, rows, s.entry, n_terms)
+            return rel, _durable_entry(self.root / rel, table_bytes(arrays_table(arrays)))
+
+        jobs = [(s.dir, self._pool().submit(one, s)) for s in self.segments if s.pending]
+        wait([f for _, f in jobs])
+        return {d: f.result() for d, f in jobs}
 
     # ------------------------------------------------------------------ compaction
     def compact(self, policy: CompactPolicy | None = None, *, full: bool = False) -> CompactReport:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from retriever import IndexUpdater, Retriever, build_index
-from retriever.index.errors import ConfigError, CorpusError, IndexLockedError, ModelError, QueryError
+from retriever.index.errors import ConfigError, CorpusError, IndexFormatError, IndexLockedError, ModelError, QueryError
 from retriever.index.updates import CompactPolicy
 
 WORDS = ("apple banana cherry date elder fig grape honey iris jam kiwi lemon mango nut olive pear quince "
@@ -1088,3 +1088,26 @@ def test_adding_with_another_dense_model_names_both_and_writes_nothing(tmp_path)
         u.add([make_doc("n1", 1)])
         u.commit()
     assert Retriever.open(path).reader.n_docs == 7
+
+
+def test_a_delete_commit_with_one_bad_segment_commits_nothing(tmp_path):
+    """The tombstones of a commit are written side by side (one job per segment with deletes); when
+    one segment's postings are damaged the commit raises that segment's IndexFormatError (naming
+    its file) after the other jobs ended, and nothing is committed: the generation and every search
+    stay as they were, and a commit after the file is restored applies the deletes."""
+    path, m = start(tmp_path, ("bm25",), n=40, shard_size=10)
+    before = Retriever.open(path)
+    bad = path / "shards" / "00002" / "bm25.arrow"
+    good = bad.read_bytes()
+    with IndexUpdater.open(path) as u:
+        u.delete([f"d{i}" for i in range(0, 40, 3)])  # rows in every segment
+        bad.chmod(0o644)
+        bad.write_bytes(good[:len(good) // 2])  # truncated: not valid Arrow
+        with pytest.raises(IndexFormatError, match="00002"):
+            u.commit()
+        assert u.generation == 1 and u.pending
+        bad.write_bytes(good)
+        assert u.commit() == 2
+    assert Retriever.open(path).reader.n_docs == 40 and before.reader.generation == 1
+    m.live = [(k, v) for k, v in m.live if int(k[1:]) % 3]
+    assert assert_same(Retriever.open(path), m.fresh(tmp_path / "fresh"), ("bm25",)) > 0
