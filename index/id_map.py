@@ -12,7 +12,7 @@ per entry (``-1``: no live row; an entry is never removed, a deleted id keeps it
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -75,15 +75,19 @@ class IdMap:
         self._codes[lo:self._table.n] = codes
         self._n_live += len(codes)
 
-    def find(self, ids: Sequence[str] | pa.Array) -> np.ndarray:
-        """i64[len(ids)]: the code of each id, -1 where it has no live row."""
+    def _lookup(self, ids: Sequence[str] | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(entry of each id, -1 where none; its code, -1 where no live row)."""
         if len(ids) == 0:
-            return np.zeros(0, dtype=np.int64)
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         e = self._table.find(*_utf8(ids))
         out = np.full(len(e), -1, dtype=np.int64)
         hit = e >= 0
         out[hit] = self._codes[e[hit]]
-        return out
+        return e, out
+
+    def find(self, ids: Sequence[str] | pa.Array) -> np.ndarray:
+        """i64[len(ids)]: the code of each id, -1 where it has no live row."""
+        return self._lookup(ids)[1]
 
     def assign(self, ids: Sequence[str], codes: np.ndarray) -> None:
         """Set the codes of ``ids`` (distinct), live or not before.
@@ -120,18 +124,13 @@ class IdMap:
     def remove(self, ids: Sequence[str]) -> np.ndarray:
         """Remove the live rows of ``ids`` (distinct) from the map; returns their codes as
         :meth:`find` gave them (-1: had none)."""
-        if len(ids) == 0:
-            return np.zeros(0, dtype=np.int64)
-        e = self._table.find(*_utf8(ids))
-        out = np.full(len(e), -1, dtype=np.int64)
-        hit = np.flatnonzero(e >= 0)
-        out[hit] = self._codes[e[hit]]
-        live = hit[out[hit] >= 0]
+        e, out = self._lookup(ids)
+        live = np.flatnonzero(out >= 0)
         self._codes[e[live]] = -1
         self._n_live -= len(live)
         return out
 
     def memory_bytes(self) -> int:
         """Bytes held by the map's arrays."""
-        t: Any = self._table
+        t = self._table
         return int(t.slots.nbytes + t.off.nbytes + t.blob.nbytes + self._codes.nbytes)
